@@ -1,0 +1,126 @@
+"""The ``litecdc`` command. Each command builds a NodeConfig and makes one library call.
+
+    litecdc serve --data-dir DIR [--http-addr HOST:PORT] [--node-id ID] [--auth FILE]
+                  [--http-cert FILE --http-key FILE] [--synchronous full|normal|off|extra]
+                  [--max-body-bytes N]
+
+Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
+``LITECDC_DATA_DIR``). A configuration error prints one line, ``error: ...``, and exits
+with status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from litecdc.config import (
+    DEFAULT_HTTP_ADDR,
+    DEFAULT_MAX_BODY_BYTES,
+    SYNCHRONOUS_LEVELS,
+    NodeConfig,
+)
+from litecdc.errors import ConfigError, LitecdcError
+
+__all__ = ["cli", "main"]
+
+EXIT_CONFIG = 2
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="litecdc")
+def cli() -> None:
+    """litecdc: replicated SQLite with change data capture, speaking rqlite's HTTP API."""
+
+
+@cli.command()
+@click.option(
+    "--data-dir",
+    envvar="LITECDC_DATA_DIR",
+    help="Directory of the node's SQLite file (created if missing). Required.",
+)
+@click.option(
+    "--http-addr",
+    envvar="LITECDC_HTTP_ADDR",
+    default=DEFAULT_HTTP_ADDR,
+    show_default=True,
+    help="host:port the HTTP API listens on.",
+)
+@click.option(
+    "--node-id", envvar="LITECDC_NODE_ID", default="", help="Node id. Default: the HTTP address."
+)
+@click.option(
+    "--auth",
+    "auth_file",
+    envvar="LITECDC_AUTH",
+    help="rqlite-format auth file: JSON list of {username, password, perms}. Default: no auth.",
+)
+@click.option("--http-cert", envvar="LITECDC_HTTP_CERT", help="PEM certificate for HTTPS.")
+@click.option("--http-key", envvar="LITECDC_HTTP_KEY", help="PEM private key for HTTPS.")
+@click.option(
+    "--synchronous",
+    envvar="LITECDC_SYNCHRONOUS",
+    default="full",
+    show_default=True,
+    help=f"SQLite PRAGMA synchronous for writes: {', '.join(SYNCHRONOUS_LEVELS)}.",
+)
+@click.option(
+    "--max-body-bytes",
+    envvar="LITECDC_MAX_BODY_BYTES",
+    default=str(DEFAULT_MAX_BODY_BYTES),
+    show_default=True,
+    help="Largest request body accepted (HTTP 413 above it).",
+)
+def serve(
+    data_dir: str | None,
+    http_addr: str,
+    node_id: str,
+    auth_file: str | None,
+    http_cert: str | None,
+    http_key: str | None,
+    synchronous: str,
+    max_body_bytes: str,
+) -> None:
+    """Run one standalone node serving the HTTP API until interrupted."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        if not data_dir:
+            raise ConfigError("--data-dir is required (or set LITECDC_DATA_DIR)")
+        try:
+            max_body = int(max_body_bytes)
+        except ValueError:
+            raise ConfigError(
+                f"--max-body-bytes must be an integer, got {max_body_bytes!r}"
+            ) from None
+        config = NodeConfig(
+            data_dir=Path(data_dir),
+            http_addr=http_addr,
+            node_id=node_id,
+            synchronous=synchronous.lower(),
+            auth_file=Path(auth_file) if auth_file else None,
+            http_cert=Path(http_cert) if http_cert else None,
+            http_key=Path(http_key) if http_key else None,
+            max_body_bytes=max_body,
+        )
+        from litecdc.http.server import serve as serve_http
+
+        serve_http(config)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    except LitecdcError as exc:
+        _fail(str(exc), 1)
+    except OSError as exc:
+        _fail(f"cannot start: {exc}", 1)
+
+
+def main() -> None:
+    """Console entry point (``litecdc = "litecdc.cli:main"``)."""
+    cli(prog_name="litecdc")

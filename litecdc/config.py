@@ -1,0 +1,84 @@
+"""Typed, validated node configuration: the one source of truth for defaults.
+
+The CLI (``litecdc serve``) and the environment (``LITECDC_*``) both feed
+:class:`NodeConfig`; every field documents its default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from litecdc.errors import ConfigError
+
+DEFAULT_HTTP_ADDR = "127.0.0.1:4001"
+DEFAULT_DB_FILE = "db.sqlite"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+SYNCHRONOUS_LEVELS = ("off", "normal", "full", "extra")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    #: Directory holding the node's SQLite file; created if missing.
+    data_dir: Path
+    #: host:port the HTTP API listens on. Default 127.0.0.1:4001 (rqlite's port).
+    http_addr: str = DEFAULT_HTTP_ADDR
+    #: This node's id in /status and CDC envelopes. Default: the HTTP address.
+    node_id: str = ""
+    #: SQLite ``PRAGMA synchronous`` for the writer. Default "full": a commit is on disk
+    #: before it is acknowledged.
+    synchronous: str = "full"
+    #: rqlite-format auth file (JSON list of {username, password, perms}); None = no auth.
+    auth_file: Path | None = None
+    #: PEM certificate and key for HTTPS; both or neither.
+    http_cert: Path | None = None
+    http_key: Path | None = None
+    #: Largest request body accepted, in bytes. Default 64 MiB.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        if self.synchronous not in SYNCHRONOUS_LEVELS:
+            raise ConfigError(
+                f"synchronous must be one of {', '.join(SYNCHRONOUS_LEVELS)}, "
+                f"got {self.synchronous!r}"
+            )
+        host, port = split_host_port(self.http_addr)
+        if not self.node_id:
+            object.__setattr__(self, "node_id", f"{host}:{port}")
+        if (self.http_cert is None) != (self.http_key is None):
+            raise ConfigError("--http-cert and --http-key must be given together")
+        for name, path in (("http-cert", self.http_cert), ("http-key", self.http_key),
+                           ("auth", self.auth_file)):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max body size must be at least 1024 bytes, got {self.max_body_bytes}")
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.data_dir) / DEFAULT_DB_FILE
+
+    @property
+    def http_host(self) -> str:
+        return split_host_port(self.http_addr)[0]
+
+    @property
+    def http_port(self) -> int:
+        return split_host_port(self.http_addr)[1]
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """Split "host:port" (IPv6 as "[::1]:4001"), with a clear error for anything else."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"address must look like host:port, got {address!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port must be between 0 and 65535, got {port}")
+    return host.strip("[]"), port
+
+
+def env_default(name: str, default: str | None = None) -> str | None:
+    """Read ``LITECDC_<NAME>`` from the environment."""
+    return os.environ.get(f"LITECDC_{name.upper()}", default)

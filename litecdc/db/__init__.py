@@ -1,0 +1,1 @@
+"""SQLite through APSW: the only package that touches SQLite."""

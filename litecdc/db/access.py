@@ -1,0 +1,142 @@
+"""What a statement reads and writes, from SQLite's authorizer callback.
+
+The journal computes each transaction's dependency from table-level read and
+write sets. SQLite reports them to the authorizer when a statement is prepared
+(trigger bodies and views included). APSW reuses prepared statements from its
+cache without authorizing them again, so sets are cached per SQL text and the
+cache is cleared on every schema change.
+
+The same callback refuses, with a reason, what a replicated write must not do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import apsw
+
+from litecdc.db.determinism import NON_DETERMINISTIC_FUNCTIONS
+from litecdc.db.schema import INTERNAL_PREFIX
+
+_WRITE = {apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE}
+# DDL whose first argument names the object and (for indexes and triggers) second its table
+_DDL = {
+    apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_CREATE_VIEW,
+    apsw.SQLITE_CREATE_TRIGGER, apsw.SQLITE_DROP_TABLE, apsw.SQLITE_DROP_INDEX,
+    apsw.SQLITE_DROP_VIEW, apsw.SQLITE_DROP_TRIGGER, apsw.SQLITE_REINDEX, apsw.SQLITE_ANALYZE,
+}
+_TEMP_DDL = {
+    apsw.SQLITE_CREATE_TEMP_TABLE, apsw.SQLITE_CREATE_TEMP_INDEX, apsw.SQLITE_CREATE_TEMP_VIEW,
+    apsw.SQLITE_CREATE_TEMP_TRIGGER, apsw.SQLITE_DROP_TEMP_TABLE, apsw.SQLITE_DROP_TEMP_INDEX,
+    apsw.SQLITE_DROP_TEMP_VIEW, apsw.SQLITE_DROP_TEMP_TRIGGER,
+}
+#: PRAGMAs that only describe the schema; any other PRAGMA changes per-connection or
+#: per-file state that is not replicated.
+INTROSPECTION_PRAGMAS = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_info", "index_xinfo", "index_list",
+    "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check", "collation_list",
+    "function_list", "pragma_list", "data_version", "schema_version", "user_version",
+    "application_id", "page_count", "page_size", "freelist_count", "encoding", "foreign_keys",
+})
+
+
+@dataclass(slots=True)
+class Access:
+    """Tables (views, indexes) a statement reads and writes, and whether it changes the schema."""
+
+    reads: set[str] = field(default_factory=set)
+    writes: set[str] = field(default_factory=set)
+    schema: bool = False
+    #: why the statement was refused, if it was
+    refused: str | None = None
+
+    def merge(self, other: Access) -> None:
+        self.reads |= other.reads
+        self.writes |= other.writes
+        self.schema = self.schema or other.schema
+
+
+def _is_user_object(name: str | None) -> bool:
+    return bool(name) and not name.startswith("sqlite_")  # type: ignore[union-attr]
+
+
+class WriteAuthorizer:
+    """The writer connection's authorizer: records access, refuses the unreplicable."""
+
+    def __init__(self) -> None:
+        self.recording: Access | None = None
+        #: True while litecdc runs its own statements (no checks, no recording)
+        self.internal = False
+
+    def _refuse(self, reason: str) -> int:
+        if self.recording is not None and self.recording.refused is None:
+            self.recording.refused = reason
+        return apsw.SQLITE_DENY
+
+    def __call__(self, action: int, arg1: str | None, arg2: str | None,
+                 database: str | None, trigger_or_view: str | None) -> int:
+        if self.internal:
+            return apsw.SQLITE_OK
+        access = self.recording
+        if action == apsw.SQLITE_READ:
+            if access is not None:
+                if _is_user_object(arg1):
+                    access.reads.add(arg1)  # type: ignore[arg-type]
+                if trigger_or_view:
+                    access.reads.add(trigger_or_view)
+            return apsw.SQLITE_OK
+        if action in _WRITE:
+            if arg1 and arg1.startswith(INTERNAL_PREFIX):
+                return self._refuse(f"table {arg1} is internal to litecdc and cannot be written")
+            if access is not None and _is_user_object(arg1):
+                access.writes.add(arg1)  # type: ignore[arg-type]
+            return apsw.SQLITE_OK
+        if action in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
+            return apsw.SQLITE_OK
+        if action == apsw.SQLITE_FUNCTION:
+            name = (arg2 or "").lower()
+            reason = NON_DETERMINISTIC_FUNCTIONS.get(name)
+            if reason is not None:
+                return self._refuse(
+                    f"{name}() cannot be used in a write: {reason}, so replicas would diverge"
+                )
+            return apsw.SQLITE_OK
+        if action in _DDL or action == apsw.SQLITE_ALTER_TABLE:
+            names = (arg2,) if action == apsw.SQLITE_ALTER_TABLE else (arg1, arg2)
+            for name in names:
+                if name and name.startswith(INTERNAL_PREFIX):
+                    return self._refuse(f"{name} is internal to litecdc and cannot be changed")
+            if access is not None:
+                access.schema = True
+                access.writes.update(n for n in names if _is_user_object(n))  # type: ignore[misc]
+            return apsw.SQLITE_OK
+        if action in _TEMP_DDL:
+            return self._refuse("temporary objects exist on one connection only and are not "
+                                "replicated; create a regular table instead")
+        if action in (apsw.SQLITE_CREATE_VTABLE, apsw.SQLITE_DROP_VTABLE):
+            return self._refuse("virtual tables are not supported: their row changes cannot be "
+                                "captured")
+        if action == apsw.SQLITE_PRAGMA:
+            if (arg1 or "").lower() in INTROSPECTION_PRAGMAS and (
+                arg2 is None or (arg1 or "").lower() not in ("user_version", "application_id",
+                                                             "foreign_keys", "schema_version")
+            ):
+                return apsw.SQLITE_OK
+            return self._refuse(f"PRAGMA {arg1} changes connection or file state that is not "
+                                "replicated; it is not allowed in writes")
+        if action in (apsw.SQLITE_TRANSACTION, apsw.SQLITE_SAVEPOINT):
+            return self._refuse("transaction control statements are not allowed: each request "
+                                "is one transaction (use the transaction parameter to make it "
+                                "all-or-nothing)")
+        if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
+            return self._refuse("ATTACH and DETACH are not allowed: attached databases are not "
+                                "replicated")
+        return self._refuse(f"statement type {action} is not allowed in writes")
+
+
+def read_authorizer(action: int, arg1: str | None, arg2: str | None,
+                    database: str | None, trigger_or_view: str | None) -> int:
+    """Reader connections: anything read-only except attaching other files."""
+    if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
+        return apsw.SQLITE_DENY
+    return apsw.SQLITE_OK

@@ -1,0 +1,44 @@
+"""Dump user tables as SQL statements, with values written exactly (see sqltext)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import apsw
+
+from litecdc.db.schema import USER_OBJECTS
+from litecdc.db.sqltext import sql_literal
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str]:
+    """Yield CREATE and INSERT statements that rebuild every user object of ``conn``.
+
+    Tables come first (with their rows), then indexes, views and triggers, so that
+    triggers do not fire while rows are inserted. With ``transaction`` the output
+    is wrapped in BEGIN/COMMIT like sqlite3's ``.dump``.
+    """
+    if transaction:
+        yield "PRAGMA foreign_keys=OFF;"
+        yield "BEGIN TRANSACTION;"
+    conn.execute("BEGIN")  # one consistent read
+    try:
+        objects = conn.execute(
+            f"SELECT type, name, sql FROM sqlite_schema WHERE {USER_OBJECTS} AND sql IS NOT NULL "
+            "ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 WHEN 'view' THEN 2 "
+            "ELSE 3 END, rowid"
+        ).fetchall()
+        for kind, name, sql in objects:
+            yield f"{sql};"
+            if kind != "table":
+                continue
+            quoted = _quote(name)
+            for row in conn.execute(f"SELECT * FROM {quoted}"):
+                yield f"INSERT INTO {quoted} VALUES({','.join(map(sql_literal, row))});"
+    finally:
+        conn.execute("COMMIT")
+    if transaction:
+        yield "COMMIT;"

@@ -1,0 +1,570 @@
+"""The SQLite engine: one writer connection, per-thread readers, capture and determinism.
+
+Only this package touches SQLite. A write transaction runs as one SQLite
+transaction that also appends its journal entry and its captured row changes,
+so data, journal and changes commit or roll back together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from litecdc.db.access import Access, WriteAuthorizer, read_authorizer
+from litecdc.db.capture import CHANGE_COLUMNS, SEQ_BITS, ChangeBuffer, TableShape, decode_change
+from litecdc.db.determinism import DeterministicRandom, FixedClockVFS
+from litecdc.db.dump import dump_statements
+from litecdc.db.schema import (
+    CHANGES_TABLE,
+    CREATE_INTERNAL,
+    JOURNAL_TABLE,
+    TABLE_CIDS_TABLE,
+    USER_OBJECTS,
+)
+from litecdc.db.sqltext import render
+from litecdc.errors import LoadError, StatementError
+from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
+
+log = logging.getLogger("litecdc.db")
+
+BUSY_TIMEOUT_MS = 5000
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the journal decided for a transaction that ran: its cid and dependency."""
+
+    cid: int
+    snapshot: int
+
+
+@dataclass(slots=True)
+class WriteRun:
+    """A write transaction as it ran: results, and what was committed (if anything)."""
+
+    results: list[StatementResult]
+    entry: JournalEntry | None
+    access: Access
+
+
+def _statement_error(exc: BaseException, refused: str | None) -> str:
+    if refused is not None:
+        return refused
+    return str(exc)
+
+
+def _terminated(rendered: str) -> str:
+    text = rendered.rstrip()
+    if apsw.complete(text):
+        return text
+    last_line = text.rsplit("\n", 1)[-1]
+    return text + ("\n;" if "--" in last_line else ";")
+
+
+class Engine:
+    """One SQLite database file with litecdc's journal and change tables."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "full") -> None:
+        self.path = str(path)
+        self._vfs = FixedClockVFS.get()
+        self._write_lock = threading.RLock()
+        self._writer = apsw.Connection(self.path, vfs=self._vfs.name)
+        self._writer.set_busy_timeout(BUSY_TIMEOUT_MS)
+        self._writer.execute("PRAGMA journal_mode=WAL")
+        self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._writer.execute(CREATE_INTERNAL)
+        self._random = DeterministicRandom()
+        self._random.install(self._writer)
+        self._authorizer = WriteAuthorizer()
+        self._writer.authorizer = self._authorizer
+        self._shapes: dict[str, TableShape] = {}
+        self._access_cache: dict[str, Access] = {}
+        self._buffer = ChangeBuffer(self._table_shape)
+        self._writer.preupdate_hook(self._buffer.hook)
+        self._readers = threading.local()
+        self._reader_list: list[apsw.Connection] = []
+        self._reader_lock = threading.Lock()
+        self._closed = False
+        self.sqlite_version = apsw.sqlite_lib_version()
+
+    # -- connections ------------------------------------------------------------------
+    def _reader(self) -> apsw.Connection:
+        conn: apsw.Connection | None = getattr(self._readers, "conn", None)
+        if conn is None:
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
+            conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+            conn.authorizer = read_authorizer
+            self._readers.conn = conn
+            with self._reader_lock:
+                self._reader_list.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            with self._reader_lock:
+                for conn in self._reader_list:
+                    conn.close()
+            self._writer.close()
+
+    # -- internal statements ----------------------------------------------------------
+    def _internal(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        was_internal, self._authorizer.internal = self._authorizer.internal, True
+        try:
+            return self._writer.execute(sql, params).fetchall()
+        finally:
+            self._authorizer.internal = was_internal
+
+    def _table_shape(self, table: str) -> TableShape:
+        shape = self._shapes.get(table)
+        if shape is None:
+            rows = self._internal("SELECT name, type, pk, hidden FROM pragma_table_xinfo(?)", (table,))
+            columns = tuple(r[0] for r in rows)
+            pk = sorted((r[2], i) for i, r in enumerate(rows) if r[2])
+            pk_positions = tuple(i for _, i in pk)
+            without_rowid = bool(self._internal(
+                "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
+            )[0][0])
+            rowid_key = not without_rowid and (
+                not pk_positions
+                or (len(pk_positions) == 1 and str(rows[pk_positions[0]][1]).upper() == "INTEGER")
+            )
+            shape = self._shapes[table] = TableShape(columns, pk_positions, rowid_key)
+        return shape
+
+    def _schema_changed(self) -> None:
+        self._shapes.clear()
+        self._access_cache.clear()
+
+    def _check_capturable(self, tables: set[str]) -> str | None:
+        for table in tables:
+            rows = self._internal("SELECT name FROM pragma_table_xinfo(?) WHERE hidden = 2",
+                                  (table,))
+            if rows:
+                return (f"table {table} has VIRTUAL generated column {rows[0][0]}, whose "
+                        "values cannot be captured; declare it STORED")
+        return None
+
+    # -- writes -----------------------------------------------------------------------
+    def run_write(
+        self,
+        statements: Sequence[Statement],
+        *,
+        transaction: bool,
+        timestamp_ms: int,
+        seed: int,
+        decide: Callable[[Access], Decision],
+    ) -> WriteRun:
+        """Run client statements as one transaction; journal and capture them on success.
+
+        ``decide`` is called once the statements have run, with their combined
+        read/write sets, and returns the cid and snapshot to record. Nothing is
+        committed when every statement failed, or when ``transaction`` is set and
+        one failed.
+        """
+        with self._write_lock:
+            writer = self._writer
+            self._vfs.pin(timestamp_ms)
+            self._random.start(seed)
+            self._internal("BEGIN IMMEDIATE")
+            writer.set_last_insert_rowid(0)
+            buffer = self._buffer
+            buffer.clear()
+            combined = Access()
+            results: list[StatementResult] = []
+            rendered: list[str] = []
+            failed = False
+            try:
+                for statement in statements:
+                    result, text = self._run_statement(statement, transaction, combined)
+                    results.append(result)
+                    if result.error is not None:
+                        failed = True
+                        if transaction or not writer.in_transaction:
+                            break
+                    elif text is not None:
+                        rendered.append(text)
+                if (failed and transaction) or not rendered or not writer.in_transaction:
+                    if failed and not writer.in_transaction and not transaction:
+                        # A statement (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) rolled back
+                        # the whole transaction, taking earlier statements with it.
+                        for result in results:
+                            if result.error is None:
+                                result.error = "rolled back by a later statement in this request"
+                                result.last_insert_id = result.rows_affected = None
+                    self._rollback()
+                    return WriteRun(results, None, combined)
+                decision = decide(combined)
+                entry = JournalEntry(decision.cid, "\n".join(rendered), decision.snapshot,
+                                     timestamp_ms, seed)
+                self._append(entry, combined)
+                self._internal("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+            finally:
+                buffer.clear()
+                self._vfs.pin(None)
+                if combined.schema:
+                    self._schema_changed()
+            return WriteRun(results, entry, combined)
+
+    def _rollback(self) -> None:
+        if self._writer.in_transaction:
+            self._internal("ROLLBACK")
+
+    def _run_statement(
+        self, statement: Statement, transaction: bool, combined: Access
+    ) -> tuple[StatementResult, str | None]:
+        writer = self._writer
+        buffer_mark = self._buffer.mark()
+        random_mark = self._random.calls
+        # Outside an explicit transaction each statement stands alone: a savepoint
+        # undoes exactly its effects when it fails (OR FAIL keeps partial changes
+        # otherwise), so what is committed matches what is journaled.
+        savepoint = not transaction
+        if savepoint:
+            self._internal("SAVEPOINT litecdc_statement")
+        access = self._access_cache.get(statement.sql)
+        recording = access is None
+        if recording:
+            access = self._authorizer.recording = Access()
+        started = time.perf_counter()
+        changes_before = writer.total_changes()
+        try:
+            cursor = writer.cursor()
+            description: list[tuple[str, str | None]] | None = None
+
+            def keep_description(cur: apsw.Cursor, sql: str, bindings: Any) -> bool:
+                nonlocal description
+                try:
+                    description = list(cur.get_description())
+                except apsw.ExecutionCompleteError:
+                    description = None
+                return True
+
+            cursor.exec_trace = keep_description
+            cursor.execute(statement.sql, statement.params, can_cache=not recording)
+            rows = cursor.fetchall()
+            assert access is not None
+            if access.refused is not None:
+                raise StatementError(access.refused)
+            if access.schema:
+                problem = self._check_capturable(access.writes)
+                if problem is not None:
+                    raise StatementError(problem)
+            text = _terminated(render(statement.sql, statement.params))
+        except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
+            refused = access.refused if access is not None else None
+            self._authorizer.recording = None
+            if savepoint and writer.in_transaction:
+                self._internal("ROLLBACK TO litecdc_statement; RELEASE litecdc_statement")
+            self._buffer.cut(buffer_mark)
+            self._random.calls = random_mark
+            message = _statement_error(exc, refused)
+            if isinstance(exc, KeyError):
+                message = f"no value for parameter :{exc.args[0]}"
+            return StatementResult(error=message,
+                                   seconds=time.perf_counter() - started), None
+        self._authorizer.recording = None
+        if savepoint:
+            self._internal("RELEASE litecdc_statement")
+        if recording:
+            self._access_cache[statement.sql] = access
+        combined.merge(access)
+        if access.schema:
+            self._schema_changed()
+        result = StatementResult(seconds=time.perf_counter() - started)
+        if description:
+            result.columns = [d[0] for d in description]
+            result.decltypes = [d[1] for d in description]
+            result.rows = rows
+        if not description or access.writes:
+            result.last_insert_id = writer.last_insert_rowid()
+            result.rows_affected = writer.total_changes() - changes_before
+        return result, text
+
+    def _append(self, entry: JournalEntry, access: Access) -> None:
+        """Write the journal entry, captured changes and table cids (inside the transaction)."""
+        self._authorizer.internal = True
+        writer = self._writer
+        writer.preupdate_hook(None)
+        try:
+            writer.execute(
+                f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed) VALUES (?,?,?,?,?)",
+                (entry.cid, entry.query, entry.snapshot, entry.timestamp_ms, entry.seed),
+            )
+            if self._buffer.events:
+                writer.executemany(
+                    f"INSERT INTO {CHANGES_TABLE} VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    self._buffer.rows(entry.cid, entry.timestamp_ms),
+                )
+            if access.writes:
+                writer.executemany(
+                    f"INSERT INTO {TABLE_CIDS_TABLE}(name, cid) VALUES (?, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET cid = max(cid, excluded.cid)",
+                    [(name, entry.cid) for name in sorted(access.writes)],
+                )
+        finally:
+            writer.preupdate_hook(self._buffer.hook)
+            self._authorizer.internal = False
+
+    def apply_entry(self, entry: JournalEntry) -> tuple[bool, Access]:
+        """Re-execute a journal entry (follower apply / replay) and record it.
+
+        Returns whether its SQL ran; on failure the entry is recorded as the
+        empty entry for its cid (query NULL, snapshot 0), as on every replica.
+        """
+        with self._write_lock:
+            access = Access()
+            if entry.query is None:
+                self.write_empty_entry(entry.cid, entry.timestamp_ms, entry.seed)
+                return False, access
+            self._vfs.pin(entry.timestamp_ms)
+            self._random.start(entry.seed)
+            self._buffer.clear()
+            self._internal("BEGIN IMMEDIATE")
+            self._writer.set_last_insert_rowid(0)
+            try:
+                self._authorizer.recording = access
+                try:
+                    self._writer.execute(entry.query, can_cache=False).fetchall()
+                    if access.refused is not None:
+                        raise StatementError(access.refused)
+                finally:
+                    self._authorizer.recording = None
+                self._append(entry, access)
+                self._internal("COMMIT")
+                ok = True
+            except (apsw.Error, StatementError) as exc:
+                log.warning("journal entry %d failed on apply and is recorded empty: %s",
+                            entry.cid, exc)
+                self._rollback()
+                ok = False
+            finally:
+                self._buffer.clear()
+                self._vfs.pin(None)
+                if access.schema:
+                    self._schema_changed()
+            if not ok:
+                self.write_empty_entry(entry.cid, entry.timestamp_ms, entry.seed)
+                return False, Access()
+            return True, access
+
+    def write_empty_entry(self, cid: int, timestamp_ms: int = 0, seed: int = 0) -> None:
+        """Record ``cid`` as an empty entry: it was allocated, but its transaction failed."""
+        with self._write_lock:
+            self._internal(
+                f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed) "
+                "VALUES (?, NULL, 0, ?, ?)",
+                (cid, timestamp_ms, seed),
+            )
+
+    # -- journal storage ----------------------------------------------------------------
+    def journal_entries(self, after: int, limit: int) -> list[JournalEntry]:
+        rows = self._reader().execute(
+            f"SELECT cid, query, snapshot, ts, seed FROM {JOURNAL_TABLE} "
+            "WHERE cid > ? ORDER BY cid LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        return [JournalEntry(*row) for row in rows]
+
+    def journal_bounds(self) -> tuple[int, int, int]:
+        """(smallest cid, largest cid, available snapshot) from the journal table."""
+        with self._write_lock:
+            low, high = self._internal(f"SELECT min(cid), max(cid) FROM {JOURNAL_TABLE}")[0]
+            # available snapshot: the end of the unbroken run of cids from the smallest
+            gap = self._internal(
+                f"SELECT min(cid) FROM {JOURNAL_TABLE} j WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {JOURNAL_TABLE} k WHERE k.cid = j.cid + 1)"
+            )[0][0]
+            return int(low), int(high), int(gap)
+
+    def journal_cids_above(self, cid: int) -> list[int]:
+        with self._write_lock:
+            return [r[0] for r in self._internal(
+                f"SELECT cid FROM {JOURNAL_TABLE} WHERE cid > ? ORDER BY cid", (cid,))]
+
+    def has_cid(self, cid: int) -> bool:
+        with self._write_lock:
+            return bool(self._internal(f"SELECT 1 FROM {JOURNAL_TABLE} WHERE cid = ?", (cid,)))
+
+    def table_cids(self) -> dict[str, int]:
+        with self._write_lock:
+            return dict(self._internal(f"SELECT name, cid FROM {TABLE_CIDS_TABLE}"))
+
+    def delete_journal_through(self, cid: int) -> int:
+        """Delete journal rows with cid <= ``cid`` (the caller checked the rules)."""
+        with self._write_lock:
+            self._internal(f"DELETE FROM {JOURNAL_TABLE} WHERE cid <= ?", (cid,))
+            return self._writer.changes()
+
+    # -- changes --------------------------------------------------------------------------
+    def changes(self, after: int, limit: int) -> list[RowChange]:
+        rows = self._reader().execute(
+            f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
+            (((after + 1) << SEQ_BITS) - 1 if after >= 0 else -1, limit),
+        ).fetchall()
+        return [decode_change(row) for row in rows]
+
+    def changes_count(self) -> int:
+        return int(self._reader().execute(f"SELECT count(*) FROM {CHANGES_TABLE}").fetchall()[0][0])
+
+    # -- reads ----------------------------------------------------------------------------
+    def query(self, statements: Sequence[Statement], *, transaction: bool = False
+              ) -> list[StatementResult]:
+        """Run read-only statements on this thread's reader connection."""
+        conn = self._reader()
+        results: list[StatementResult] = []
+        if transaction:
+            conn.execute("BEGIN")
+        try:
+            for statement in statements:
+                results.append(self._read_one(conn, statement))
+        finally:
+            if transaction and conn.in_transaction:
+                conn.execute("COMMIT")
+        return results
+
+    def _read_one(self, conn: apsw.Connection, statement: Statement) -> StatementResult:
+        started = time.perf_counter()
+        description: list[tuple[str, str | None]] | None = None
+
+        def keep_description(cur: apsw.Cursor, sql: str, bindings: Any) -> bool:
+            nonlocal description
+            try:
+                description = list(cur.get_description())
+            except apsw.ExecutionCompleteError:
+                description = None
+            return True
+
+        cursor = conn.cursor()
+        cursor.exec_trace = keep_description
+        try:
+            rows = cursor.execute(statement.sql, statement.params).fetchall()
+        except apsw.ReadOnlyError:
+            return StatementResult(error="attempt to change database via query operation",
+                                   seconds=time.perf_counter() - started)
+        except (apsw.Error, OverflowError, TypeError, ValueError) as exc:
+            return StatementResult(error=_statement_error(exc, None),
+                                   seconds=time.perf_counter() - started)
+        except KeyError as exc:
+            return StatementResult(error=f"no value for parameter :{exc.args[0]}",
+                                   seconds=time.perf_counter() - started)
+        result = StatementResult(seconds=time.perf_counter() - started)
+        result.columns = [d[0] for d in description or []]
+        result.decltypes = [d[1] for d in description or []]
+        result.rows = rows
+        return result
+
+    def is_read_only(self, sql: str) -> bool:
+        """Whether every statement in ``sql`` only reads (prepared, never run)."""
+        conn = self._reader()
+        read_only = True
+
+        def check(cur: apsw.Cursor, text: str, bindings: Any) -> bool:
+            nonlocal read_only
+            read_only = read_only and bool(cur.is_readonly)
+            return False  # prepare only: stop before running anything
+
+        cursor = conn.cursor()
+        cursor.exec_trace = check
+        try:
+            cursor.execute(sql, None)
+        except apsw.ExecTraceAbort:
+            pass
+        except apsw.BindingsError:
+            pass
+        except apsw.Error:
+            return False  # let the write path report the error
+        return read_only
+
+    # -- backup, dump, load -------------------------------------------------------------------
+    def backup(self, destination: str) -> None:
+        """A consistent copy of the whole database file via SQLite's backup API."""
+        dest = apsw.Connection(destination)
+        try:
+            with dest.backup("main", self._reader(), "main") as step:
+                while not step.done:
+                    step.step(1024)
+        finally:
+            dest.close()
+
+    def dump_sql(self) -> str:
+        return "".join(s + "\n" for s in dump_statements(self._reader(), transaction=True))
+
+    def load_statements(self, data: bytes) -> list[Statement]:
+        """Statements that replace every user object with those in ``data``.
+
+        ``data`` is a SQLite database file or SQL text (e.g. a ``.dump``). It is
+        first loaded into a scratch database, so SQLite itself parses it, then
+        dumped back as plain statements that run through the normal write path.
+        """
+        scratch = apsw.Connection(":memory:")
+        try:
+            if data.startswith(_SQLITE_HEADER):
+                scratch.deserialize("main", data)
+                try:
+                    scratch.execute("PRAGMA quick_check").fetchall()
+                except apsw.Error as exc:
+                    raise LoadError(f"load: the uploaded SQLite file is unreadable: {exc}") from exc
+            else:
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise LoadError("load: body is neither a SQLite database file nor UTF-8 "
+                                    "SQL text") from exc
+                try:
+                    scratch.execute(text).fetchall()
+                except apsw.Error as exc:
+                    raise LoadError(f"load: the SQL text failed: {exc}") from exc
+                if scratch.in_transaction:
+                    scratch.execute("COMMIT")
+            new = [Statement(s) for s in dump_statements(scratch, transaction=False)]
+        finally:
+            scratch.close()
+        return self._clear_statements() + new
+
+    def _clear_statements(self) -> list[Statement]:
+        """Delete every row (captured as deletes), then drop every user object."""
+        objects = self._reader().execute(
+            f"SELECT type, name FROM sqlite_schema WHERE {USER_OBJECTS}"
+        ).fetchall()
+        out: list[Statement] = []
+        for kind, name in objects:
+            if kind == "table":
+                out.append(Statement(f"DELETE FROM {_quote(name)}"))
+        order = {"trigger": 0, "view": 1, "index": 2, "table": 3}
+        for kind, name in sorted(objects, key=lambda o: order.get(o[0], 9)):
+            if kind in order and not (kind == "index" and name.startswith("sqlite_autoindex")):
+                out.append(Statement(f"DROP {kind.upper()} IF EXISTS {_quote(name)}"))
+        return out
+
+    # -- facts ---------------------------------------------------------------------------------
+    def size_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.path.getsize(self.path + suffix)
+            except FileNotFoundError:
+                pass
+        return total
+
+    def user_table_count(self) -> int:
+        return int(self._reader().execute(
+            f"SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND {USER_OBJECTS}"
+        ).fetchall()[0][0])
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

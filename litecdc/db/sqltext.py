@@ -1,0 +1,172 @@
+"""Render a statement and its bound parameters as self-contained SQL text.
+
+The journal keeps each transaction as SQL text that a replica (or plain
+``sqlite3``) can re-execute alone, so every bound parameter is written as a
+literal that SQLite reads back as exactly the same value:
+
+* integers as decimal digits, floats as Python's shortest round-trip ``repr``
+  (SQLite parses it back to the same 64-bit pattern; verified by a property
+  test), ±infinity as ``±9e999``, NaN as NULL (SQLite binds NaN as NULL);
+* text as a quoted literal, or ``CAST(X'…' AS TEXT)`` when it holds a NUL
+  character (a NUL would end the literal);
+* blobs as ``X'…'``; None as ``NULL``.
+
+Negative numbers are parenthesised so that ``5-?`` never becomes a ``--`` comment.
+
+Placeholders follow SQLite's numbering rules (``?`` takes the largest index so far
+plus one, ``?NNN`` its number, a named parameter the next index on its first use)
+and, like APSW, a SQL string holding several statements consumes a positional
+binding sequence statement by statement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from litecdc.errors import StatementError
+from litecdc.results import Params, SQLValue
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    #: 1-based index within the whole SQL string's binding sequence (offsets applied).
+    index: int
+    #: name without its prefix character, or None for ``?``/``?NNN``.
+    name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """SQL text cut at its placeholders: ``parts[0] p0 parts[1] p1 … parts[n]``."""
+
+    parts: tuple[str, ...]
+    placeholders: tuple[Placeholder, ...]
+    #: how many positional bindings the whole string consumes
+    positional_count: int
+
+
+def _is_ident_char(ch: str) -> bool:
+    return ch.isalnum() or ch in "_$" or ord(ch) >= 0x80
+
+
+@lru_cache(maxsize=4096)
+def parse_template(sql: str) -> Template:
+    """Find every parameter in ``sql``, skipping quotes, identifiers and comments."""
+    parts: list[str] = []
+    placeholders: list[Placeholder] = []
+    i, start, n = 0, 0, len(sql)
+    offset = 0  # bindings consumed by earlier statements in this string
+    max_index = 0  # largest index in the current statement
+    names: dict[str, int] = {}
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"`":
+            end = i + 1
+            while True:
+                end = sql.find(ch, end)
+                if end == -1:
+                    end = n
+                    break
+                if end + 1 < n and sql[end + 1] == ch:  # doubled quote
+                    end += 2
+                    continue
+                break
+            i = end + 1
+        elif ch == "[":
+            end = sql.find("]", i + 1)
+            i = n if end == -1 else end + 1
+        elif ch == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end == -1 else end + 1
+        elif ch == "/" and sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end == -1 else end + 2
+        elif ch == ";":
+            offset += max_index
+            max_index = 0
+            names = {}
+            i += 1
+        elif ch == "?":
+            j = i + 1
+            while j < n and sql[j].isdigit():
+                j += 1
+            index = int(sql[i + 1 : j]) if j > i + 1 else max_index + 1
+            max_index = max(max_index, index)
+            parts.append(sql[start:i])
+            placeholders.append(Placeholder(offset + index, None))
+            i = start = j
+        elif ch in ":@$" and i + 1 < n and _is_ident_char(sql[i + 1]):
+            j = i + 1
+            while j < n and (_is_ident_char(sql[j]) or (ch == "$" and sql.startswith("::", j))):
+                j += 2 if sql[j] == ":" else 1
+            name = sql[i + 1 : j]
+            if name not in names:
+                max_index += 1
+                names[name] = max_index
+            parts.append(sql[start:i])
+            placeholders.append(Placeholder(offset + names[name], name))
+            i = start = j
+        else:
+            i += 1
+    parts.append(sql[start:])
+    return Template(tuple(parts), tuple(placeholders), offset + max_index)
+
+
+def sql_literal(value: SQLValue) -> str:
+    """One value as an SQL literal that SQLite reads back as exactly ``value``."""
+    kind = type(value)
+    if kind is int or kind is bool:
+        return str(int(value)) if value >= 0 else f"({int(value)})"  # type: ignore[arg-type, operator]
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        if "\x00" in text:
+            return f"CAST(X'{text.encode('utf-8').hex()}' AS TEXT)"
+        return "'" + text.replace("'", "''") + "'"
+    if value is None:
+        return "NULL"
+    if kind is float:
+        number: float = value  # type: ignore[assignment]
+        if math.isnan(number):
+            return "NULL"
+        if math.isinf(number):
+            return "9e999" if number > 0 else "(-9e999)"
+        text = repr(number)
+        return text if not text.startswith("-") else f"({text})"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"X'{bytes(value).hex()}'"
+    raise StatementError(f"unsupported parameter type {type(value).__name__}")
+
+
+def render(sql: str, params: Params) -> str:
+    """``sql`` with every placeholder replaced by the literal of its bound value."""
+    template = parse_template(sql)
+    if not template.placeholders:
+        return sql
+    if isinstance(params, Mapping):
+        literals = []
+        for placeholder in template.placeholders:
+            if placeholder.name is None:
+                raise StatementError(
+                    f"positional parameter ?{placeholder.index} needs positional values, "
+                    "got named values"
+                )
+            if placeholder.name in params:
+                value = params[placeholder.name]
+            else:
+                raise StatementError(f"no value for parameter :{placeholder.name}")
+            literals.append(sql_literal(value))
+    else:
+        values: Sequence[SQLValue] = params
+        if len(values) < template.positional_count:
+            raise StatementError(
+                f"statement has {template.positional_count} parameters, {len(values)} given"
+            )
+        literals = [sql_literal(values[p.index - 1]) for p in template.placeholders]
+    out = [template.parts[0]]
+    for literal, part in zip(literals, template.parts[1:], strict=True):
+        out.append(literal)
+        out.append(part)
+    return "".join(out)

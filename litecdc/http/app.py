@@ -1,0 +1,487 @@
+"""The HTTP API: rqlite's endpoints plus litecdc's journal and change log.
+
+Each handler does four things, in rqlite's order: check the permission (HTTP 401), check
+the method (HTTP 405), parse the request, make ONE store call in a worker thread (the
+store is synchronous and thread-safe) and format its answer. Nothing here touches SQLite.
+
+Errors: a malformed request gets HTTP 400 before the store is called, so it changes
+nothing. rqlite endpoints answer errors as ``text/plain`` (as Go's ``http.Error`` does);
+litecdc's own endpoints answer ``{"error": "..."}``. A failing SQL statement is not an
+HTTP error: it is an ``error`` entry in ``results`` with HTTP 200, as in rqlite.
+See docs/http-api.md for every endpoint's parameters and bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import logging
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+from anyio import to_thread
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from litecdc.config import NodeConfig
+from litecdc.errors import BodyTooLargeError, LitecdcError, RequestError, http_status_for
+from litecdc.http import rqlite
+from litecdc.http.auth import CredentialStore, parse_basic_auth
+from litecdc.results import Statement
+from litecdc.store import Store
+
+__all__ = ["JOURNAL_PAGE_DEFAULT", "create_app"]
+
+log = logging.getLogger("litecdc.http")
+
+JOURNAL_PAGE_DEFAULT = 1000
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+_encoder = msgspec.json.Encoder()
+_JSON = "application/json; charset=utf-8"
+_TEXT = "text/plain; charset=utf-8"
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _package_version() -> str:
+    try:
+        return version("litecdc")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _package_version()
+
+
+def _json(doc: Any, *, status: int = 200, pretty: bool = False) -> Response:
+    body = _encoder.encode(doc)
+    if pretty:
+        body = msgspec.json.format(body, indent=4)
+    return Response(body, status_code=status, media_type=_JSON)
+
+
+def _text_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(f"{message}\n", status_code=status, media_type=_TEXT, headers=headers)
+
+
+def _go_time(moment: datetime) -> str:
+    """A time as Go's encoding/json writes it (RFC 3339 with nanoseconds)."""
+    text = moment.isoformat()
+    return text.replace("+00:00", "Z")
+
+
+class _Api:
+    """The handlers, bound to one store and configuration."""
+
+    def __init__(self, store: Store, config: NodeConfig) -> None:
+        self.store = store
+        self.config = config
+        self.credentials = (
+            CredentialStore.from_file(config.auth_file) if config.auth_file is not None else None
+        )
+        self.tls = config.http_cert is not None
+        self.scheme = "https" if self.tls else "http"
+        self.started = datetime.now(UTC)
+        self.last_backup: datetime | None = None
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _denied(self, request: Request, perms: tuple[str, ...]) -> Response | None:
+        if self.credentials is None:
+            return None
+        username, password = parse_basic_auth(request.headers.get("authorization"))
+        if self.credentials.allows_all(username, password, perms):
+            return None
+        need = " and ".join(repr(p) for p in perms)
+        return _text_error(
+            401,
+            f"unauthorized: this request needs the {need} permission"
+            + ("s" if len(perms) > 1 else ""),
+            headers={"WWW-Authenticate": 'Basic realm="litecdc"'},
+        )
+
+    def _gate(
+        self, request: Request, perms: tuple[str, ...], methods: tuple[str, ...]
+    ) -> Response | None:
+        """rqlite's order: permission first (401), then method (405)."""
+        return self._denied(request, perms) or self._wrong_method(request, methods)
+
+    @staticmethod
+    def _wrong_method(request: Request, allowed: tuple[str, ...]) -> Response | None:
+        if request.method in allowed:
+            return None
+        return _text_error(
+            405,
+            f"method {request.method} is not allowed on {request.url.path}; "
+            f"use {' or '.join(allowed)}",
+            headers={"Allow": ", ".join(allowed)},
+        )
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLargeError(
+                f"request body too large: {declared} bytes, the limit is {limit} bytes"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLargeError(
+                    f"request body too large: more than {limit} bytes, the limit is {limit} bytes"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _statements(self, request: Request) -> list[Statement]:
+        body = await self._body(request)
+        return rqlite.parse_statements(body, request.headers.get("content-type"))
+
+    # -- rqlite endpoints ----------------------------------------------------------------
+    async def execute(self, request: Request) -> Response:
+        if r := self._gate(request, ("execute",), ("POST",)):
+            return r
+        start = time.perf_counter()
+        opts = rqlite.parse_options(request.query_params)
+        statements = await self._statements(request)
+        outcome = await to_thread.run_sync(
+            lambda: self.store.execute(statements, transaction=opts.transaction)
+        )
+        if opts.queue:
+            doc: dict[str, Any] = {"results": []}
+            if outcome.cid:
+                doc["sequence_number"] = outcome.cid
+        else:
+            doc = {
+                "results": rqlite.format_results(
+                    outcome.results, timings=opts.timings, blob_array=opts.blob_array
+                )
+            }
+        return self._finish(doc, opts, start, outcome.cid)
+
+    async def query(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET", "POST")):
+            return r
+        start = time.perf_counter()
+        opts = rqlite.parse_options(request.query_params)
+        if request.method == "GET":
+            sql = request.query_params.get("q")
+            if sql is None or not sql.strip():
+                raise RequestError(
+                    f"{rqlite.ERR_NO_STATEMENTS}: give the SQL in the q parameter, "
+                    "or POST a JSON array of statements"
+                )
+            statements = [Statement(sql)]
+        else:
+            statements = await self._statements(request)
+        results = await to_thread.run_sync(
+            lambda: self.store.query(statements, level=opts.level, transaction=opts.transaction)
+        )
+        doc = {
+            "results": rqlite.format_results(
+                results,
+                timings=opts.timings,
+                associative=opts.associative,
+                blob_array=opts.blob_array,
+            )
+        }
+        return self._finish(doc, opts, start, None)
+
+    async def request(self, request: Request) -> Response:
+        if r := self._gate(request, ("query", "execute"), ("POST",)):
+            return r
+        start = time.perf_counter()
+        opts = rqlite.parse_options(request.query_params)
+        statements = await self._statements(request)
+        outcome = await to_thread.run_sync(
+            lambda: self.store.request(statements, transaction=opts.transaction, level=opts.level)
+        )
+        doc = {
+            "results": rqlite.format_results(
+                outcome.results,
+                timings=opts.timings,
+                associative=opts.associative,
+                blob_array=opts.blob_array,
+            )
+        }
+        return self._finish(doc, opts, start, outcome.cid)
+
+    @staticmethod
+    def _finish(
+        doc: dict[str, Any], opts: rqlite.QueryOptions, start: float, cid: int | None
+    ) -> Response:
+        if opts.timings:
+            doc["time"] = time.perf_counter() - start
+        if opts.raft_index and cid:
+            doc["raft_index"] = cid
+        return _json(doc, pretty=opts.pretty)
+
+    async def backup(self, request: Request) -> Response:
+        if r := self._gate(request, ("backup",), ("GET",)):
+            return r
+        params = request.query_params
+        fmt = params.get("fmt", "binary")
+        if fmt not in ("binary", "sql"):
+            raise RequestError(f"unknown backup format {fmt!r}: use fmt=sql or leave fmt out")
+        compress = "compress" in params
+        if fmt == "sql":
+            text = await to_thread.run_sync(self.store.dump_sql)
+            self.last_backup = datetime.now(UTC)
+            data = text.encode("utf-8")
+            if compress:
+                data = gzip.compress(data)
+            return Response(data, media_type="application/sql")
+        fd, path = tempfile.mkstemp(prefix="litecdc-backup-", suffix=".sqlite")
+        os.close(fd)
+        try:
+            await to_thread.run_sync(lambda: self._backup_to(path, compress))
+        except BaseException:
+            _remove(path)
+            raise
+        self.last_backup = datetime.now(UTC)
+        return FileResponse(
+            path, media_type="application/octet-stream", background=BackgroundTask(_remove, path)
+        )
+
+    def _backup_to(self, path: str, compress: bool) -> None:
+        self.store.backup(path)
+        if compress:
+            packed = path + ".gz"
+            with open(path, "rb") as src, gzip.open(packed, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1024 * 1024)
+            os.replace(packed, path)
+
+    async def load(self, request: Request) -> Response:
+        if r := self._gate(request, ("load",), ("POST",)):
+            return r
+        start = time.perf_counter()
+        opts = rqlite.parse_options(request.query_params)
+        data = await self._body(request)
+        if not data.strip():
+            raise RequestError("nothing to load: the body is empty; send a SQLite file or SQL text")
+        is_sqlite = data.startswith(SQLITE_HEADER)
+        try:
+            outcome = await to_thread.run_sync(lambda: self.store.load(data))
+        except RequestError as exc:
+            if is_sqlite or type(exc) is not RequestError:
+                raise
+            # SQL text that fails is an SQL error: rqlite reports it in results, HTTP 200.
+            return self._finish({"results": [{"error": str(exc)}]}, opts, start, None)
+        results = (
+            [] if is_sqlite else rqlite.format_results(outcome.results[-1:], timings=opts.timings)
+        )
+        return self._finish({"results": results}, opts, start, outcome.cid)
+
+    async def status(self, request: Request) -> Response:
+        if r := self._gate(request, ("status",), ("GET",)):
+            return r
+        node = await to_thread.run_sync(self.store.status)
+        now = datetime.now(UTC)
+        store_status = msgspec.to_builtins(node)
+        doc: dict[str, Any] = {
+            "build": {"version": VERSION, "python": platform.python_version()},
+            "http": {
+                "bind_addr": self.config.http_addr,
+                "auth": "enabled" if self.credentials is not None else "disabled",
+                "tls": {"enabled": "true" if self.tls else "false"},
+            },
+            "node": {
+                "id": node.node_id,
+                "mode": node.mode,
+                "leader": True,
+                "start_time": _go_time(self.started),
+                "current_time": _go_time(now),
+                "uptime": str(now - self.started),
+            },
+            "os": {
+                "pid": os.getpid(),
+                "ppid": os.getppid(),
+                "hostname": socket.gethostname(),
+                "executable": sys.executable,
+            },
+            "runtime": {
+                "python": sys.version.split()[0],
+                "implementation": platform.python_implementation(),
+                "platform": sys.platform,
+                "machine": platform.machine(),
+                "num_cpu": os.cpu_count() or 1,
+            },
+            "store": store_status,
+        }
+        if self.last_backup is not None:
+            doc["last_backup_time"] = _go_time(self.last_backup)
+        key = request.query_params.get("key")
+        if key:
+            doc = _sub_document(doc, key)
+        return _json(doc, pretty="pretty" in request.query_params)
+
+    async def nodes(self, request: Request) -> Response:
+        if r := self._gate(request, ("status",), ("GET",)):
+            return r
+        node = {
+            "id": self.config.node_id,
+            "api_addr": f"{self.scheme}://{self.config.http_addr}",
+            "addr": self.config.http_addr,
+            "voter": True,
+            "reachable": True,
+            "leader": True,
+        }
+        pretty = "pretty" in request.query_params
+        if request.query_params.get("ver") == "2" or request.query_params.get("version") == "2":
+            return _json({"nodes": [node]}, pretty=pretty)
+        return _json({self.config.node_id: node}, pretty=pretty)
+
+    async def readyz(self, request: Request) -> Response:
+        if r := self._gate(request, ("ready",), ("GET",)):
+            return r
+        if "noleader" in request.query_params:
+            return Response("[+]node ok", media_type=_TEXT)
+        return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
+
+    async def root(self, request: Request) -> Response:
+        return RedirectResponse("/status", status_code=302)
+
+    # -- litecdc's own endpoints -----------------------------------------------------------
+    async def journal(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        after, limit, pretty = _page_params(request)
+        page = await to_thread.run_sync(lambda: self.store.journal_page(after, limit))
+        return _json(
+            {"entries": page.entries, "available_snapshot": page.available_snapshot},
+            pretty=pretty,
+        )
+
+    async def changes(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        after, limit, pretty = _page_params(request)
+        changes = await to_thread.run_sync(lambda: self.store.changes(after, limit))
+        return _json({"changes": changes}, pretty=pretty)
+
+
+_PAGE_PARAMS = frozenset({"after", "limit", "pretty"})
+
+
+def _page_params(request: Request) -> tuple[int, int, bool]:
+    params = request.query_params
+    unknown = sorted(set(params.keys()) - _PAGE_PARAMS)
+    if unknown:
+        raise RequestError(
+            f"unknown query parameter(s) {', '.join(unknown)} for {request.url.path}; "
+            f"allowed: {', '.join(sorted(_PAGE_PARAMS))}"
+        )
+    return (
+        _int_param(params, "after", 0, minimum=0),
+        _int_param(params, "limit", JOURNAL_PAGE_DEFAULT, minimum=1),
+        "pretty" in params,
+    )
+
+
+def _int_param(params: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    text = params.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise RequestError(f"{name} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise RequestError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _sub_document(doc: dict[str, Any], key: str) -> Any:
+    """rqlite's ``/status?key=a.b``: the value at that path, ``{}`` if it is missing."""
+    value: Any = doc
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return value
+        if part not in value:
+            return {}
+        value = value[part]
+    return value
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+_CORS = {
+    "Access-Control-Allow-Methods": "OPTIONS, GET, POST",
+    "Access-Control-Allow-Headers": "Content-Type, Authorization",
+}
+
+
+def _guard(handler: Handler, *, json_errors: bool) -> Handler:
+    """Turn litecdc errors into HTTP answers (text for rqlite endpoints, JSON for ours)."""
+
+    async def guarded(request: Request) -> Response:
+        if request.method == "OPTIONS":  # CORS preflight: rqlite answers 200 to any path
+            return Response(status_code=200, headers=_CORS)
+        try:
+            return await handler(request)
+        except LitecdcError as exc:
+            status = http_status_for(exc)
+            if status >= 500:
+                log.error("%s %s failed: %s", request.method, request.url.path, exc)
+            if json_errors:
+                return _json({"error": str(exc)}, status=status)
+            return _text_error(status, str(exc))
+
+    return guarded
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        return _text_error(405, f"method {request.method} is not allowed on {request.url.path}")
+    return _text_error(404, f"not found: litecdc has no endpoint {request.url.path}")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return _text_error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def create_app(store: Store, config: NodeConfig) -> Starlette:
+    """The Starlette app serving ``store``. Raises ConfigError for a bad auth file."""
+    api = _Api(store, config)
+    rq = dict(json_errors=False)
+    own = dict(json_errors=True)
+    routes = [
+        Route("/", api.root),
+        Route("/db/execute", _guard(api.execute, **rq), methods=_ALL_METHODS),
+        Route("/db/query", _guard(api.query, **rq), methods=_ALL_METHODS),
+        Route("/db/request", _guard(api.request, **rq), methods=_ALL_METHODS),
+        Route("/db/backup", _guard(api.backup, **rq), methods=_ALL_METHODS),
+        Route("/db/load", _guard(api.load, **rq), methods=_ALL_METHODS),
+        Route("/status", _guard(api.status, **rq), methods=_ALL_METHODS),
+        Route("/nodes", _guard(api.nodes, **rq), methods=_ALL_METHODS),
+        Route("/readyz", _guard(api.readyz, **rq), methods=_ALL_METHODS),
+        Route("/journal", _guard(api.journal, **own), methods=_ALL_METHODS),
+        Route("/cdc/changes", _guard(api.changes, **own), methods=_ALL_METHODS),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={404: _not_found, 405: _not_found, Exception: _internal_error},
+    )

@@ -1,0 +1,211 @@
+"""Basic auth with per-user permissions, reading rqlite's ``-auth`` file format.
+
+The file is a JSON array of users::
+
+    [
+      {"username": "admin", "password": "secret", "perms": ["all"]},
+      {"username": "reader", "password": "$2a$10$...", "perms": ["query", "ready"]},
+      {"username": "*", "perms": ["status", "ready"]}
+    ]
+
+The rules are rqlite's (``auth/credential_store.go``, ``AA``):
+
+* a permission granted to the user ``*`` is granted to every request, with or without
+  credentials, and then no password is checked;
+* otherwise the request must carry HTTP Basic credentials whose password matches, either
+  as plain text or as a bcrypt hash (checked when the ``bcrypt`` package is installed);
+* the user then needs the permission itself or ``all``.
+
+A request that fails any step gets HTTP 401, as rqlite answers (rqlite does not tell a
+wrong password from a missing permission).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import importlib
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from litecdc.errors import ConfigError
+
+log = logging.getLogger("litecdc.http")
+
+__all__ = ["ALL_USERS", "PERMISSIONS", "CredentialStore", "parse_basic_auth"]
+
+ALL_USERS = "*"
+PERM_ALL = "all"
+#: rqlite's permission names (docs: Security guide); litecdc checks the ones its endpoints use.
+PERMISSIONS = frozenset(
+    {
+        "all",
+        "execute",
+        "query",
+        "load",
+        "backup",
+        "snapshot",
+        "status",
+        "ready",
+        "join",
+        "join-read-only",
+        "remove",
+        "leader-ops",
+        "ui",
+    }
+)
+_CACHE_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _User:
+    password: str | None
+    perms: frozenset[str]
+
+
+class CredentialStore:
+    """The users of an auth file, and the permission check for one request."""
+
+    def __init__(self, users: dict[str, _User]) -> None:
+        self._users = users
+        self._checked: dict[tuple[str, bytes], bool] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> CredentialStore:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"--auth: cannot read {str(path)!r}: {exc.strerror}") from exc
+        return cls.from_json(data, source=str(path))
+
+    @classmethod
+    def from_json(cls, data: bytes, *, source: str = "auth file") -> CredentialStore:
+        try:
+            doc = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"--auth: {source} is not valid JSON: {exc}") from exc
+        if not isinstance(doc, list):
+            raise ConfigError(
+                f"--auth: {source} must be a JSON array of "
+                '{"username", "password", "perms"} objects'
+            )
+        users: dict[str, _User] = {}
+        for i, entry in enumerate(doc, start=1):
+            users_entry = _parse_user(entry, i, source)
+            users[users_entry[0]] = users_entry[1]
+        return cls(users)
+
+    def allows(self, username: str | None, password: str | None, perm: str) -> bool:
+        """rqlite's AA: authenticate (unless ``*`` has the permission) and authorize."""
+        if self._has_any(ALL_USERS, perm):
+            return True
+        if not username:
+            return False
+        if not self._check_password(username, password or ""):
+            return False
+        return self._has_any(username, perm)
+
+    def allows_all(self, username: str | None, password: str | None, perms: Iterable[str]) -> bool:
+        return all(self.allows(username, password, perm) for perm in perms)
+
+    def _has_any(self, username: str, perm: str) -> bool:
+        for name in (username, ALL_USERS):
+            user = self._users.get(name)
+            if user is not None and (perm in user.perms or PERM_ALL in user.perms):
+                return True
+        return False
+
+    def _check_password(self, username: str, password: str) -> bool:
+        user = self._users.get(username)
+        if user is None or user.password is None:
+            return False
+        key = (username, hashlib.sha256(password.encode()).digest())
+        cached = self._checked.get(key)
+        if cached is not None:
+            return cached
+        ok = _password_matches(user.password, password)
+        with self._lock:
+            if len(self._checked) >= _CACHE_LIMIT:
+                self._checked.clear()
+            self._checked[key] = ok
+        return ok
+
+
+def _parse_user(entry: Any, index: int, source: str) -> tuple[str, _User]:
+    where = f"--auth: {source}, entry {index}"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be an object with username, password and perms")
+    unknown = set(entry) - {"username", "password", "perms"}
+    if unknown:
+        raise ConfigError(f"{where} has unknown field(s) {', '.join(sorted(unknown))}")
+    username = entry.get("username")
+    if not isinstance(username, str) or not username:
+        raise ConfigError(f"{where} needs a non-empty string username")
+    password = entry.get("password")
+    if password is not None and not isinstance(password, str):
+        raise ConfigError(f"{where} ({username}): password must be a string")
+    if password is None and username != ALL_USERS:
+        raise ConfigError(f"{where} ({username}): a password is required")
+    perms = entry.get("perms", [])
+    if not isinstance(perms, list) or not all(isinstance(p, str) for p in perms):
+        raise ConfigError(f"{where} ({username}): perms must be an array of strings")
+    unknown_perms = sorted(set(perms) - PERMISSIONS)
+    if unknown_perms:
+        raise ConfigError(
+            f"{where} ({username}): unknown permission(s) {', '.join(unknown_perms)}; "
+            f"known: {', '.join(sorted(PERMISSIONS))}"
+        )
+    if password is not None and password.startswith("$2") and _bcrypt() is None:
+        log.warning(
+            "auth: the password of %s looks like a bcrypt hash, but the bcrypt package is "
+            "not installed; it will only match as plain text",
+            username,
+        )
+    return username, _User(password, frozenset(perms))
+
+
+def _bcrypt() -> Any:
+    """The optional ``bcrypt`` module, or None when it is not installed."""
+    try:
+        return importlib.import_module("bcrypt")
+    except ImportError:
+        return None
+
+
+def _password_matches(stored: str, given: str) -> bool:
+    if hmac.compare_digest(stored.encode(), given.encode()):
+        return True
+    bcrypt = _bcrypt() if stored.startswith("$2") else None
+    if bcrypt is not None:
+        try:
+            return bool(bcrypt.checkpw(given.encode(), stored.encode()))
+        except ValueError:
+            return False
+    return False
+
+
+def parse_basic_auth(header: str | None) -> tuple[str | None, str | None]:
+    """Username and password from an ``Authorization: Basic`` header; (None, None) if absent
+    or malformed (such a request counts as anonymous, as in Go's ``Request.BasicAuth``)."""
+    if not header:
+        return None, None
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None, None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, None
+    username, sep, password = decoded.partition(":")
+    if not sep:
+        return None, None
+    return username, password

@@ -1,0 +1,384 @@
+"""rqlite's wire format: request parsing and response bodies.
+
+Everything here is pure (no I/O, no store): the HTTP handlers in :mod:`litecdc.http.app`
+call :func:`parse_statements` on a request body and :func:`format_results` on what the
+store returned. The behaviour follows rqlite's ``http/request_parser.go``,
+``http/query_params.go`` and ``command/encoding/json.go``, and what rqlite 9.4 / 10.3
+servers were measured to send:
+
+* A body is a JSON array. Each element is an SQL string, or an array whose first element
+  is the SQL and whose other elements are its parameters: values bind positionally,
+  an object binds named parameters. ``true``/``false`` bind as 1/0, an integer beyond
+  int64 binds as a REAL, an array of byte values (0-255) binds as a BLOB.
+* A body sent as ``Content-Type: text/plain`` is one SQL statement.
+* Errors: ``invalid JSON body``, ``invalid request``, ``unsupported type`` and
+  ``no statements`` (HTTP 400); litecdc appends a colon and what exactly was wrong.
+* A result omits ``last_insert_id``/``rows_affected`` when zero, ``values`` when there
+  are no rows, and ``time`` unless timings were asked for.
+* ``types`` holds the declared type in lower case; a column without one (an expression)
+  takes the storage class of its value in the first row (``""`` for NULL).
+* Values of columns declared ``boolean`` are JSON booleans; ``date``, ``datetime`` and
+  ``timestamp`` columns give RFC 3339 text as rqlite's SQLite driver parses it.
+* BLOBs are base64 text, or arrays of byte values with ``blob_array``; a BLOB in a column
+  whose declared type has TEXT affinity is sent as text, as rqlite does.
+
+Deliberate differences from rqlite (documented in docs/http-api.md): a BLOB produced by an
+expression is reported with type ``"blob"`` and base64 (rqlite mangles it into text);
+a string ``x'..'`` parameter stays text; a REAL is written as ``1.0``, not ``1``; an
+infinite REAL is ``null`` (rqlite fails the whole response with HTTP 500); one statement
+may not mix positional and named parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from litecdc.errors import RequestError
+from litecdc.results import ReadLevel, SQLValue, Statement, StatementResult
+
+__all__ = [
+    "QueryOptions",
+    "format_results",
+    "format_rows",
+    "parse_options",
+    "parse_statements",
+]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+_decoder = msgspec.json.Decoder()
+
+# -- errors, worded as rqlite words them ------------------------------------------------
+
+ERR_INVALID_JSON = "invalid JSON body"
+ERR_INVALID_REQUEST = "invalid request"
+ERR_UNSUPPORTED_TYPE = "unsupported type"
+ERR_NO_STATEMENTS = "no statements"
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+# -- statements --------------------------------------------------------------------------
+
+
+def parse_statements(body: bytes, content_type: str | None = None) -> list[Statement]:
+    """Parse an rqlite request body into statements; RequestError (HTTP 400) if malformed."""
+    if content_type is not None and content_type.split(";", 1)[0].strip().lower() == "text/plain":
+        try:
+            sql = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"invalid request: the text body is not UTF-8 ({exc})") from exc
+        if not sql.strip():
+            raise RequestError(f"{ERR_NO_STATEMENTS}: the text body is empty")
+        return [Statement(sql)]
+    if not body.strip():
+        raise RequestError(f"{ERR_NO_STATEMENTS}: the request body is empty")
+    try:
+        doc = _decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"{ERR_INVALID_JSON}: {exc}") from exc
+    if not isinstance(doc, list):
+        raise RequestError(
+            f"{ERR_INVALID_REQUEST}: the body must be a JSON array of statements, "
+            f"got {_json_kind(doc)}"
+        )
+    if not doc:
+        raise RequestError(f"{ERR_NO_STATEMENTS}: the array of statements is empty")
+    return [_parse_statement(i, item) for i, item in enumerate(doc, start=1)]
+
+
+def _parse_statement(index: int, item: object) -> Statement:
+    if isinstance(item, str):
+        return Statement(item)
+    if not isinstance(item, list):
+        raise RequestError(
+            f"{ERR_INVALID_REQUEST}: statement {index} is {_json_kind(item)}; "
+            'expected an SQL string or an array ["SQL", parameters...]'
+        )
+    if not item:
+        raise RequestError(f"{ERR_INVALID_REQUEST}: statement {index} is an empty array")
+    sql = item[0]
+    if not isinstance(sql, str):
+        raise RequestError(
+            f"{ERR_INVALID_REQUEST}: statement {index} must start with the SQL string, "
+            f"got {_json_kind(sql)}"
+        )
+    if len(item) == 1:
+        return Statement(sql)
+    positional: list[SQLValue] = []
+    named: dict[str, SQLValue] = {}
+    for pos, value in enumerate(item[1:], start=1):
+        if isinstance(value, dict):
+            for key, named_value in value.items():
+                named[key] = _parameter(index, f"named parameter {key!r}", named_value)
+        else:
+            positional.append(_parameter(index, f"parameter {pos}", value))
+    if positional and named:
+        raise RequestError(
+            f"{ERR_INVALID_REQUEST}: statement {index} mixes positional and named parameters; "
+            "use one kind per statement"
+        )
+    if named:
+        return Statement(sql, named)
+    return Statement(sql, tuple(positional))
+
+
+def _parameter(index: int, where: str, value: object) -> SQLValue:
+    if value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+        return float(value)
+    if isinstance(value, list):
+        if all(type(b) is int and 0 <= b <= 255 for b in value):
+            return bytes(value)
+        raise RequestError(
+            f"{ERR_UNSUPPORTED_TYPE}: statement {index} {where} is an array that is not "
+            "all byte values 0-255 (an array of bytes binds as a BLOB)"
+        )
+    raise RequestError(
+        f"{ERR_UNSUPPORTED_TYPE}: statement {index} {where} is {_json_kind(value)}; "
+        "a parameter is a string, a number, a boolean, null or an array of bytes"
+    )
+
+
+# -- query parameters --------------------------------------------------------------------
+
+_LEVELS: dict[str, ReadLevel] = {
+    "none": "none",
+    "weak": "weak",
+    "strong": "strong",
+    "linearizable": "linearizable",
+    "auto": "auto",
+}
+_DURATION_RE = re.compile(r"[-+]?(0|(\d+(\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+")
+_DURATION_PARAMS = ("timeout", "freshness", "db_timeout", "linearizable_timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOptions:
+    """rqlite's URL flags. A flag is on when its key is present, whatever its value."""
+
+    transaction: bool = False
+    timings: bool = False
+    pretty: bool = False
+    associative: bool = False
+    blob_array: bool = False
+    queue: bool = False
+    raft_index: bool = False
+    level: ReadLevel = "weak"
+
+
+def parse_options(params: Mapping[str, str]) -> QueryOptions:
+    """Read rqlite's flags from the URL. Unknown keys are ignored, as rqlite does.
+
+    Durations (``timeout``, ``freshness``, ``db_timeout``, ``linearizable_timeout``) must
+    parse as Go durations, else HTTP 400 with Go's message; an unknown ``level`` is weak.
+    """
+    for key in _DURATION_PARAMS:
+        value = params.get(key)
+        if value is not None and not _DURATION_RE.fullmatch(value):
+            raise RequestError(f'time: invalid duration "{value}" (query parameter {key})')
+    return QueryOptions(
+        transaction="transaction" in params,
+        timings="timings" in params,
+        pretty="pretty" in params,
+        associative="associative" in params,
+        blob_array="blob_array" in params,
+        queue="queue" in params,
+        raft_index="raft_index" in params,
+        level=_LEVELS.get(params.get("level", "weak").lower(), "weak"),
+    )
+
+
+# -- values ------------------------------------------------------------------------------
+
+Converter = Callable[[Any], Any]
+
+_TIME_RE = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})"
+    r"(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?([+-]\d{2}:\d{2})?)?)?"
+)
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _rfc3339(base: str, nanos: int, offset: str) -> str:
+    frac = f".{nanos:09d}".rstrip("0") if nanos else ""
+    return f"{base}{frac}{offset}"
+
+
+def _time_from_text(text: str) -> str:
+    """What rqlite sends for text in a date/datetime/timestamp column (go-sqlite3 parsing)."""
+    m = _TIME_RE.fullmatch(text.removesuffix("Z"))
+    if m is None:
+        return _ZERO_TIME
+    year, month, day, hour, minute, second, frac, offset = m.groups()
+    try:
+        datetime(
+            int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0)
+        )
+    except ValueError:
+        return _ZERO_TIME
+    nanos = int((frac or "").ljust(9, "0")) if frac else 0
+    base = f"{year}-{month}-{day}T{hour or '00'}:{minute or '00'}:{second or '00'}"
+    if offset is None or offset in ("+00:00", "-00:00"):
+        return _rfc3339(base, nanos, "Z")
+    return _rfc3339(base, nanos, offset)
+
+
+def _time_from_int(value: int) -> str:
+    """An integer in a date column: Unix seconds, or milliseconds beyond ±1e12 (go-sqlite3)."""
+    try:
+        if value > 10**12 or value < -(10**12):
+            moment = _EPOCH + timedelta(milliseconds=value)
+        else:
+            moment = _EPOCH + timedelta(seconds=value)
+    except OverflowError:
+        return _ZERO_TIME
+    return _rfc3339(moment.strftime("%Y-%m-%dT%H:%M:%S"), moment.microsecond * 1000, "Z")
+
+
+def _convert_time(value: Any) -> Any:
+    if isinstance(value, str):
+        return _time_from_text(value)
+    if isinstance(value, int):
+        return _time_from_int(value)
+    return value
+
+
+def _convert_boolean(value: Any) -> Any:
+    if isinstance(value, int):
+        return value > 0
+    return value
+
+
+def _blob_as_text(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _has_text_affinity(decltype: str) -> bool:
+    upper = decltype.upper()
+    if "INT" in upper:
+        return False
+    return "CHAR" in upper or "CLOB" in upper or "TEXT" in upper
+
+
+def _column_converter(decltype: str) -> Converter | None:
+    if decltype in ("date", "datetime", "timestamp"):
+        return _convert_time
+    if decltype == "boolean":
+        return _convert_boolean
+    if _has_text_affinity(decltype):
+        return _blob_as_text
+    return None
+
+
+_STORAGE_CLASS: dict[type, str] = {
+    int: "integer",
+    float: "real",
+    str: "text",
+    bytes: "blob",
+    type(None): "",
+}
+
+
+def _column_types(result: StatementResult) -> list[str]:
+    columns = result.columns or []
+    decltypes = result.decltypes or [None] * len(columns)
+    first = result.rows[0] if result.rows else None
+    types: list[str] = []
+    for i, decl in enumerate(decltypes):
+        if decl:
+            types.append(decl.lower())
+        elif first is not None and i < len(first):
+            types.append(_STORAGE_CLASS.get(type(first[i]), ""))
+        else:
+            types.append("")
+    return types
+
+
+def format_rows(result: StatementResult, *, blob_array: bool) -> list[list[Any]]:
+    """The rows of a read as rqlite sends them (conversions by declared type, blobs)."""
+    rows = result.rows or []
+    decltypes = result.decltypes or []
+    converters = [_column_converter(decl.lower()) if decl else None for decl in decltypes]
+    has_conv = any(c is not None for c in converters)
+    out: list[list[Any]] = []
+    for row in rows:
+        values: list[Any] = list(row)
+        if has_conv:
+            for i, conv in enumerate(converters):
+                if conv is not None and i < len(values):
+                    values[i] = conv(values[i])
+        if blob_array:
+            values = [list(v) if isinstance(v, bytes) else v for v in values]
+        out.append(values)
+    return out
+
+
+def format_result(
+    result: StatementResult, *, timings: bool, associative: bool, blob_array: bool
+) -> dict[str, Any]:
+    """One element of rqlite's ``results`` array."""
+    out: dict[str, Any] = {}
+    if result.error is not None:
+        out["error"] = result.error
+    else:
+        if result.last_insert_id:
+            out["last_insert_id"] = result.last_insert_id
+        if result.rows_affected:
+            out["rows_affected"] = result.rows_affected
+        if result.columns:
+            types = _column_types(result)
+            values = format_rows(result, blob_array=blob_array)
+            if associative:
+                columns = result.columns
+                out["types"] = dict(sorted(zip(columns, types, strict=True)))
+                if values:
+                    out["rows"] = [dict(sorted(zip(columns, row, strict=False))) for row in values]
+            else:
+                out["columns"] = list(result.columns)
+                out["types"] = types
+                if values:
+                    out["values"] = values
+    if timings and result.seconds:
+        out["time"] = result.seconds
+    return out
+
+
+def format_results(
+    results: Sequence[StatementResult],
+    *,
+    timings: bool = False,
+    associative: bool = False,
+    blob_array: bool = False,
+) -> list[dict[str, Any]]:
+    return [
+        format_result(r, timings=timings, associative=associative, blob_array=blob_array)
+        for r in results
+    ]

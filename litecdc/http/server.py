@@ -1,0 +1,64 @@
+"""Run the HTTP API under uvicorn: httptools + uvloop, no access log, optional TLS."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from litecdc.config import NodeConfig
+from litecdc.http.app import create_app
+from litecdc.store import Store
+
+log = logging.getLogger("litecdc.http")
+
+__all__ = ["serve"]
+
+
+def _loop_and_http() -> tuple[str, str]:
+    """The fastest event loop and HTTP parser installed (uvicorn[standard] brings both)."""
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:  # pragma: no cover - uvicorn[standard] installs it
+        loop = "asyncio"
+    try:
+        import httptools  # noqa: F401
+
+        http = "httptools"
+    except ImportError:  # pragma: no cover
+        http = "h11"
+    return loop, http
+
+
+def serve(config: NodeConfig) -> None:
+    """Open the store in ``config.data_dir`` and serve it until SIGINT/SIGTERM.
+
+    Raises ConfigError (bad auth file) before anything listens; closes the store on exit.
+    """
+    store = Store(config)
+    try:
+        app = create_app(store, config)
+        loop, http = _loop_and_http()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=config.http_host,
+                port=config.http_port,
+                loop=loop,
+                http=http,
+                access_log=False,
+                log_level="warning",
+                lifespan="off",
+                ssl_certfile=str(config.http_cert) if config.http_cert else None,
+                ssl_keyfile=str(config.http_key) if config.http_key else None,
+                server_header=False,
+                date_header=False,
+            )
+        )
+        scheme = "https" if config.http_cert else "http"
+        log.info("litecdc node %s serving %s://%s", config.node_id, scheme, config.http_addr)
+        server.run()
+    finally:
+        store.close()

@@ -1,0 +1,227 @@
+"""The journal: every committed write as an ordered entry (cid, query, snapshot).
+
+This is the "simpler leader/follower replication" design of SQLite's hctree
+branch. The journal table starts with the record (1, '', 0). A node is in one of
+three modes, held in memory only (a restarted node is in NORMAL mode):
+
+* NORMAL   — plain writes (:meth:`Journal.commit`) are journaled automatically.
+             A standalone node is always in this mode.
+* LEADER   — plain writes are errors; writes go through :meth:`Journal.leader_commit`,
+             which allocates the cid first and returns (cid, snapshot). A failure
+             after allocation leaves the empty entry (query NULL, snapshot 0).
+* FOLLOWER — only :meth:`Journal.follower_commit` writes: it applies a leader's entry
+             at its cid, but never before the entry's snapshot is available.
+
+NORMAL and LEADER need a contiguous journal (no gaps), since they allocate the
+next cid. The *available snapshot* is the highest cid of the unbroken run of
+cids that starts at the smallest cid in the journal.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from litecdc.db.access import Access
+from litecdc.db.engine import Decision, Engine
+from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
+from litecdc.results import JournalEntry, Statement, WriteOutcome
+
+#: cid of the journal's initial record (1, '', 0): "the database before any entry".
+INITIAL_CID = 1
+
+
+class Mode(enum.Enum):
+    NORMAL = "normal"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderCommit:
+    """What leader_commit returns: the allocated cid, its snapshot and the statement results."""
+
+    cid: int
+    snapshot: int
+    outcome: WriteOutcome
+    entry: JournalEntry
+
+
+class Journal:
+    """In-memory view of the journal table plus the rules for writing it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self.mode = Mode.NORMAL
+        low, high, available = engine.journal_bounds()
+        self._min = low
+        self._last = high
+        self._available = available
+        self._pending = set(engine.journal_cids_above(available))
+        self._table_cids = engine.table_cids()
+
+    # -- facts ------------------------------------------------------------------------
+    def available_snapshot(self) -> int:
+        """Highest cid of the unbroken run of cids from the smallest one in the journal."""
+        return self._available
+
+    def last_cid(self) -> int:
+        return self._last
+
+    def min_cid(self) -> int:
+        return self._min
+
+    def entries(self, after: int, limit: int) -> list[JournalEntry]:
+        return self._engine.journal_entries(after, limit)
+
+    def is_contiguous(self) -> bool:
+        return self._available == self._last
+
+    # -- modes --------------------------------------------------------------------------
+    def set_mode(self, mode: Mode) -> None:
+        """Switch mode. NORMAL and LEADER allocate cids, so they need a journal without gaps."""
+        with self._lock:
+            if mode is not Mode.FOLLOWER and not self.is_contiguous():
+                raise ModeError(
+                    f"cannot switch to {mode.value.upper()} mode: the journal has gaps "
+                    f"(available snapshot {self._available}, last cid {self._last}); "
+                    "apply the missing entries first"
+                )
+            self.mode = mode
+
+    # -- the dependency rule --------------------------------------------------------------
+    def snapshot_for(self, access: Access, cid: int) -> int:
+        """The cid a transaction depends on (its hctree "snapshot").
+
+        Rule: a schema change depends on ``cid - 1`` (everything before it, since
+        any later statement may be prepared against the schema it produced).
+        Otherwise the snapshot is the largest cid that last wrote any table, view or
+        index the transaction reads or writes; objects never written through the
+        journal count as the initial record. A replica may apply the transaction as
+        soon as that cid is available, in any order with respect to transactions
+        that touch other tables.
+        """
+        if access.schema:
+            return cid - 1
+        snapshot = INITIAL_CID
+        for name in access.reads | access.writes:
+            snapshot = max(snapshot, self._table_cids.get(name, INITIAL_CID))
+        return min(snapshot, cid - 1)
+
+    def _record(self, cid: int, access: Access) -> None:
+        """Update the in-memory view after ``cid`` was committed."""
+        for name in access.writes:
+            if self._table_cids.get(name, 0) < cid:
+                self._table_cids[name] = cid
+        self._last = max(self._last, cid)
+        if cid == self._available + 1:
+            self._available = cid
+            while self._available + 1 in self._pending:
+                self._available += 1
+                self._pending.discard(self._available)
+        else:
+            self._pending.add(cid)
+
+    # -- writes -----------------------------------------------------------------------------
+    def commit(self, statements: Sequence[Statement], *, transaction: bool = False) -> WriteOutcome:
+        """A plain write (NORMAL mode): run, journal and capture as one commit.
+
+        Nothing is journaled when nothing is committed, and no cid is used up.
+        """
+        with self._lock:
+            if self.mode is not Mode.NORMAL:
+                raise ModeError(
+                    f"plain writes are not allowed in {self.mode.value.upper()} mode; "
+                    + ("use leader_commit" if self.mode is Mode.LEADER
+                       else "this node only applies the leader's entries")
+                )
+            return self._run(statements, transaction, self._last + 1).outcome
+
+    def leader_commit(
+        self, statements: Sequence[Statement], *, transaction: bool = False
+    ) -> LeaderCommit:
+        """LEADER mode: allocate the next cid, run, and return (cid, snapshot).
+
+        If the transaction commits nothing, the cid is still used: the journal gets
+        the empty entry (query NULL, snapshot 0), which followers receive too.
+        """
+        with self._lock:
+            if self.mode is not Mode.LEADER:
+                raise ModeError(f"leader_commit needs LEADER mode, the journal is in "
+                                f"{self.mode.value.upper()} mode")
+            cid = self._last + 1
+            ran = self._run(statements, transaction, cid)
+            if ran.entry is None:
+                entry = JournalEntry(cid, None, 0, ran.timestamp_ms, ran.seed)
+                self._engine.write_empty_entry(cid, ran.timestamp_ms, ran.seed)
+                self._record(cid, Access())
+                return LeaderCommit(cid, 0, ran.outcome, entry)
+            return LeaderCommit(cid, ran.entry.snapshot, ran.outcome, ran.entry)
+
+    def follower_commit(self, entry: JournalEntry) -> bool:
+        """FOLLOWER mode: apply the leader's entry at its cid. Returns whether its SQL ran.
+
+        Refuses (SnapshotUnavailableError) to run before ``entry.snapshot`` is
+        available, and refuses a cid the journal already holds. An entry whose SQL
+        fails is recorded as the empty entry, exactly as on the leader.
+        """
+        with self._lock:
+            if self.mode is not Mode.FOLLOWER:
+                raise ModeError(f"follower_commit needs FOLLOWER mode, the journal is in "
+                                f"{self.mode.value.upper()} mode")
+            if entry.cid <= self._available or entry.cid in self._pending:
+                raise DuplicateCidError(f"the journal already has cid {entry.cid}")
+            if entry.snapshot > self._available:
+                raise SnapshotUnavailableError(entry.snapshot, self._available)
+            ok, access = self._engine.apply_entry(entry)
+            self._record(entry.cid, access)
+            return ok
+
+    def _run(self, statements: Sequence[Statement], transaction: bool, cid: int) -> _Ran:
+        timestamp_ms = time.time_ns() // 1_000_000
+        seed = secrets.randbits(63)
+
+        def decide(access: Access) -> Decision:
+            return Decision(cid, self.snapshot_for(access, cid))
+
+        run = self._engine.run_write(statements, transaction=transaction,
+                                     timestamp_ms=timestamp_ms, seed=seed, decide=decide)
+        if run.entry is not None:
+            self._record(run.entry.cid, run.access)
+        outcome = WriteOutcome(run.results, run.entry.cid if run.entry else None,
+                               run.entry.snapshot if run.entry else None)
+        return _Ran(outcome, run.entry, timestamp_ms, seed)
+
+    # -- truncation ---------------------------------------------------------------------------
+    def truncate(self, through_cid: int) -> int:
+        """Delete entries with cid <= ``through_cid``, oldest first. Returns how many.
+
+        Only the unbroken run from the smallest cid can be truncated, and the entry
+        at the available snapshot always stays, so the journal is never empty and
+        cid order is never broken.
+        """
+        with self._lock:
+            if through_cid >= self._available:
+                raise TruncateError(
+                    f"cannot truncate through cid {through_cid}: entries up to the available "
+                    f"snapshot {self._available} may be truncated, and that entry stays, so "
+                    f"the limit is {self._available - 1}"
+                )
+            if through_cid < self._min:
+                return 0
+            deleted = self._engine.delete_journal_through(through_cid)
+            self._min = through_cid + 1
+            return deleted
+
+
+@dataclass(frozen=True, slots=True)
+class _Ran:
+    outcome: WriteOutcome
+    entry: JournalEntry | None
+    timestamp_ms: int
+    seed: int

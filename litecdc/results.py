@@ -1,0 +1,120 @@
+"""Value types shared by the store and its callers (HTTP, CLI, tests).
+
+These are plain data: no SQLite, no HTTP. A SQL value is one of SQLite's five
+storage classes as Python sees them: int, float, str, bytes or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+SQLValue: TypeAlias = int | float | str | bytes | None
+Params: TypeAlias = Sequence[SQLValue] | Mapping[str, SQLValue]
+ReadLevel: TypeAlias = Literal["none", "weak", "strong", "linearizable", "auto"]
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One client statement: SQL text (possibly several SQL statements) and its parameters.
+
+    Positional parameters bind to ``?``/``?NNN``; a mapping binds ``:name``, ``@name``
+    and ``$name`` (keys given with or without the prefix).
+    """
+
+    sql: str
+    params: Params = ()
+
+
+@dataclass(slots=True)
+class StatementResult:
+    """What one statement did, in the shape rqlite reports it.
+
+    Writes fill ``last_insert_id`` and ``rows_affected``; reads fill ``columns``,
+    ``decltypes`` (declared column types, None for expressions) and ``rows``.
+    A failed statement has only ``error``. ``seconds`` is the statement's run time.
+    """
+
+    last_insert_id: int | None = None
+    rows_affected: int | None = None
+    columns: list[str] | None = None
+    decltypes: list[str | None] | None = None
+    rows: list[tuple[SQLValue, ...]] | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class WriteOutcome:
+    """The result of one write request: per-statement results and the journal cid.
+
+    ``cid`` is None when nothing was committed (every statement failed, or the
+    transaction was rolled back).
+    """
+
+    results: list[StatementResult]
+    cid: int | None = None
+    snapshot: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One row of ``_litecdc_journal``: the hctree triple plus the determinism inputs.
+
+    ``query`` is None for an empty entry (a transaction that failed after its cid
+    was allocated). ``timestamp_ms`` is the leader's clock (Unix ms) and ``seed``
+    the random seed every replica uses when re-executing ``query``.
+    """
+
+    cid: int
+    query: str | None
+    snapshot: int
+    timestamp_ms: int
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """One captured row change from ``_litecdc_changes``.
+
+    ``op`` is "insert", "update" or "delete". ``before`` is set for updates and
+    deletes, ``after`` for inserts and updates; both map every column name to its
+    value with its SQLite type preserved. ``pk`` maps primary-key column names to
+    values (``{"rowid": n}`` for tables without a declared primary key).
+    """
+
+    cid: int
+    seq: int
+    table: str
+    op: Literal["insert", "update", "delete"]
+    old_rowid: int | None
+    new_rowid: int | None
+    pk: dict[str, SQLValue]
+    before: dict[str, SQLValue] | None
+    after: dict[str, SQLValue] | None
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JournalPage:
+    entries: list[JournalEntry]
+    available_snapshot: int
+
+
+@dataclass(slots=True)
+class NodeStatus:
+    """What ``/status`` reports about this node's store (the HTTP layer adds the rest)."""
+
+    node_id: str
+    mode: str
+    data_dir: str
+    db_path: str
+    db_size_bytes: int
+    last_cid: int
+    available_snapshot: int
+    journal_min_cid: int
+    changes_queued: int
+    sqlite_version: str
+    tables: int
+    extra: dict[str, object] = field(default_factory=dict)

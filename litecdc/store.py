@@ -1,0 +1,141 @@
+"""The store: what the HTTP API and the CLI call. One method per operation.
+
+It joins the SQLite engine (``db/``) and the journal (``journal/``). All methods
+are synchronous and thread-safe: writes are serialised on the one writer
+connection, reads run concurrently on per-thread reader connections. Callers in
+async code run them in a thread (``anyio.to_thread.run_sync``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from litecdc.config import NodeConfig
+from litecdc.db.engine import Engine
+from litecdc.errors import RequestError
+from litecdc.journal.journal import Journal, Mode
+from litecdc.results import (
+    JournalPage,
+    NodeStatus,
+    ReadLevel,
+    RowChange,
+    Statement,
+    StatementResult,
+    WriteOutcome,
+)
+
+log = logging.getLogger("litecdc.store")
+
+MAX_PAGE = 10_000
+
+
+class Store:
+    """One node's replicated-SQLite state: data, journal and captured changes."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        self.engine = Engine(config.db_path, synchronous=config.synchronous)
+        self.journal = Journal(self.engine)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # -- writes ---------------------------------------------------------------
+    def execute(self, statements: Sequence[Statement], *, transaction: bool = False) -> WriteOutcome:
+        """Run write statements as one journaled commit (rqlite's /db/execute).
+
+        Without ``transaction`` each statement succeeds or fails on its own and the
+        failures are reported per statement; with it, the first failure rolls back
+        the whole request. A read statement in the list returns its rows.
+        """
+        return self.journal.commit(statements, transaction=transaction)
+
+    def request(
+        self,
+        statements: Sequence[Statement],
+        *,
+        transaction: bool = False,
+        level: ReadLevel = "weak",
+    ) -> WriteOutcome:
+        """rqlite's unified /db/request: reads only → query path, else one journaled write."""
+        if all(self.engine.is_read_only(s.sql) for s in statements):
+            return WriteOutcome(results=self.query(statements, level=level))
+        return self.execute(statements, transaction=transaction)
+
+    def load(self, data: bytes) -> WriteOutcome:
+        """Replace the database's contents with a SQLite file or a SQL dump (rqlite's /db/load).
+
+        The replacement is one journaled transaction: deletes of every existing row
+        (captured as delete changes), the dump's statements (captured as inserts).
+        """
+        statements = self.engine.load_statements(data)
+        outcome = self.journal.commit(statements, transaction=True)
+        failed = [r.error for r in outcome.results if r.error]
+        if failed:
+            raise RequestError(f"load failed: {failed[0]}")
+        return outcome
+
+    # -- reads ----------------------------------------------------------------
+    def query(
+        self,
+        statements: Sequence[Statement],
+        *,
+        level: ReadLevel = "weak",
+        transaction: bool = False,
+    ) -> list[StatementResult]:
+        """Run read-only statements on a reader connection (rqlite's /db/query).
+
+        A standalone node is always the leader, so every level reads local data
+        that includes every acknowledged write.
+        """
+        return self.engine.query(statements, transaction=transaction)
+
+    def journal_page(self, after: int = 0, limit: int = 1000) -> JournalPage:
+        """Journal entries with cid > ``after``, in cid order, plus the available snapshot."""
+        if limit < 1 or limit > MAX_PAGE:
+            raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        return JournalPage(self.journal.entries(after, limit), self.journal.available_snapshot())
+
+    def changes(self, after: int = 0, limit: int = 1000) -> list[RowChange]:
+        """Captured row changes with cid > ``after``, in (cid, seq) order."""
+        if limit < 1 or limit > MAX_PAGE:
+            raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        return self.engine.changes(after, limit)
+
+    def backup(self, destination: str | os.PathLike[str]) -> None:
+        """Write a consistent copy of the SQLite file (journal and changes included)."""
+        self.engine.backup(str(destination))
+
+    def dump_sql(self) -> str:
+        """The user tables as SQL text (rqlite's ``/db/backup?fmt=sql``)."""
+        return self.engine.dump_sql()
+
+    def status(self) -> NodeStatus:
+        return NodeStatus(
+            node_id=self.config.node_id,
+            mode=self.journal.mode.value,
+            data_dir=str(self.config.data_dir),
+            db_path=str(self.config.db_path),
+            db_size_bytes=self.engine.size_bytes(),
+            last_cid=self.journal.last_cid(),
+            available_snapshot=self.journal.available_snapshot(),
+            journal_min_cid=self.journal.min_cid(),
+            changes_queued=self.engine.changes_count(),
+            sqlite_version=self.engine.sqlite_version,
+            tables=self.engine.user_table_count(),
+        )
+
+    @property
+    def mode(self) -> Mode:
+        return self.journal.mode
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.engine.close()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the system packages litecdc needs, only when they are missing.
+# Today: a Python >= 3.11 with venv and pip. Later issues add Java, etcd, PostgreSQL…
+set -euo pipefail
+
+need=()
+python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || need+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing system packages: ${need[*]} (run as root or install them)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
