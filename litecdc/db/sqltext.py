@@ -102,12 +102,12 @@ def parse_template(sql: str) -> Template:
             j = i + 1
             while j < n and (_is_ident_char(sql[j]) or (ch == "$" and sql.startswith("::", j))):
                 j += 2 if sql[j] == ":" else 1
-            name = sql[i + 1 : j]
-            if name not in names:
+            token = sql[i:j]  # SQLite tells ":a" and "@a" apart; APSW binds both from "a"
+            if token not in names:
                 max_index += 1
-                names[name] = max_index
+                names[token] = max_index
             parts.append(sql[start:i])
-            placeholders.append(Placeholder(offset + names[name], name))
+            placeholders.append(Placeholder(offset + names[token], token[1:]))
             i = start = j
         else:
             i += 1

@@ -1,0 +1,78 @@
+"""``litecdc serve`` configuration errors: one line on stderr, exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "litecdc", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "error: --data-dir is required (or set LITECDC_DATA_DIR)"),
+        (
+            ("--data-dir", "{d}", "--http-addr", "nohost"),
+            "error: address must look like host:port, got 'nohost'",
+        ),
+        (
+            ("--data-dir", "{d}", "--http-addr", "127.0.0.1:99999"),
+            "error: port must be between 0 and 65535, got 99999",
+        ),
+        (
+            ("--data-dir", "{d}", "--synchronous", "sometimes"),
+            "error: synchronous must be one of off, normal, full, extra, got 'sometimes'",
+        ),
+        (
+            ("--data-dir", "{d}", "--http-cert", "{d}/c.pem"),
+            "error: --http-cert and --http-key must be given together",
+        ),
+        (
+            ("--data-dir", "{d}", "--auth", "{d}/missing.json"),
+            "error: --auth: file '{d}/missing.json' does not exist",
+        ),
+        (
+            ("--data-dir", "{d}", "--max-body-bytes", "lots"),
+            "error: --max-body-bytes must be an integer, got 'lots'",
+        ),
+    ],
+)
+def test_config_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    d = str(tmp_path)
+    proc = _serve(*(a.format(d=d) for a in args))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == message.format(d=d) + "\n"
+    assert proc.stdout == ""
+
+
+def test_help_documents_serve() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "litecdc", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    for option in (
+        "--data-dir",
+        "--http-addr",
+        "--node-id",
+        "--auth",
+        "--http-cert",
+        "--http-key",
+        "--synchronous",
+        "--max-body-bytes",
+    ):
+        assert option in proc.stdout

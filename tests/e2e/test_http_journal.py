@@ -1,0 +1,79 @@
+"""litecdc's own endpoints: /journal and /cdc/changes."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from litecdc_node import Node
+
+
+def test_journal_and_changes_pages(fresh_node: Node) -> None:
+    with fresh_node.client() as c:
+        first = c.get("/journal").json()
+        initial = first["entries"][0]
+        assert (initial["cid"], initial["query"], initial["snapshot"]) == (1, "", 0)
+        assert first["available_snapshot"] == first["entries"][-1]["cid"]
+        start = first["entries"][-1]["cid"]
+
+        fresh_node.execute(
+            c,
+            [
+                "CREATE TABLE j (id INTEGER PRIMARY KEY, name TEXT, b BLOB)",
+                ["INSERT INTO j(name, b) VALUES(?, ?)", "fiona", [1, 2, 3]],
+            ],
+        )
+        fresh_node.execute(c, ["UPDATE j SET name = 'declan' WHERE id = 1"])
+        fresh_node.execute(c, ["DELETE FROM j WHERE id = 1"])
+
+        page = c.get("/journal", params={"after": start}).json()
+        assert set(page) == {"entries", "available_snapshot"}
+        entries = page["entries"]
+        assert [e["cid"] for e in entries] == [start + 1, start + 2, start + 3]
+        assert page["available_snapshot"] == start + 3
+        for e in entries:
+            assert set(e) == {"cid", "query", "snapshot", "timestamp_ms", "seed"}
+            assert isinstance(e["query"], str) and e["timestamp_ms"] > 0
+        assert "UPDATE j" in entries[1]["query"]
+        one = c.get("/journal", params={"after": start, "limit": 1}).json()["entries"]
+        assert [e["cid"] for e in one] == [start + 1]
+
+        changes = c.get("/cdc/changes", params={"after": start}).json()
+        assert set(changes) == {"changes"}
+        ops = [(ch["cid"], ch["seq"], ch["table"], ch["op"]) for ch in changes["changes"]]
+        assert [op[2:] for op in ops] == [("j", "insert"), ("j", "update"), ("j", "delete")]
+        insert, update, delete = changes["changes"]
+        blob = base64.b64encode(b"\x01\x02\x03").decode()
+        assert insert["before"] is None
+        assert insert["after"] == {"id": 1, "name": "fiona", "b": blob}
+        assert insert["pk"] == {"id": 1}
+        assert update["before"]["name"] == "fiona" and update["after"]["name"] == "declan"
+        assert delete["after"] is None and delete["before"]["name"] == "declan"
+        for key in ("cid", "seq", "table", "op", "old_rowid", "new_rowid", "pk", "before", "after"):
+            assert key in insert
+        last = c.get("/cdc/changes", params={"after": delete["cid"]}).json()
+        assert last == {"changes": []}
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "message"),
+    [
+        ("/journal", "after=abc", "after must be an integer, got 'abc'"),
+        ("/journal", "limit=1.5", "limit must be an integer, got '1.5'"),
+        ("/journal", "after=-1", "after must be at least 0, got -1"),
+        ("/journal", "limit=0", "limit must be at least 1, got 0"),
+        ("/journal", "limit=10001", "limit must be between 1 and 10000, got 10001"),
+        (
+            "/cdc/changes",
+            "since=3",
+            "unknown query parameter(s) since for /cdc/changes; allowed: after, limit, pretty",
+        ),
+        ("/cdc/changes", "after=", "after must be an integer, got ''"),
+    ],
+)
+def test_bad_page_parameters(node: Node, path: str, query: str, message: str) -> None:
+    with node.client() as c:
+        r = c.get(f"{path}?{query}")
+        assert r.status_code == 400
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+        assert r.json() == {"error": message}

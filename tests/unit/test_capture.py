@@ -1,0 +1,117 @@
+"""Row-change capture: every op, every value type, full before/after images."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from litecdc import Statement, Store
+
+S = Statement
+
+
+def test_insert_update_delete_with_full_images_and_exact_types(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, i INTEGER, f REAL, s TEXT, b BLOB, n)")])
+    big, tiny = 2**63 - 1, 5e-324
+    out = store.execute([
+        S("INSERT INTO t VALUES(?, ?, ?, ?, ?, ?)", (1, -(2**63), tiny, "é\x00", b"\x00\xff", None)),
+        S("INSERT INTO t VALUES(2, ?, ?, '', X'', NULL)", (big, math.inf)),
+        S("UPDATE t SET s = 'changed' WHERE id = 1"),
+        S("DELETE FROM t WHERE id = 2"),
+    ], transaction=True)
+    changes = store.changes(out.cid - 1, 100)  # type: ignore[operator]
+    assert [(c.cid, c.seq, c.table, c.op) for c in changes] == [
+        (out.cid, 1, "t", "insert"), (out.cid, 2, "t", "insert"),
+        (out.cid, 3, "t", "update"), (out.cid, 4, "t", "delete")]
+    first = {"id": 1, "i": -(2**63), "f": tiny, "s": "é\x00", "b": b"\x00\xff", "n": None}
+    second = {"id": 2, "i": big, "f": math.inf, "s": "", "b": b"", "n": None}
+    assert changes[0].before is None and changes[0].after == first
+    assert changes[1].after == second
+    assert changes[2].before == first and changes[2].after == {**first, "s": "changed"}
+    assert changes[3].before == second and changes[3].after is None
+    assert [(c.old_rowid, c.new_rowid, c.pk) for c in changes] == [
+        (None, 1, {"id": 1}), (None, 2, {"id": 2}), (1, 1, {"id": 1}), (2, None, {"id": 2})]
+    assert all(isinstance(c.after["b"], bytes) for c in changes[:2] if c.after)
+
+
+def test_primary_key_kinds(store: Store) -> None:
+    store.execute([
+        S("CREATE TABLE plain(a, b)"),
+        S("CREATE TABLE composite(a TEXT, b INTEGER, c, PRIMARY KEY(b, a))"),
+        S("CREATE TABLE wr(k TEXT PRIMARY KEY, v) WITHOUT ROWID"),
+    ])
+    out = store.execute([
+        S("INSERT INTO plain VALUES('x', 1)"),
+        S("INSERT INTO composite VALUES('x', 2, 3)"),
+        S("INSERT INTO wr VALUES('k', 1)"),
+        S("UPDATE plain SET rowid = 10"),
+    ])
+    changes = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    assert [c.pk for c in changes] == [{"rowid": 1}, {"b": 2, "a": "x"}, {"k": "k"}, {"rowid": 10}]
+    assert (changes[3].old_rowid, changes[3].new_rowid) == (1, 10)
+
+
+def test_trigger_and_cascade_changes_are_captured(store: Store) -> None:
+    store.execute([
+        S("CREATE TABLE t(x)"), S("CREATE TABLE log(msg)"),
+        S("CREATE TRIGGER tr AFTER INSERT ON t BEGIN INSERT INTO log VALUES('got ' || new.x); END"),
+    ])
+    out = store.execute([S("INSERT INTO t VALUES(5)")])
+    assert [(c.table, c.after) for c in store.changes(out.cid - 1, 10)] == [  # type: ignore[operator]
+        ("t", {"x": 5}), ("log", {"msg": "got 5"})]
+    assert out.snapshot == 2  # trigger's target log counts as written
+
+
+def test_delete_all_rows_reports_each_row(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    store.execute([S("INSERT INTO t VALUES(1)"), S("INSERT INTO t VALUES(2)")])
+    out = store.execute([S("DELETE FROM t")])
+    assert [c.before for c in store.changes(out.cid - 1, 10)] == [{"x": 1}, {"x": 2}]  # type: ignore[operator]
+
+
+def test_replace_conflict_reports_the_replaced_row(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(k PRIMARY KEY, v)"), S("INSERT INTO t VALUES('a', 1)")])
+    out = store.execute([S("INSERT OR REPLACE INTO t VALUES('a', 2)")])
+    changes = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    assert [(c.op, c.before, c.after) for c in changes] == [
+        ("delete", {"k": "a", "v": 1}, None), ("insert", None, {"k": "a", "v": 2})]
+
+
+def test_internal_tables_reject_writes_and_emit_nothing(store: Store) -> None:
+    out = store.execute([
+        S("INSERT INTO _litecdc_changes(cid) VALUES(1)"),
+        S("DELETE FROM _litecdc_journal"),
+        S("DROP TABLE _litecdc_journal"),
+        S("CREATE INDEX i ON _litecdc_changes(tbl)"),
+    ])
+    assert all("internal to litecdc" in (r.error or "") for r in out.results)
+    assert out.cid is None
+    assert store.changes(0, 10) == []
+    # reads are allowed
+    assert store.query([S("SELECT count(*) FROM _litecdc_journal")])[0].rows == [(1,)]
+
+
+def test_virtual_generated_columns_are_refused_with_a_reason(store: Store) -> None:
+    out = store.execute([S("CREATE TABLE t(a, b AS (a * 2) VIRTUAL)")])
+    assert "VIRTUAL generated column b" in (out.results[0].error or "")
+    out = store.execute([S("CREATE TABLE t(a, b AS (a * 2) STORED)"), S("INSERT INTO t(a) VALUES(2)")])
+    assert store.changes(0, 10)[0].after == {"a": 2, "b": 4}
+
+
+@pytest.mark.parametrize("transaction", [True, False])
+def test_captured_changes_match_table_contents_after_a_mixed_workload(
+    store: Store, transaction: bool
+) -> None:
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    store.execute([S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(50)], transaction=transaction)
+    store.execute([S("UPDATE t SET v = v * 10 WHERE id % 3 = 0"), S("DELETE FROM t WHERE id % 5 = 0")],
+                  transaction=transaction)
+    mirror: dict[int, object] = {}
+    for change in store.changes(0, 10_000):
+        if change.op == "delete":
+            del mirror[change.old_rowid]  # type: ignore[arg-type]
+        else:
+            mirror[change.new_rowid] = change.after["v"]  # type: ignore[index]
+    rows = store.query([S("SELECT id, v FROM t")])[0].rows
+    assert mirror == dict(rows or [])

@@ -1,0 +1,180 @@
+"""The hctree journal rules: initial record, modes, leader/follower commit, truncation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from litecdc import JournalEntry, Mode, NodeConfig, Statement, Store
+from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
+
+S = Statement
+
+
+def test_journal_starts_with_initial_record(store: Store) -> None:
+    page = store.journal_page(0, 10)
+    assert [(e.cid, e.query, e.snapshot) for e in page.entries] == [(1, "", 0)]
+    assert page.available_snapshot == 1
+
+
+def test_each_commit_is_one_entry_with_sql_text_and_snapshot(store: Store) -> None:
+    store.execute([S("CREATE TABLE a(x)"), S("CREATE TABLE b(x)")])
+    out = store.execute([S("INSERT INTO a VALUES(?)", (1.5,))])
+    store.execute([S("INSERT INTO b VALUES(?)", ("t",))])
+    last = store.execute([S("INSERT INTO a SELECT x FROM b")])
+    entries = store.journal_page(1, 10).entries
+    assert [(e.cid, e.query, e.snapshot) for e in entries] == [
+        (2, "CREATE TABLE a(x);\nCREATE TABLE b(x);", 1),  # schema change: cid - 1
+        (3, "INSERT INTO a VALUES(1.5);", 2),  # last writer of a
+        (4, "INSERT INTO b VALUES('t');", 2),  # last writer of b is the schema change
+        (5, "INSERT INTO a SELECT x FROM b;", 4),  # reads b (cid 4), writes a (cid 3)
+    ]
+    assert out.cid == 3 and last.snapshot == 4
+
+
+def test_failed_statements_leave_no_entry_and_no_change(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x UNIQUE)"), S("INSERT INTO t VALUES(1)")])
+    before = store.journal_page(0, 10).entries
+    out = store.execute([S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)")],
+                        transaction=True)
+    assert out.cid is None
+    assert out.results[1].error == "UNIQUE constraint failed: t.x"
+    assert store.journal_page(0, 10).entries == before
+    assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
+    assert [c.cid for c in store.changes(0, 100)] == [2]
+
+
+def test_without_transaction_each_statement_stands_alone(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x UNIQUE ON CONFLICT FAIL)")])
+    store.execute([S("INSERT INTO t VALUES(3)")])
+    # OR FAIL keeps a failing statement's earlier rows unless litecdc undoes them.
+    out = store.execute([S("INSERT INTO t VALUES(1)"),
+                         S("INSERT INTO t SELECT 2 UNION ALL SELECT 3"),
+                         S("INSERT INTO t VALUES(4)")])
+    assert [r.error for r in out.results] == [None, "UNIQUE constraint failed: t.x", None]
+    assert store.query([S("SELECT x FROM t ORDER BY x")])[0].rows == [(1,), (3,), (4,)]
+    entry = store.journal_page(out.cid - 1, 1).entries[0]  # type: ignore[operator]
+    assert entry.query == "INSERT INTO t VALUES(1);\nINSERT INTO t VALUES(4);"
+    assert [c.after for c in store.changes(out.cid - 1, 10)] == [{"x": 1}, {"x": 4}]  # type: ignore[operator]
+
+
+def test_statement_that_rolls_back_everything(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x UNIQUE ON CONFLICT ROLLBACK)"), S("INSERT INTO t VALUES(1)")])
+    out = store.execute([S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)")])
+    assert out.cid is None
+    assert out.results[0].error == "rolled back by a later statement in this request"
+    assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
+
+
+def test_plain_writes_are_errors_outside_normal_mode(store: Store) -> None:
+    store.journal.set_mode(Mode.LEADER)
+    with pytest.raises(ModeError, match="plain writes are not allowed in LEADER mode"):
+        store.execute([S("CREATE TABLE t(x)")])
+    store.journal.set_mode(Mode.FOLLOWER)
+    with pytest.raises(ModeError, match="FOLLOWER"):
+        store.execute([S("CREATE TABLE t(x)")])
+    with pytest.raises(ModeError, match="LEADER mode"):
+        store.journal.leader_commit([S("CREATE TABLE t(x)")])
+
+
+def test_leader_commit_returns_cid_and_snapshot_and_leaves_empty_entry_on_failure(
+    store: Store,
+) -> None:
+    store.journal.set_mode(Mode.LEADER)
+    first = store.journal.leader_commit([S("CREATE TABLE t(x)")])
+    assert (first.cid, first.snapshot) == (2, 1)
+    failed = store.journal.leader_commit([S("INSERT INTO missing VALUES(1)")])
+    assert (failed.cid, failed.snapshot) == (3, 0)
+    assert failed.outcome.results[0].error == "no such table: missing"
+    third = store.journal.leader_commit([S("INSERT INTO t VALUES(1)")])
+    assert (third.cid, third.snapshot) == (4, 2)
+    entries = store.journal_page(2, 10).entries
+    assert [(e.cid, e.query, e.snapshot) for e in entries] == [
+        (3, None, 0), (4, "INSERT INTO t VALUES(1);", 2)]
+
+
+def _leader_entries(tmp_path: Path) -> list[JournalEntry]:
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute([S("CREATE TABLE a(x)"), S("CREATE TABLE b(x)")])  # 2
+    leader.execute([S("INSERT INTO a VALUES(1)")])  # 3, snapshot 2
+    leader.execute([S("INSERT INTO b VALUES(1)")])  # 4, snapshot 2
+    leader.execute([S("INSERT INTO a VALUES(2)")])  # 5, snapshot 3
+    entries = leader.journal_page(1, 10).entries
+    leader.close()
+    return entries
+
+
+def test_follower_commit_waits_for_its_snapshot(tmp_path: Path) -> None:
+    entries = {e.cid: e for e in _leader_entries(tmp_path)}
+    follower = Store(NodeConfig(data_dir=tmp_path / "follower"))
+    follower.journal.set_mode(Mode.FOLLOWER)
+    with pytest.raises(SnapshotUnavailableError, match="snapshot 2 is not available yet"):
+        follower.journal.follower_commit(entries[3])
+    assert follower.journal.follower_commit(entries[2])
+    # 4 depends only on 2: it may be applied before 3, leaving a gap.
+    assert follower.journal.follower_commit(entries[4])
+    assert follower.journal.available_snapshot() == 2
+    with pytest.raises(SnapshotUnavailableError):
+        follower.journal.follower_commit(entries[5])
+    with pytest.raises(ModeError, match="journal has gaps"):
+        follower.journal.set_mode(Mode.LEADER)
+    with pytest.raises(DuplicateCidError):
+        follower.journal.follower_commit(entries[4])
+    assert follower.journal.follower_commit(entries[3])
+    assert follower.journal.available_snapshot() == 4
+    assert follower.journal.follower_commit(entries[5])
+    assert follower.query([S("SELECT x FROM a ORDER BY x")])[0].rows == [(1,), (2,)]
+    assert [(e.cid, e.query, e.snapshot) for e in follower.journal_page(1, 10).entries] == [
+        (e.cid, e.query, e.snapshot) for e in entries.values()]
+    follower.journal.set_mode(Mode.LEADER)  # contiguous now
+    follower.close()
+
+
+def test_follower_records_failing_entry_as_empty(tmp_path: Path) -> None:
+    follower = Store(NodeConfig(data_dir=tmp_path / "f"))
+    follower.journal.set_mode(Mode.FOLLOWER)
+    assert not follower.journal.follower_commit(JournalEntry(2, "INSERT INTO nope VALUES(1);", 1, 0, 0))
+    assert not follower.journal.follower_commit(JournalEntry(3, None, 0, 0, 0))
+    entries = follower.journal_page(1, 10).entries
+    assert [(e.cid, e.query, e.snapshot) for e in entries] == [(2, None, 0), (3, None, 0)]
+    assert follower.journal.available_snapshot() == 3
+    follower.close()
+
+
+def test_journal_state_survives_restart(tmp_path: Path) -> None:
+    entries = _leader_entries(tmp_path)
+    follower = Store(NodeConfig(data_dir=tmp_path / "f"))
+    follower.journal.set_mode(Mode.FOLLOWER)
+    for cid in (2, 4):
+        follower.journal.follower_commit(next(e for e in entries if e.cid == cid))
+    follower.close()
+    reopened = Store(NodeConfig(data_dir=tmp_path / "f"))
+    assert reopened.mode is Mode.NORMAL  # modes are not persistent
+    assert reopened.journal.available_snapshot() == 2
+    assert reopened.journal.last_cid() == 4
+    reopened.journal.set_mode(Mode.FOLLOWER)
+    reopened.journal.follower_commit(next(e for e in entries if e.cid == 3))
+    assert reopened.journal.available_snapshot() == 4
+    # table write cids were kept: a new write to a depends on cid 3
+    reopened.journal.follower_commit(next(e for e in entries if e.cid == 5))
+    reopened.journal.set_mode(Mode.NORMAL)
+    assert reopened.execute([S("INSERT INTO b VALUES(9)")]).snapshot == 4
+    reopened.close()
+
+
+def test_truncation_in_cid_order_never_empties(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    for i in range(5):
+        store.execute([S("INSERT INTO t VALUES(?)", (i,))])
+    assert store.journal.last_cid() == 7
+    with pytest.raises(TruncateError, match="the limit is 6"):
+        store.journal.truncate(7)
+    assert store.journal.truncate(4) == 4
+    assert [e.cid for e in store.journal_page(0, 10).entries] == [5, 6, 7]
+    assert store.journal.truncate(3) == 0
+    assert store.journal.truncate(6) == 2
+    assert [e.cid for e in store.journal_page(0, 10).entries] == [7]
+    assert store.journal.available_snapshot() == 7
+    store.execute([S("INSERT INTO t VALUES(9)")])
+    assert store.journal.last_cid() == 8
