@@ -7,6 +7,7 @@ so data, journal and changes commit or roll back together.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -28,7 +29,7 @@ from litecdc.db.schema import (
     TABLE_CIDS_TABLE,
     USER_OBJECTS,
 )
-from litecdc.db.sqltext import render
+from litecdc.db.sqltext import parse_template, render, render_many
 from litecdc.errors import LoadError, StatementError
 from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
 
@@ -61,12 +62,17 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
     return str(exc)
 
 
-def _terminated(rendered: str) -> str:
-    text = rendered.rstrip()
+@functools.lru_cache(maxsize=4096)
+def _terminator(sql: str) -> str:
+    """What to append to ``sql`` (right-stripped) so that it ends its statement.
+
+    Literals never change where a statement ends, so this is decided once per SQL
+    text. A trailing ``--`` comment would swallow a ``;`` on the same line.
+    """
+    text = sql.rstrip()
     if apsw.complete(text):
-        return text
-    last_line = text.rsplit("\n", 1)[-1]
-    return text + ("\n;" if "--" in last_line else ";")
+        return ""
+    return "\n;" if "--" in text.rsplit("\n", 1)[-1] else ";"
 
 
 class Engine:
@@ -185,9 +191,21 @@ class Engine:
             rendered: list[str] = []
             failed = False
             try:
-                for statement in statements:
+                index, count = 0, len(statements)
+                while index < count:
+                    statement = statements[index]
+                    if transaction:
+                        end = index + 1
+                        while end < count and statements[end].sql == statement.sql:
+                            end += 1
+                        if end - index > 1 and self._batchable(statement.sql) and self._run_batch(
+                            statements[index:end], results, rendered, combined
+                        ):
+                            index = end
+                            continue
                     result, text = self._run_statement(statement, transaction, combined)
                     results.append(result)
+                    index += 1
                     if result.error is not None:
                         failed = True
                         if transaction or not writer.in_transaction:
@@ -218,6 +236,63 @@ class Engine:
                 if combined.schema:
                     self._schema_changed()
             return WriteRun(results, entry, combined)
+
+    def _batchable(self, sql: str) -> bool:
+        """Whether a run of this statement can go through one executemany."""
+        access = self._access_cache.get(sql)
+        return (
+            access is not None
+            and bool(access.writes)
+            and not access.schema
+            and parse_template(sql).statements == 1
+            and "returning" not in sql.lower()
+        )
+
+    def _run_batch(self, group: Sequence[Statement], results: list[StatementResult],
+                   rendered: list[str], combined: Access) -> bool:
+        """Run consecutive executions of one write statement with a single executemany.
+
+        Inside an explicit transaction only: if anything fails, the batch is undone
+        and False returned, and the caller runs the statements one by one to report
+        exactly which one failed (the transaction is rolled back either way).
+        """
+        writer = self._writer
+        sql = group[0].sql
+        buffer_mark, random_mark = self._buffer.mark(), self._random.calls
+        last_ids: list[int] = []
+        totals: list[int] = []
+        last_insert_rowid, total_changes = writer.last_insert_rowid, writer.total_changes
+
+        def before_each(cursor: apsw.Cursor, text: str, bindings: Any) -> bool:
+            last_ids.append(last_insert_rowid())
+            totals.append(total_changes())
+            return True
+
+        self._internal("SAVEPOINT litecdc_batch")
+        started = time.perf_counter()
+        try:
+            cursor = writer.cursor()
+            cursor.exec_trace = before_each
+            cursor.executemany(sql, [s.params for s in group]).fetchall()
+            texts = render_many(sql, [s.params for s in group])
+        except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError):
+            self._internal("ROLLBACK TO litecdc_batch; RELEASE litecdc_batch")
+            self._buffer.cut(buffer_mark)
+            self._random.calls = random_mark
+            return False
+        self._internal("RELEASE litecdc_batch")
+        last_ids.append(last_insert_rowid())
+        totals.append(total_changes())
+        seconds = (time.perf_counter() - started) / len(group)
+        results.extend(
+            StatementResult(last_insert_id=last_ids[k + 1],
+                            rows_affected=totals[k + 1] - totals[k], seconds=seconds)
+            for k in range(len(group))
+        )
+        suffix = _terminator(sql)
+        rendered.extend(text + suffix for text in texts)
+        combined.merge(self._access_cache[sql])
+        return True
 
     def _rollback(self) -> None:
         if self._writer.in_transaction:
@@ -263,7 +338,7 @@ class Engine:
                 problem = self._check_capturable(access.writes)
                 if problem is not None:
                     raise StatementError(problem)
-            text = _terminated(render(statement.sql, statement.params))
+            text = render(statement.sql, statement.params).rstrip() + _terminator(statement.sql)
         except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
             refused = access.refused if access is not None else None
             self._authorizer.recording = None

@@ -22,9 +22,10 @@ binding sequence statement by statement.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from litecdc.errors import StatementError
 from litecdc.results import Params, SQLValue
@@ -46,6 +47,10 @@ class Template:
     placeholders: tuple[Placeholder, ...]
     #: how many positional bindings the whole string consumes
     positional_count: int
+    #: 0-based index into a positional binding sequence, per placeholder
+    positions: tuple[int, ...]
+    #: how many SQL statements the string holds (by its semicolons)
+    statements: int
 
 
 def _is_ident_char(ch: str) -> bool:
@@ -61,6 +66,7 @@ def parse_template(sql: str) -> Template:
     offset = 0  # bindings consumed by earlier statements in this string
     max_index = 0  # largest index in the current statement
     names: dict[str, int] = {}
+    statements, last_end = 0, 0
     while i < n:
         ch = sql[i]
         if ch in "'\"`":
@@ -88,7 +94,10 @@ def parse_template(sql: str) -> Template:
             offset += max_index
             max_index = 0
             names = {}
+            if sql[last_end:i].strip():
+                statements += 1
             i += 1
+            last_end = i
         elif ch == "?":
             j = i + 1
             while j < n and sql[j].isdigit():
@@ -112,31 +121,59 @@ def parse_template(sql: str) -> Template:
         else:
             i += 1
     parts.append(sql[start:])
-    return Template(tuple(parts), tuple(placeholders), offset + max_index)
+    return Template(tuple(parts), tuple(placeholders), offset + max_index,
+                    tuple(p.index - 1 for p in placeholders),
+                    statements + (1 if sql[last_end:].strip() else 0))
+
+
+def _int_literal(value: int) -> str:
+    return str(int(value)) if value >= 0 else f"({int(value)})"
+
+
+def _text_literal(text: str) -> str:
+    if "\x00" in text:
+        return f"CAST(X'{text.encode('utf-8').hex()}' AS TEXT)"
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _float_literal(number: float) -> str:
+    if number != number:  # NaN
+        return "NULL"
+    if math.isinf(number):
+        return "9e999" if number > 0 else "(-9e999)"
+    text = repr(number)
+    return f"({text})" if text.startswith("-") else text  # -0.0 too
+
+
+def _blob_literal(value: bytes | bytearray | memoryview) -> str:
+    return f"X'{bytes(value).hex()}'"
+
+
+#: exact-type dispatch for the common cases (the hot path of bulk writes)
+_LITERALS: dict[type, Callable[[Any], str]] = {
+    int: _int_literal,
+    bool: _int_literal,
+    str: _text_literal,
+    float: _float_literal,
+    bytes: _blob_literal,
+    type(None): lambda _: "NULL",
+}
 
 
 def sql_literal(value: SQLValue) -> str:
     """One value as an SQL literal that SQLite reads back as exactly ``value``."""
-    kind = type(value)
-    if kind is int or kind is bool:
-        return str(int(value)) if value >= 0 else f"({int(value)})"  # type: ignore[arg-type, operator]
-    if kind is str:
-        text: str = value  # type: ignore[assignment]
-        if "\x00" in text:
-            return f"CAST(X'{text.encode('utf-8').hex()}' AS TEXT)"
-        return "'" + text.replace("'", "''") + "'"
-    if value is None:
-        return "NULL"
-    if kind is float:
-        number: float = value  # type: ignore[assignment]
-        if math.isnan(number):
-            return "NULL"
-        if math.isinf(number):
-            return "9e999" if number > 0 else "(-9e999)"
-        text = repr(number)
-        return text if not text.startswith("-") else f"({text})"
+    fast = _LITERALS.get(type(value))
+    if fast is not None:
+        return fast(value)
+    # subclasses of the basic types, and the other buffer types APSW binds as blobs
+    if isinstance(value, int):
+        return _int_literal(value)
+    if isinstance(value, float):
+        return _float_literal(value)
+    if isinstance(value, str):
+        return _text_literal(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return f"X'{bytes(value).hex()}'"
+        return _blob_literal(value)
     raise StatementError(f"unsupported parameter type {type(value).__name__}")
 
 
@@ -164,9 +201,34 @@ def render(sql: str, params: Params) -> str:
             raise StatementError(
                 f"statement has {template.positional_count} parameters, {len(values)} given"
             )
-        literals = [sql_literal(values[p.index - 1]) for p in template.placeholders]
+        literals = [sql_literal(values[i]) for i in template.positions]
     out = [template.parts[0]]
     for literal, part in zip(literals, template.parts[1:], strict=True):
         out.append(literal)
         out.append(part)
     return "".join(out)
+
+
+def render_many(sql: str, many: Sequence[Params]) -> list[str]:
+    """:func:`render` for many parameter sets of one statement (the bulk-write path)."""
+    template = parse_template(sql)
+    if not template.placeholders:
+        return [sql] * len(many)
+    if any(isinstance(params, Mapping) for params in many) or template.statements != 1:
+        return [render(sql, params) for params in many]
+    parts = template.parts
+    positions = template.positions
+    needed = template.positional_count
+    literals = _LITERALS
+    out = []
+    for params in many:
+        if len(params) < needed:
+            raise StatementError(f"statement has {needed} parameters, {len(params)} given")
+        pieces = [parts[0]]
+        for position, part in zip(positions, parts[1:]):  # noqa: B905 - same length
+            value = params[position]  # type: ignore[index]
+            fast = literals.get(type(value))
+            pieces.append(fast(value) if fast is not None else sql_literal(value))
+            pieces.append(part)
+        out.append("".join(pieces).rstrip())
+    return out
