@@ -178,3 +178,27 @@ def test_truncation_in_cid_order_never_empties(store: Store) -> None:
     assert store.journal.available_snapshot() == 7
     store.execute([S("INSERT INTO t VALUES(9)")])
     assert store.journal.last_cid() == 8
+
+
+def test_repeated_statement_in_a_transaction_reports_each_result(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v UNIQUE)")])
+    out = store.execute([S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(5)]
+                        + [S("UPDATE t SET v = v + 10 WHERE id > ?", (3,))] * 2, transaction=True)
+    assert [(r.last_insert_id, r.rows_affected) for r in out.results] == [
+        (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (5, 2), (5, 2)]
+    entry = store.journal_page(out.cid - 1, 1).entries[0]  # type: ignore[operator]
+    assert entry.query is not None and entry.query.count("INSERT INTO t(v) VALUES(") == 5
+    assert len(store.changes(out.cid - 1, 100)) == 9  # type: ignore[operator]
+
+
+def test_failure_inside_a_repeated_statement_names_the_statement(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(v UNIQUE)")])
+    out = store.execute([S("INSERT INTO t VALUES(?)", (v,)) for v in (1, 2, 2, 3)],
+                        transaction=True)
+    assert [r.error for r in out.results] == [None, None, "UNIQUE constraint failed: t.v"]
+    assert out.cid is None
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
+    assert store.changes(0, 10) == []
+    wrong = store.execute([S("INSERT INTO t VALUES(?)", (1,)), S("INSERT INTO t VALUES(?)", ())],
+                          transaction=True)
+    assert wrong.results[1].error is not None and "bindings" in wrong.results[1].error

@@ -1,0 +1,51 @@
+"""What cannot be replayed identically is refused before commit, with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from litecdc import Statement, Store
+
+S = Statement
+
+
+@pytest.mark.parametrize(("sql", "reason"), [
+    ("INSERT INTO t VALUES(last_insert_rowid())", "use the last_insert_id the write returns"),
+    ("INSERT INTO t VALUES(changes())", "depends on the connection's previous statement"),
+    ("INSERT INTO t VALUES(total_changes())", "depends on the connection's history"),
+    ("INSERT INTO t VALUES(sqlite_version())", "differs between builds of SQLite"),
+    ("CREATE TEMP TABLE tmp(x)", "temporary objects exist on one connection only"),
+    ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
+    ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
+    ("BEGIN", "transaction control statements are not allowed"),
+    ("SAVEPOINT s", "transaction control statements are not allowed"),
+    ("CREATE VIRTUAL TABLE v USING fts5(x)", "virtual tables are not supported"),
+])
+def test_unreplayable_writes_are_refused(store: Store, sql: str, reason: str) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    before = store.journal.last_cid()
+    out = store.execute([S(sql)])
+    assert out.cid is None
+    assert reason in (out.results[0].error or ""), out.results[0].error
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
+
+
+def test_reads_may_use_them(store: Store) -> None:
+    result = store.query([S("SELECT sqlite_version(), changes(), random() IS NOT NULL")])[0]
+    assert result.error is None and result.rows and result.rows[0][2] == 1
+
+
+def test_introspection_pragmas_are_allowed_in_writes(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    out = store.execute([S("PRAGMA table_info(t)"), S("INSERT INTO t VALUES(1)")])
+    assert out.results[0].error is None and out.results[0].rows
+    assert out.cid is not None
+
+
+def test_random_differs_between_entries_but_not_between_replays(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(r)")])
+    store.execute([S("INSERT INTO t VALUES(random())")])
+    store.execute([S("INSERT INTO t VALUES(random())")])
+    rows = store.query([S("SELECT r FROM t")])[0].rows or []
+    assert len({r[0] for r in rows}) == 2
