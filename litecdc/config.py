@@ -48,12 +48,17 @@ class NodeConfig:
             object.__setattr__(self, "node_id", f"{host}:{port}")
         if (self.http_cert is None) != (self.http_key is None):
             raise ConfigError("--http-cert and --http-key must be given together")
-        for name, path in (("http-cert", self.http_cert), ("http-key", self.http_key),
-                           ("auth", self.auth_file)):
+        for name, path in (
+            ("http-cert", self.http_cert),
+            ("http-key", self.http_key),
+            ("auth", self.auth_file),
+        ):
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
         if self.max_body_bytes < 1024:
-            raise ConfigError(f"max body size must be at least 1024 bytes, got {self.max_body_bytes}")
+            raise ConfigError(
+                f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"
+            )
 
     @property
     def db_path(self) -> Path:

@@ -23,22 +23,34 @@ import httpx
 Echo = Callable[[str], None]
 
 WORKLOAD: list[tuple[str, list[Any]]] = [
-    ("create the table", [
-        "CREATE TABLE orders(id INTEGER PRIMARY KEY, customer TEXT NOT NULL, amount REAL, "
-        "created TEXT DEFAULT CURRENT_TIMESTAMP)",
-    ]),
-    ("insert three orders (one transaction)", [
-        ["INSERT INTO orders(customer, amount) VALUES(?, ?)", "ada", 12.5],
-        ["INSERT INTO orders(customer, amount) VALUES(?, ?)", "grace", 0.1],
-        ["INSERT INTO orders(customer, amount) VALUES(:c, :a)", {"c": "linus", "a": 99.99}],
-    ]),
-    ("update one, delete one", [
-        ["UPDATE orders SET amount = amount * 2 WHERE customer = ?", "ada"],
-        "DELETE FROM orders WHERE customer = 'grace'",
-    ]),
-    ("a failing statement commits nothing", [
-        "INSERT INTO orders(customer) VALUES(NULL)",
-    ]),
+    (
+        "create the table",
+        [
+            "CREATE TABLE orders(id INTEGER PRIMARY KEY, customer TEXT NOT NULL, amount REAL, "
+            "created TEXT DEFAULT CURRENT_TIMESTAMP)",
+        ],
+    ),
+    (
+        "insert three orders (one transaction)",
+        [
+            ["INSERT INTO orders(customer, amount) VALUES(?, ?)", "ada", 12.5],
+            ["INSERT INTO orders(customer, amount) VALUES(?, ?)", "grace", 0.1],
+            ["INSERT INTO orders(customer, amount) VALUES(:c, :a)", {"c": "linus", "a": 99.99}],
+        ],
+    ),
+    (
+        "update one, delete one",
+        [
+            ["UPDATE orders SET amount = amount * 2 WHERE customer = ?", "ada"],
+            "DELETE FROM orders WHERE customer = 'grace'",
+        ],
+    ),
+    (
+        "a failing statement commits nothing",
+        [
+            "INSERT INTO orders(customer) VALUES(NULL)",
+        ],
+    ),
 ]
 
 
@@ -51,8 +63,16 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_node(data_dir: Path, port: int) -> Iterator[str]:
     """Start ``litecdc serve`` and yield its base URL once /readyz answers 200."""
-    command = [sys.executable, "-m", "litecdc", "serve", "--data-dir", str(data_dir),
-               "--http-addr", f"127.0.0.1:{port}"]
+    command = [
+        sys.executable,
+        "-m",
+        "litecdc",
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--http-addr",
+        f"127.0.0.1:{port}",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -81,7 +101,9 @@ def run_demo(echo: Echo, data_dir: Path | None = None) -> int:
     """Run the demo; returns a process exit code (0 when every check held)."""
     with contextlib.ExitStack() as stack:
         if data_dir is None:
-            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="litecdc-demo-")))
+            data_dir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="litecdc-demo-"))
+            )
         port = free_port()
         echo(f"starting a standalone litecdc node on 127.0.0.1:{port} (data in {data_dir})")
         base = stack.enter_context(running_node(data_dir, port))
@@ -104,15 +126,19 @@ def run_demo(echo: Echo, data_dir: Path | None = None) -> int:
         changes = client.get("/cdc/changes", params={"after": 0, "limit": 100}).json()["changes"]
         echo(f"\ncaptured row changes ({len(changes)}):")
         for change in changes:
-            echo(f"  cid {change['cid']:>2}.{change['seq']}  {change['op']:<6} {change['table']}"
-                 f"  before={json.dumps(change['before'])}  after={json.dumps(change['after'])}")
+            echo(
+                f"  cid {change['cid']:>2}.{change['seq']}  {change['op']:<6} {change['table']}"
+                f"  before={json.dumps(change['before'])}  after={json.dumps(change['after'])}"
+            )
 
         problems = _check(journal, changes)
         for problem in problems:
             echo(f"CHECK FAILED: {problem}")
         if not problems:
-            echo("\nok: 3 committed transactions -> 3 journal entries after the initial record, "
-                 "5 row changes; the failed one left nothing")
+            echo(
+                "\nok: 3 committed transactions -> 3 journal entries after the initial record, "
+                "5 row changes; the failed one left nothing"
+            )
         return 1 if problems else 0
     return 1
 

@@ -1,20 +1,20 @@
 """The whole litecdc exception tree, and how each error maps to an HTTP status.
 
-    LitecdcError
-    ├── ConfigError                 invalid configuration (CLI, file, environment)
-    ├── RequestError                malformed client input: bad JSON, wrong types, unknown parameters
-    │   └── BodyTooLargeError
-    ├── AuthError                   missing or wrong credentials
-    │   └── PermissionDeniedError   authenticated, but the user lacks the permission
-    ├── StatementError              one SQL statement failed (reported per statement, like rqlite)
-    │   ├── NonDeterministicError   the statement cannot be replayed identically; refused before commit
-    │   └── ForbiddenStatementError transaction control, ATTACH, writes to internal tables…
-    ├── JournalError
-    │   ├── ModeError               the call is not allowed in the journal's current mode
-    │   ├── SnapshotUnavailableError  follower_commit before its dependency is applied
-    │   ├── DuplicateCidError       follower_commit of a cid the journal already has
-    │   └── TruncateError           truncation that would break cid order or empty the journal
-    └── LoadError                   /db/load got something that is neither SQLite nor SQL text
+LitecdcError
+├── ConfigError                 invalid configuration (CLI, file, environment)
+├── RequestError                malformed client input: bad JSON, wrong types, unknown parameters
+│   └── BodyTooLargeError
+├── AuthError                   missing or wrong credentials
+│   └── PermissionDeniedError   authenticated, but the user lacks the permission
+├── StatementError              one SQL statement failed (reported per statement, like rqlite)
+│   ├── NonDeterministicError   the statement cannot be replayed identically; refused before commit
+│   └── ForbiddenStatementError transaction control, ATTACH, writes to internal tables…
+├── JournalError
+│   ├── ModeError               the call is not allowed in the journal's current mode
+│   ├── SnapshotUnavailableError  follower_commit before its dependency is applied
+│   ├── DuplicateCidError       follower_commit of a cid the journal already has
+│   └── TruncateError           truncation that would break cid order or empty the journal
+└── LoadError                   /db/load got something that is neither SQLite nor SQL text
 """
 
 from __future__ import annotations

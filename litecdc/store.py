@@ -45,7 +45,9 @@ class Store:
         self._lock = threading.Lock()
 
     # -- writes ---------------------------------------------------------------
-    def execute(self, statements: Sequence[Statement], *, transaction: bool = False) -> WriteOutcome:
+    def execute(
+        self, statements: Sequence[Statement], *, transaction: bool = False
+    ) -> WriteOutcome:
         """Run write statements as one journaled commit (rqlite's /db/execute).
 
         Without ``transaction`` each statement succeeds or fails on its own and the

@@ -11,6 +11,7 @@ The same callback refuses, with a reason, what a replicated write must not do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import apsw
@@ -21,23 +22,55 @@ from litecdc.db.schema import INTERNAL_PREFIX
 _WRITE = {apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE}
 # DDL whose first argument names the object and (for indexes and triggers) second its table
 _DDL = {
-    apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_CREATE_VIEW,
-    apsw.SQLITE_CREATE_TRIGGER, apsw.SQLITE_DROP_TABLE, apsw.SQLITE_DROP_INDEX,
-    apsw.SQLITE_DROP_VIEW, apsw.SQLITE_DROP_TRIGGER, apsw.SQLITE_REINDEX, apsw.SQLITE_ANALYZE,
+    apsw.SQLITE_CREATE_TABLE,
+    apsw.SQLITE_CREATE_INDEX,
+    apsw.SQLITE_CREATE_VIEW,
+    apsw.SQLITE_CREATE_TRIGGER,
+    apsw.SQLITE_DROP_TABLE,
+    apsw.SQLITE_DROP_INDEX,
+    apsw.SQLITE_DROP_VIEW,
+    apsw.SQLITE_DROP_TRIGGER,
+    apsw.SQLITE_REINDEX,
+    apsw.SQLITE_ANALYZE,
 }
 _TEMP_DDL = {
-    apsw.SQLITE_CREATE_TEMP_TABLE, apsw.SQLITE_CREATE_TEMP_INDEX, apsw.SQLITE_CREATE_TEMP_VIEW,
-    apsw.SQLITE_CREATE_TEMP_TRIGGER, apsw.SQLITE_DROP_TEMP_TABLE, apsw.SQLITE_DROP_TEMP_INDEX,
-    apsw.SQLITE_DROP_TEMP_VIEW, apsw.SQLITE_DROP_TEMP_TRIGGER,
+    apsw.SQLITE_CREATE_TEMP_TABLE,
+    apsw.SQLITE_CREATE_TEMP_INDEX,
+    apsw.SQLITE_CREATE_TEMP_VIEW,
+    apsw.SQLITE_CREATE_TEMP_TRIGGER,
+    apsw.SQLITE_DROP_TEMP_TABLE,
+    apsw.SQLITE_DROP_TEMP_INDEX,
+    apsw.SQLITE_DROP_TEMP_VIEW,
+    apsw.SQLITE_DROP_TEMP_TRIGGER,
 }
 #: PRAGMAs that only describe the schema; any other PRAGMA changes per-connection or
 #: per-file state that is not replicated.
-INTROSPECTION_PRAGMAS = frozenset({
-    "table_info", "table_xinfo", "table_list", "index_info", "index_xinfo", "index_list",
-    "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check", "collation_list",
-    "function_list", "pragma_list", "data_version", "schema_version", "user_version",
-    "application_id", "page_count", "page_size", "freelist_count", "encoding", "foreign_keys",
-})
+INTROSPECTION_PRAGMAS = frozenset(
+    {
+        "table_info",
+        "table_xinfo",
+        "table_list",
+        "index_info",
+        "index_xinfo",
+        "index_list",
+        "foreign_key_list",
+        "foreign_key_check",
+        "integrity_check",
+        "quick_check",
+        "collation_list",
+        "function_list",
+        "pragma_list",
+        "data_version",
+        "schema_version",
+        "user_version",
+        "application_id",
+        "page_count",
+        "page_size",
+        "freelist_count",
+        "encoding",
+        "foreign_keys",
+    }
+)
 
 
 @dataclass(slots=True)
@@ -57,13 +90,15 @@ class Access:
 
 
 def _is_user_object(name: str | None) -> bool:
-    return bool(name) and not name.startswith("sqlite_")  # type: ignore[union-attr]
+    return name is not None and name != "" and not name.startswith("sqlite_")
 
 
 class WriteAuthorizer:
     """The writer connection's authorizer: records access, refuses the unreplicable."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_schema_change: Callable[[], None]) -> None:
+        #: called when a statement that changes the schema is prepared, before it runs
+        self._on_schema_change = on_schema_change
         self.recording: Access | None = None
         #: True while litecdc runs its own statements (no checks, no recording)
         self.internal = False
@@ -73,69 +108,92 @@ class WriteAuthorizer:
             self.recording.refused = reason
         return apsw.SQLITE_DENY
 
-    def __call__(self, action: int, arg1: str | None, arg2: str | None,
-                 database: str | None, trigger_or_view: str | None) -> int:
+    def __call__(
+        self,
+        action: int,
+        arg1: str | None,
+        arg2: str | None,
+        database: str | None,
+        trigger_or_view: str | None,
+    ) -> int:
         if self.internal:
             return apsw.SQLITE_OK
         access = self.recording
         if action == apsw.SQLITE_READ:
             if access is not None:
-                if _is_user_object(arg1):
-                    access.reads.add(arg1)  # type: ignore[arg-type]
+                if arg1 is not None and _is_user_object(arg1):
+                    access.reads.add(arg1)
                 if trigger_or_view:
                     access.reads.add(trigger_or_view)
             return apsw.SQLITE_OK
         if action in _WRITE:
             if arg1 and arg1.startswith(INTERNAL_PREFIX):
                 return self._refuse(f"table {arg1} is internal to litecdc and cannot be written")
-            if access is not None and _is_user_object(arg1):
-                access.writes.add(arg1)  # type: ignore[arg-type]
+            if access is not None and arg1 is not None and _is_user_object(arg1):
+                access.writes.add(arg1)
             return apsw.SQLITE_OK
         if action in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
             return apsw.SQLITE_OK
         if action == apsw.SQLITE_FUNCTION:
-            name = (arg2 or "").lower()
-            reason = NON_DETERMINISTIC_FUNCTIONS.get(name)
+            function = (arg2 or "").lower()
+            reason = NON_DETERMINISTIC_FUNCTIONS.get(function)
             if reason is not None:
                 return self._refuse(
-                    f"{name}() cannot be used in a write: {reason}, so replicas would diverge"
+                    f"{function}() cannot be used in a write: {reason}, so replicas would diverge"
                 )
             return apsw.SQLITE_OK
         if action in _DDL or action == apsw.SQLITE_ALTER_TABLE:
-            names = (arg2,) if action == apsw.SQLITE_ALTER_TABLE else (arg1, arg2)
+            names: tuple[str | None, ...] = (
+                (arg2,) if action == apsw.SQLITE_ALTER_TABLE else (arg1, arg2)
+            )
             for name in names:
                 if name and name.startswith(INTERNAL_PREFIX):
                     return self._refuse(f"{name} is internal to litecdc and cannot be changed")
+            self._on_schema_change()
             if access is not None:
                 access.schema = True
-                access.writes.update(n for n in names if _is_user_object(n))  # type: ignore[misc]
+                access.writes.update(n for n in names if n and _is_user_object(n))
             return apsw.SQLITE_OK
         if action in _TEMP_DDL:
-            return self._refuse("temporary objects exist on one connection only and are not "
-                                "replicated; create a regular table instead")
+            return self._refuse(
+                "temporary objects exist on one connection only and are not "
+                "replicated; create a regular table instead"
+            )
         if action in (apsw.SQLITE_CREATE_VTABLE, apsw.SQLITE_DROP_VTABLE):
-            return self._refuse("virtual tables are not supported: their row changes cannot be "
-                                "captured")
+            return self._refuse(
+                "virtual tables are not supported: their row changes cannot be captured"
+            )
         if action == apsw.SQLITE_PRAGMA:
             if (arg1 or "").lower() in INTROSPECTION_PRAGMAS and (
-                arg2 is None or (arg1 or "").lower() not in ("user_version", "application_id",
-                                                             "foreign_keys", "schema_version")
+                arg2 is None
+                or (arg1 or "").lower()
+                not in ("user_version", "application_id", "foreign_keys", "schema_version")
             ):
                 return apsw.SQLITE_OK
-            return self._refuse(f"PRAGMA {arg1} changes connection or file state that is not "
-                                "replicated; it is not allowed in writes")
+            return self._refuse(
+                f"PRAGMA {arg1} changes connection or file state that is not "
+                "replicated; it is not allowed in writes"
+            )
         if action in (apsw.SQLITE_TRANSACTION, apsw.SQLITE_SAVEPOINT):
-            return self._refuse("transaction control statements are not allowed: each request "
-                                "is one transaction (use the transaction parameter to make it "
-                                "all-or-nothing)")
+            return self._refuse(
+                "transaction control statements are not allowed: each request "
+                "is one transaction (use the transaction parameter to make it "
+                "all-or-nothing)"
+            )
         if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
-            return self._refuse("ATTACH and DETACH are not allowed: attached databases are not "
-                                "replicated")
+            return self._refuse(
+                "ATTACH and DETACH are not allowed: attached databases are not replicated"
+            )
         return self._refuse(f"statement type {action} is not allowed in writes")
 
 
-def read_authorizer(action: int, arg1: str | None, arg2: str | None,
-                    database: str | None, trigger_or_view: str | None) -> int:
+def read_authorizer(
+    action: int,
+    arg1: str | None,
+    arg2: str | None,
+    database: str | None,
+    trigger_or_view: str | None,
+) -> int:
     """Reader connections: anything read-only except attaching other files."""
     if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
         return apsw.SQLITE_DENY

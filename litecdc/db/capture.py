@@ -40,6 +40,7 @@ _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 class TableShape:
     """What capture needs to know about one table: its columns and primary key."""
 
+    table: str
     columns: tuple[str, ...]
     #: positions of the declared primary-key columns, in key order; () = rowid
     pk_positions: tuple[int, ...]
@@ -52,13 +53,23 @@ class ChangeBuffer:
 
     def __init__(self, shape_of: Callable[[str], TableShape]) -> None:
         self._shape_of = shape_of
-        self.events: list[tuple[str, str, int, int, tuple[SQLValue, ...] | None,
-                                tuple[SQLValue, ...] | None]] = []
+        #: shapes as of now; cleared by the authorizer when a statement changes the schema,
+        #: so each event keeps the shape its table had when the row changed (a DROP or
+        #: ALTER later in the same transaction cannot mislabel it)
+        self.shapes: dict[str, TableShape] = {}
+        self.events: list[
+            tuple[
+                str, TableShape, int, int, tuple[SQLValue, ...] | None, tuple[SQLValue, ...] | None
+            ]
+        ] = []
 
     def hook(self, update: Any) -> None:
         # Keep this minimal: it runs once per changed row, inside SQLite.
+        shape = self.shapes.get(update.table_name)
+        if shape is None:
+            shape = self.shapes[update.table_name] = self._shape_of(update.table_name)
         self.events.append(
-            (update.op, update.table_name, update.rowid, update.rowid_new, update.old, update.new)
+            (update.op, shape, update.rowid, update.rowid_new, update.old, update.new)
         )
 
     def mark(self) -> int:
@@ -77,13 +88,7 @@ class ChangeBuffer:
                 f"a transaction may change at most {MAX_CHANGES_PER_TRANSACTION} rows"
             )
         base = cid << SEQ_BITS
-        shapes: dict[str, TableShape] = {}
-        for seq, (op, table, rowid, rowid_new, old, new) in enumerate(self.events, 1):
-            if table.startswith("_litecdc_"):
-                continue
-            shape = shapes.get(table)
-            if shape is None:
-                shape = shapes[table] = self._shape_of(table)
+        for seq, (op, shape, rowid, rowid_new, old, new) in enumerate(self.events, 1):
             names = shape.columns
             before = _encode(dict(zip(names, old, strict=False))) if old is not None else None
             after = _encode(dict(zip(names, new, strict=False))) if new is not None else None
@@ -97,7 +102,7 @@ class ChangeBuffer:
                 base + seq,
                 cid,
                 seq,
-                table,
+                shape.table,
                 OP_NAMES[op],
                 rowid if old is not None else None,
                 rowid_new if new is not None else None,

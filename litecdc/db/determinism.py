@@ -41,7 +41,7 @@ NON_DETERMINISTIC_FUNCTIONS: dict[str, str] = {
 }
 
 
-class FixedClockVFS(apsw.VFS):  # type: ignore[misc]
+class FixedClockVFS(apsw.VFS):
     """The default VFS, except that "now" can be pinned to a given moment.
 
     Only ``xCurrentTimeInt64`` is overridden; file I/O is the base VFS's (measured:
@@ -70,7 +70,7 @@ class FixedClockVFS(apsw.VFS):  # type: ignore[misc]
         else:
             self._pinned[threading.get_ident()] = timestamp_ms + UNIX_EPOCH_JULIAN_MS
 
-    def xCurrentTimeInt64(self) -> int:  # noqa: N802 - SQLite's name
+    def xCurrentTimeInt64(self) -> int:
         pinned = self._pinned.get(threading.get_ident())
         if pinned is not None:
             return pinned
@@ -93,11 +93,12 @@ class DeterministicRandom:
         material = f"{self.seed}:{self.calls}".encode()
         return hashlib.shake_256(material).digest(size)
 
-    def random(self) -> int:
+    def random(self, *_: object) -> int:
         return int.from_bytes(self._digest(8), "little", signed=True)
 
-    def randomblob(self, size: object) -> bytes:
+    def randomblob(self, *args: object) -> bytes:
         # SQLite: N < 1 (or not a number) gives a 1-byte blob.
+        size = args[0] if args else 1
         count = size if isinstance(size, int) and size >= 1 else 1
         return self._digest(count)
 

@@ -32,6 +32,7 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
             "ELSE 3 END, rowid"
         ).fetchall()
         for kind, name, sql in objects:
+            name = str(name)
             yield f"{sql};"
             if kind != "table":
                 continue

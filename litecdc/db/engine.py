@@ -7,6 +7,7 @@ so data, journal and changes commit or roll back together.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -89,11 +90,10 @@ class Engine:
         self._writer.execute(CREATE_INTERNAL)
         self._random = DeterministicRandom()
         self._random.install(self._writer)
-        self._authorizer = WriteAuthorizer()
-        self._writer.authorizer = self._authorizer
-        self._shapes: dict[str, TableShape] = {}
         self._access_cache: dict[str, Access] = {}
         self._buffer = ChangeBuffer(self._table_shape)
+        self._authorizer = WriteAuthorizer(on_schema_change=self._buffer.shapes.clear)
+        self._writer.authorizer = self._authorizer
         self._writer.preupdate_hook(self._buffer.hook)
         self._readers = threading.local()
         self._reader_list: list[apsw.Connection] = []
@@ -124,6 +124,10 @@ class Engine:
             self._writer.close()
 
     # -- internal statements ----------------------------------------------------------
+    def _read(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Rows of a read on this thread's reader connection."""
+        return self._reader().execute(sql, params).fetchall()
+
     def _internal(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         was_internal, self._authorizer.internal = self._authorizer.internal, True
         try:
@@ -132,33 +136,36 @@ class Engine:
             self._authorizer.internal = was_internal
 
     def _table_shape(self, table: str) -> TableShape:
-        shape = self._shapes.get(table)
-        if shape is None:
-            rows = self._internal("SELECT name, type, pk, hidden FROM pragma_table_xinfo(?)", (table,))
-            columns = tuple(r[0] for r in rows)
-            pk = sorted((r[2], i) for i, r in enumerate(rows) if r[2])
-            pk_positions = tuple(i for _, i in pk)
-            without_rowid = bool(self._internal(
+        """Columns and key of ``table``, read from the schema (called from the capture hook)."""
+        rows = self._internal("SELECT name, type, pk, hidden FROM pragma_table_xinfo(?)", (table,))
+        columns = tuple(r[0] for r in rows)
+        pk = sorted((r[2], i) for i, r in enumerate(rows) if r[2])
+        pk_positions = tuple(i for _, i in pk)
+        without_rowid = bool(
+            self._internal(
                 "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
-            )[0][0])
-            rowid_key = not without_rowid and (
-                not pk_positions
-                or (len(pk_positions) == 1 and str(rows[pk_positions[0]][1]).upper() == "INTEGER")
-            )
-            shape = self._shapes[table] = TableShape(columns, pk_positions, rowid_key)
-        return shape
+            )[0][0]
+        )
+        rowid_key = not without_rowid and (
+            not pk_positions
+            or (len(pk_positions) == 1 and str(rows[pk_positions[0]][1]).upper() == "INTEGER")
+        )
+        return TableShape(table, columns, pk_positions, rowid_key)
 
     def _schema_changed(self) -> None:
-        self._shapes.clear()
+        self._buffer.shapes.clear()
         self._access_cache.clear()
 
     def _check_capturable(self, tables: set[str]) -> str | None:
         for table in tables:
-            rows = self._internal("SELECT name FROM pragma_table_xinfo(?) WHERE hidden = 2",
-                                  (table,))
+            rows = self._internal(
+                "SELECT name FROM pragma_table_xinfo(?) WHERE hidden = 2", (table,)
+            )
             if rows:
-                return (f"table {table} has VIRTUAL generated column {rows[0][0]}, whose "
-                        "values cannot be captured; declare it STORED")
+                return (
+                    f"table {table} has VIRTUAL generated column {rows[0][0]}, whose "
+                    "values cannot be captured; declare it STORED"
+                )
         return None
 
     # -- writes -----------------------------------------------------------------------
@@ -198,8 +205,10 @@ class Engine:
                         end = index + 1
                         while end < count and statements[end].sql == statement.sql:
                             end += 1
-                        if end - index > 1 and self._batchable(statement.sql) and self._run_batch(
-                            statements[index:end], results, rendered, combined
+                        if (
+                            end - index > 1
+                            and self._batchable(statement.sql)
+                            and self._run_batch(statements[index:end], results, rendered, combined)
                         ):
                             index = end
                             continue
@@ -223,8 +232,9 @@ class Engine:
                     self._rollback()
                     return WriteRun(results, None, combined)
                 decision = decide(combined)
-                entry = JournalEntry(decision.cid, "\n".join(rendered), decision.snapshot,
-                                     timestamp_ms, seed)
+                entry = JournalEntry(
+                    decision.cid, "\n".join(rendered), decision.snapshot, timestamp_ms, seed
+                )
                 self._append(entry, combined)
                 self._internal("COMMIT")
             except BaseException:
@@ -248,8 +258,13 @@ class Engine:
             and "returning" not in sql.lower()
         )
 
-    def _run_batch(self, group: Sequence[Statement], results: list[StatementResult],
-                   rendered: list[str], combined: Access) -> bool:
+    def _run_batch(
+        self,
+        group: Sequence[Statement],
+        results: list[StatementResult],
+        rendered: list[str],
+        combined: Access,
+    ) -> bool:
         """Run consecutive executions of one write statement with a single executemany.
 
         Inside an explicit transaction only: if anything fails, the batch is undone
@@ -285,8 +300,11 @@ class Engine:
         totals.append(total_changes())
         seconds = (time.perf_counter() - started) / len(group)
         results.extend(
-            StatementResult(last_insert_id=last_ids[k + 1],
-                            rows_affected=totals[k + 1] - totals[k], seconds=seconds)
+            StatementResult(
+                last_insert_id=last_ids[k + 1],
+                rows_affected=totals[k + 1] - totals[k],
+                seconds=seconds,
+            )
             for k in range(len(group))
         )
         suffix = _terminator(sql)
@@ -349,8 +367,7 @@ class Engine:
             message = _statement_error(exc, refused)
             if isinstance(exc, KeyError):
                 message = f"no value for parameter :{exc.args[0]}"
-            return StatementResult(error=message,
-                                   seconds=time.perf_counter() - started), None
+            return StatementResult(error=message, seconds=time.perf_counter() - started), None
         self._authorizer.recording = None
         if savepoint:
             self._internal("RELEASE litecdc_statement")
@@ -422,8 +439,9 @@ class Engine:
                 self._internal("COMMIT")
                 ok = True
             except (apsw.Error, StatementError) as exc:
-                log.warning("journal entry %d failed on apply and is recorded empty: %s",
-                            entry.cid, exc)
+                log.warning(
+                    "journal entry %d failed on apply and is recorded empty: %s", entry.cid, exc
+                )
                 self._rollback()
                 ok = False
             finally:
@@ -447,11 +465,11 @@ class Engine:
 
     # -- journal storage ----------------------------------------------------------------
     def journal_entries(self, after: int, limit: int) -> list[JournalEntry]:
-        rows = self._reader().execute(
+        rows = self._read(
             f"SELECT cid, query, snapshot, ts, seed FROM {JOURNAL_TABLE} "
             "WHERE cid > ? ORDER BY cid LIMIT ?",
             (after, limit),
-        ).fetchall()
+        )
         return [JournalEntry(*row) for row in rows]
 
     def journal_bounds(self) -> tuple[int, int, int]:
@@ -467,8 +485,12 @@ class Engine:
 
     def journal_cids_above(self, cid: int) -> list[int]:
         with self._write_lock:
-            return [r[0] for r in self._internal(
-                f"SELECT cid FROM {JOURNAL_TABLE} WHERE cid > ? ORDER BY cid", (cid,))]
+            return [
+                r[0]
+                for r in self._internal(
+                    f"SELECT cid FROM {JOURNAL_TABLE} WHERE cid > ? ORDER BY cid", (cid,)
+                )
+            ]
 
     def has_cid(self, cid: int) -> bool:
         with self._write_lock:
@@ -486,18 +508,19 @@ class Engine:
 
     # -- changes --------------------------------------------------------------------------
     def changes(self, after: int, limit: int) -> list[RowChange]:
-        rows = self._reader().execute(
+        rows = self._read(
             f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
             (((after + 1) << SEQ_BITS) - 1 if after >= 0 else -1, limit),
-        ).fetchall()
+        )
         return [decode_change(row) for row in rows]
 
     def changes_count(self) -> int:
-        return int(self._reader().execute(f"SELECT count(*) FROM {CHANGES_TABLE}").fetchall()[0][0])
+        return int(self._read(f"SELECT count(*) FROM {CHANGES_TABLE}")[0][0])
 
     # -- reads ----------------------------------------------------------------------------
-    def query(self, statements: Sequence[Statement], *, transaction: bool = False
-              ) -> list[StatementResult]:
+    def query(
+        self, statements: Sequence[Statement], *, transaction: bool = False
+    ) -> list[StatementResult]:
         """Run read-only statements on this thread's reader connection."""
         conn = self._reader()
         results: list[StatementResult] = []
@@ -528,14 +551,19 @@ class Engine:
         try:
             rows = cursor.execute(statement.sql, statement.params).fetchall()
         except apsw.ReadOnlyError:
-            return StatementResult(error="attempt to change database via query operation",
-                                   seconds=time.perf_counter() - started)
+            return StatementResult(
+                error="attempt to change database via query operation",
+                seconds=time.perf_counter() - started,
+            )
         except (apsw.Error, OverflowError, TypeError, ValueError) as exc:
-            return StatementResult(error=_statement_error(exc, None),
-                                   seconds=time.perf_counter() - started)
+            return StatementResult(
+                error=_statement_error(exc, None), seconds=time.perf_counter() - started
+            )
         except KeyError as exc:
-            return StatementResult(error=f"no value for parameter :{exc.args[0]}",
-                                   seconds=time.perf_counter() - started)
+            return StatementResult(
+                error=f"no value for parameter :{exc.args[0]}",
+                seconds=time.perf_counter() - started,
+            )
         result = StatementResult(seconds=time.perf_counter() - started)
         result.columns = [d[0] for d in description or []]
         result.decltypes = [d[1] for d in description or []]
@@ -597,8 +625,9 @@ class Engine:
                 try:
                     text = data.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise LoadError("load: body is neither a SQLite database file nor UTF-8 "
-                                    "SQL text") from exc
+                    raise LoadError(
+                        "load: body is neither a SQLite database file nor UTF-8 SQL text"
+                    ) from exc
                 try:
                     scratch.execute(text).fetchall()
                 except apsw.Error as exc:
@@ -612,9 +641,7 @@ class Engine:
 
     def _clear_statements(self) -> list[Statement]:
         """Delete every row (captured as deletes), then drop every user object."""
-        objects = self._reader().execute(
-            f"SELECT type, name FROM sqlite_schema WHERE {USER_OBJECTS}"
-        ).fetchall()
+        objects = self._read(f"SELECT type, name FROM sqlite_schema WHERE {USER_OBJECTS}")
         out: list[Statement] = []
         for kind, name in objects:
             if kind == "table":
@@ -629,16 +656,16 @@ class Engine:
     def size_bytes(self) -> int:
         total = 0
         for suffix in ("", "-wal"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.path.getsize(self.path + suffix)
-            except FileNotFoundError:
-                pass
         return total
 
     def user_table_count(self) -> int:
-        return int(self._reader().execute(
-            f"SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND {USER_OBJECTS}"
-        ).fetchall()[0][0])
+        return int(
+            self._read(
+                f"SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND {USER_OBJECTS}"
+            )[0][0]
+        )
 
 
 def _quote(name: str) -> str:

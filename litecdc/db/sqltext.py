@@ -121,9 +121,13 @@ def parse_template(sql: str) -> Template:
         else:
             i += 1
     parts.append(sql[start:])
-    return Template(tuple(parts), tuple(placeholders), offset + max_index,
-                    tuple(p.index - 1 for p in placeholders),
-                    statements + (1 if sql[last_end:].strip() else 0))
+    return Template(
+        tuple(parts),
+        tuple(placeholders),
+        offset + max_index,
+        tuple(p.index - 1 for p in placeholders),
+        statements + (1 if sql[last_end:].strip() else 0),
+    )
 
 
 def _int_literal(value: int) -> str:

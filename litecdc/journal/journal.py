@@ -137,8 +137,11 @@ class Journal:
             if self.mode is not Mode.NORMAL:
                 raise ModeError(
                     f"plain writes are not allowed in {self.mode.value.upper()} mode; "
-                    + ("use leader_commit" if self.mode is Mode.LEADER
-                       else "this node only applies the leader's entries")
+                    + (
+                        "use leader_commit"
+                        if self.mode is Mode.LEADER
+                        else "this node only applies the leader's entries"
+                    )
                 )
             return self._run(statements, transaction, self._last + 1).outcome
 
@@ -152,8 +155,10 @@ class Journal:
         """
         with self._lock:
             if self.mode is not Mode.LEADER:
-                raise ModeError(f"leader_commit needs LEADER mode, the journal is in "
-                                f"{self.mode.value.upper()} mode")
+                raise ModeError(
+                    f"leader_commit needs LEADER mode, the journal is in "
+                    f"{self.mode.value.upper()} mode"
+                )
             cid = self._last + 1
             ran = self._run(statements, transaction, cid)
             if ran.entry is None:
@@ -172,8 +177,10 @@ class Journal:
         """
         with self._lock:
             if self.mode is not Mode.FOLLOWER:
-                raise ModeError(f"follower_commit needs FOLLOWER mode, the journal is in "
-                                f"{self.mode.value.upper()} mode")
+                raise ModeError(
+                    f"follower_commit needs FOLLOWER mode, the journal is in "
+                    f"{self.mode.value.upper()} mode"
+                )
             if entry.cid <= self._available or entry.cid in self._pending:
                 raise DuplicateCidError(f"the journal already has cid {entry.cid}")
             if entry.snapshot > self._available:
@@ -189,12 +196,16 @@ class Journal:
         def decide(access: Access) -> Decision:
             return Decision(cid, self.snapshot_for(access, cid))
 
-        run = self._engine.run_write(statements, transaction=transaction,
-                                     timestamp_ms=timestamp_ms, seed=seed, decide=decide)
+        run = self._engine.run_write(
+            statements, transaction=transaction, timestamp_ms=timestamp_ms, seed=seed, decide=decide
+        )
         if run.entry is not None:
             self._record(run.entry.cid, run.access)
-        outcome = WriteOutcome(run.results, run.entry.cid if run.entry else None,
-                               run.entry.snapshot if run.entry else None)
+        outcome = WriteOutcome(
+            run.results,
+            run.entry.cid if run.entry else None,
+            run.entry.snapshot if run.entry else None,
+        )
         return _Ran(outcome, run.entry, timestamp_ms, seed)
 
     # -- truncation ---------------------------------------------------------------------------

@@ -3,27 +3,41 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import apsw
 import pytest
 
 from litecdc import Statement, Store
+from litecdc.errors import LoadError
 
 S = Statement
 
 
 def test_insert_update_delete_with_full_images_and_exact_types(store: Store) -> None:
-    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, i INTEGER, f REAL, s TEXT, b BLOB, n)")])
+    store.execute(
+        [S("CREATE TABLE t(id INTEGER PRIMARY KEY, i INTEGER, f REAL, s TEXT, b BLOB, n)")]
+    )
     big, tiny = 2**63 - 1, 5e-324
-    out = store.execute([
-        S("INSERT INTO t VALUES(?, ?, ?, ?, ?, ?)", (1, -(2**63), tiny, "é\x00", b"\x00\xff", None)),
-        S("INSERT INTO t VALUES(2, ?, ?, '', X'', NULL)", (big, math.inf)),
-        S("UPDATE t SET s = 'changed' WHERE id = 1"),
-        S("DELETE FROM t WHERE id = 2"),
-    ], transaction=True)
+    out = store.execute(
+        [
+            S(
+                "INSERT INTO t VALUES(?, ?, ?, ?, ?, ?)",
+                (1, -(2**63), tiny, "é\x00", b"\x00\xff", None),
+            ),
+            S("INSERT INTO t VALUES(2, ?, ?, '', X'', NULL)", (big, math.inf)),
+            S("UPDATE t SET s = 'changed' WHERE id = 1"),
+            S("DELETE FROM t WHERE id = 2"),
+        ],
+        transaction=True,
+    )
     changes = store.changes(out.cid - 1, 100)  # type: ignore[operator]
     assert [(c.cid, c.seq, c.table, c.op) for c in changes] == [
-        (out.cid, 1, "t", "insert"), (out.cid, 2, "t", "insert"),
-        (out.cid, 3, "t", "update"), (out.cid, 4, "t", "delete")]
+        (out.cid, 1, "t", "insert"),
+        (out.cid, 2, "t", "insert"),
+        (out.cid, 3, "t", "update"),
+        (out.cid, 4, "t", "delete"),
+    ]
     first = {"id": 1, "i": -(2**63), "f": tiny, "s": "é\x00", "b": b"\x00\xff", "n": None}
     second = {"id": 2, "i": big, "f": math.inf, "s": "", "b": b"", "n": None}
     assert changes[0].before is None and changes[0].after == first
@@ -31,35 +45,51 @@ def test_insert_update_delete_with_full_images_and_exact_types(store: Store) -> 
     assert changes[2].before == first and changes[2].after == {**first, "s": "changed"}
     assert changes[3].before == second and changes[3].after is None
     assert [(c.old_rowid, c.new_rowid, c.pk) for c in changes] == [
-        (None, 1, {"id": 1}), (None, 2, {"id": 2}), (1, 1, {"id": 1}), (2, None, {"id": 2})]
+        (None, 1, {"id": 1}),
+        (None, 2, {"id": 2}),
+        (1, 1, {"id": 1}),
+        (2, None, {"id": 2}),
+    ]
     assert all(isinstance(c.after["b"], bytes) for c in changes[:2] if c.after)
 
 
 def test_primary_key_kinds(store: Store) -> None:
-    store.execute([
-        S("CREATE TABLE plain(a, b)"),
-        S("CREATE TABLE composite(a TEXT, b INTEGER, c, PRIMARY KEY(b, a))"),
-        S("CREATE TABLE wr(k TEXT PRIMARY KEY, v) WITHOUT ROWID"),
-    ])
-    out = store.execute([
-        S("INSERT INTO plain VALUES('x', 1)"),
-        S("INSERT INTO composite VALUES('x', 2, 3)"),
-        S("INSERT INTO wr VALUES('k', 1)"),
-        S("UPDATE plain SET rowid = 10"),
-    ])
+    store.execute(
+        [
+            S("CREATE TABLE plain(a, b)"),
+            S("CREATE TABLE composite(a TEXT, b INTEGER, c, PRIMARY KEY(b, a))"),
+            S("CREATE TABLE wr(k TEXT PRIMARY KEY, v) WITHOUT ROWID"),
+        ]
+    )
+    out = store.execute(
+        [
+            S("INSERT INTO plain VALUES('x', 1)"),
+            S("INSERT INTO composite VALUES('x', 2, 3)"),
+            S("INSERT INTO wr VALUES('k', 1)"),
+            S("UPDATE plain SET rowid = 10"),
+        ]
+    )
     changes = store.changes(out.cid - 1, 10)  # type: ignore[operator]
     assert [c.pk for c in changes] == [{"rowid": 1}, {"b": 2, "a": "x"}, {"k": "k"}, {"rowid": 10}]
     assert (changes[3].old_rowid, changes[3].new_rowid) == (1, 10)
 
 
 def test_trigger_and_cascade_changes_are_captured(store: Store) -> None:
-    store.execute([
-        S("CREATE TABLE t(x)"), S("CREATE TABLE log(msg)"),
-        S("CREATE TRIGGER tr AFTER INSERT ON t BEGIN INSERT INTO log VALUES('got ' || new.x); END"),
-    ])
+    store.execute(
+        [
+            S("CREATE TABLE t(x)"),
+            S("CREATE TABLE log(msg)"),
+            S(
+                "CREATE TRIGGER tr AFTER INSERT ON t "
+                "BEGIN INSERT INTO log VALUES('got ' || new.x); END"
+            ),
+        ]
+    )
     out = store.execute([S("INSERT INTO t VALUES(5)")])
     assert [(c.table, c.after) for c in store.changes(out.cid - 1, 10)] == [  # type: ignore[operator]
-        ("t", {"x": 5}), ("log", {"msg": "got 5"})]
+        ("t", {"x": 5}),
+        ("log", {"msg": "got 5"}),
+    ]
     assert out.snapshot == 2  # trigger's target log counts as written
 
 
@@ -75,16 +105,20 @@ def test_replace_conflict_reports_the_replaced_row(store: Store) -> None:
     out = store.execute([S("INSERT OR REPLACE INTO t VALUES('a', 2)")])
     changes = store.changes(out.cid - 1, 10)  # type: ignore[operator]
     assert [(c.op, c.before, c.after) for c in changes] == [
-        ("delete", {"k": "a", "v": 1}, None), ("insert", None, {"k": "a", "v": 2})]
+        ("delete", {"k": "a", "v": 1}, None),
+        ("insert", None, {"k": "a", "v": 2}),
+    ]
 
 
 def test_internal_tables_reject_writes_and_emit_nothing(store: Store) -> None:
-    out = store.execute([
-        S("INSERT INTO _litecdc_changes(cid) VALUES(1)"),
-        S("DELETE FROM _litecdc_journal"),
-        S("DROP TABLE _litecdc_journal"),
-        S("CREATE INDEX i ON _litecdc_changes(tbl)"),
-    ])
+    out = store.execute(
+        [
+            S("INSERT INTO _litecdc_changes(cid) VALUES(1)"),
+            S("DELETE FROM _litecdc_journal"),
+            S("DROP TABLE _litecdc_journal"),
+            S("CREATE INDEX i ON _litecdc_changes(tbl)"),
+        ]
+    )
     assert all("internal to litecdc" in (r.error or "") for r in out.results)
     assert out.cid is None
     assert store.changes(0, 10) == []
@@ -95,7 +129,9 @@ def test_internal_tables_reject_writes_and_emit_nothing(store: Store) -> None:
 def test_virtual_generated_columns_are_refused_with_a_reason(store: Store) -> None:
     out = store.execute([S("CREATE TABLE t(a, b AS (a * 2) VIRTUAL)")])
     assert "VIRTUAL generated column b" in (out.results[0].error or "")
-    out = store.execute([S("CREATE TABLE t(a, b AS (a * 2) STORED)"), S("INSERT INTO t(a) VALUES(2)")])
+    out = store.execute(
+        [S("CREATE TABLE t(a, b AS (a * 2) STORED)"), S("INSERT INTO t(a) VALUES(2)")]
+    )
     assert store.changes(0, 10)[0].after == {"a": 2, "b": 4}
 
 
@@ -104,9 +140,13 @@ def test_captured_changes_match_table_contents_after_a_mixed_workload(
     store: Store, transaction: bool
 ) -> None:
     store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
-    store.execute([S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(50)], transaction=transaction)
-    store.execute([S("UPDATE t SET v = v * 10 WHERE id % 3 = 0"), S("DELETE FROM t WHERE id % 5 = 0")],
-                  transaction=transaction)
+    store.execute(
+        [S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(50)], transaction=transaction
+    )
+    store.execute(
+        [S("UPDATE t SET v = v * 10 WHERE id % 3 = 0"), S("DELETE FROM t WHERE id % 5 = 0")],
+        transaction=transaction,
+    )
     mirror: dict[int, object] = {}
     for change in store.changes(0, 10_000):
         if change.op == "delete":
@@ -115,3 +155,66 @@ def test_captured_changes_match_table_contents_after_a_mixed_workload(
             mirror[change.new_rowid] = change.after["v"]  # type: ignore[index]
     rows = store.query([S("SELECT id, v FROM t")])[0].rows
     assert mirror == dict(rows or [])
+
+
+def test_schema_changes_inside_a_transaction_keep_each_event_labelled(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(a)"), S("INSERT INTO t VALUES(1)")])
+    out = store.execute(
+        [
+            S("INSERT INTO t VALUES(2)"),
+            S("ALTER TABLE t ADD COLUMN b DEFAULT 'x'"),
+            S("INSERT INTO t VALUES(3, 'y')"),
+            S("DELETE FROM t"),
+            S("DROP TABLE t"),
+            S("CREATE TABLE t(z PRIMARY KEY)"),
+            S("INSERT INTO t VALUES('new')"),
+        ],
+        transaction=True,
+    )
+    changes = store.changes(out.cid - 1, 100)  # type: ignore[operator]
+    assert [(c.op, c.before, c.after) for c in changes] == [
+        ("insert", None, {"a": 2}),
+        ("insert", None, {"a": 3, "b": "y"}),
+        ("delete", {"a": 1, "b": "x"}, None),
+        ("delete", {"a": 2, "b": "x"}, None),
+        ("delete", {"a": 3, "b": "y"}, None),
+        ("insert", None, {"z": "new"}),
+    ]
+    assert changes[-1].pk == {"z": "new"}
+
+
+def test_load_replaces_everything_as_one_captured_transaction(store: Store, tmp_path: Path) -> None:
+    store.execute([S("CREATE TABLE old(x)"), S("INSERT INTO old VALUES(1)")])
+    source = apsw.Connection(str(tmp_path / "source.db"))
+    source.execute(
+        "CREATE TABLE fresh(id INTEGER PRIMARY KEY, v BLOB); "
+        "INSERT INTO fresh VALUES(1, x'00ff'), (2, NULL); CREATE INDEX fv ON fresh(v)"
+    )
+    source.close()
+    out = store.load((tmp_path / "source.db").read_bytes())
+    assert out.cid is not None
+    changes = store.changes(out.cid - 1, 100)
+    assert [(c.table, c.op) for c in changes] == [
+        ("old", "delete"),
+        ("fresh", "insert"),
+        ("fresh", "insert"),
+    ]
+    assert store.query([S("SELECT * FROM fresh")])[0].rows == [(1, b"\x00\xff"), (2, None)]
+    assert "no such table" in (store.query([S("SELECT * FROM old")])[0].error or "")
+    # and an SQL dump (with sqlite3's BEGIN/COMMIT) loads the same way
+    out = store.load(
+        b"PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE d(a);\n"
+        b"INSERT INTO d VALUES('it''s');\nCOMMIT;\n"
+    )
+    assert store.query([S("SELECT a FROM d")])[0].rows == [("it's",)]
+    assert "no such table" in (store.query([S("SELECT * FROM fresh")])[0].error or "")
+
+
+def test_load_of_garbage_is_refused_and_changes_nothing(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
+    before = store.journal.last_cid()
+    for body in (b"\xff\xfe not text", b"THIS IS NOT SQL", b"SQLite format 3\x00" + b"\x00" * 50):
+        with pytest.raises(LoadError):
+            store.load(body)
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]

@@ -9,18 +9,21 @@ from litecdc import Statement, Store
 S = Statement
 
 
-@pytest.mark.parametrize(("sql", "reason"), [
-    ("INSERT INTO t VALUES(last_insert_rowid())", "use the last_insert_id the write returns"),
-    ("INSERT INTO t VALUES(changes())", "depends on the connection's previous statement"),
-    ("INSERT INTO t VALUES(total_changes())", "depends on the connection's history"),
-    ("INSERT INTO t VALUES(sqlite_version())", "differs between builds of SQLite"),
-    ("CREATE TEMP TABLE tmp(x)", "temporary objects exist on one connection only"),
-    ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
-    ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
-    ("BEGIN", "transaction control statements are not allowed"),
-    ("SAVEPOINT s", "transaction control statements are not allowed"),
-    ("CREATE VIRTUAL TABLE v USING fts5(x)", "virtual tables are not supported"),
-])
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("INSERT INTO t VALUES(last_insert_rowid())", "use the last_insert_id the write returns"),
+        ("INSERT INTO t VALUES(changes())", "depends on the connection's previous statement"),
+        ("INSERT INTO t VALUES(total_changes())", "depends on the connection's history"),
+        ("INSERT INTO t VALUES(sqlite_version())", "differs between builds of SQLite"),
+        ("CREATE TEMP TABLE tmp(x)", "temporary objects exist on one connection only"),
+        ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
+        ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
+        ("BEGIN", "transaction control statements are not allowed"),
+        ("SAVEPOINT s", "transaction control statements are not allowed"),
+        ("CREATE VIRTUAL TABLE v USING fts5(x)", "virtual tables are not supported"),
+    ],
+)
 def test_unreplayable_writes_are_refused(store: Store, sql: str, reason: str) -> None:
     store.execute([S("CREATE TABLE t(x)")])
     before = store.journal.last_cid()

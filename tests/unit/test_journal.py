@@ -36,8 +36,9 @@ def test_each_commit_is_one_entry_with_sql_text_and_snapshot(store: Store) -> No
 def test_failed_statements_leave_no_entry_and_no_change(store: Store) -> None:
     store.execute([S("CREATE TABLE t(x UNIQUE)"), S("INSERT INTO t VALUES(1)")])
     before = store.journal_page(0, 10).entries
-    out = store.execute([S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)")],
-                        transaction=True)
+    out = store.execute(
+        [S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)")], transaction=True
+    )
     assert out.cid is None
     assert out.results[1].error == "UNIQUE constraint failed: t.x"
     assert store.journal_page(0, 10).entries == before
@@ -49,9 +50,13 @@ def test_without_transaction_each_statement_stands_alone(store: Store) -> None:
     store.execute([S("CREATE TABLE t(x UNIQUE ON CONFLICT FAIL)")])
     store.execute([S("INSERT INTO t VALUES(3)")])
     # OR FAIL keeps a failing statement's earlier rows unless litecdc undoes them.
-    out = store.execute([S("INSERT INTO t VALUES(1)"),
-                         S("INSERT INTO t SELECT 2 UNION ALL SELECT 3"),
-                         S("INSERT INTO t VALUES(4)")])
+    out = store.execute(
+        [
+            S("INSERT INTO t VALUES(1)"),
+            S("INSERT INTO t SELECT 2 UNION ALL SELECT 3"),
+            S("INSERT INTO t VALUES(4)"),
+        ]
+    )
     assert [r.error for r in out.results] == [None, "UNIQUE constraint failed: t.x", None]
     assert store.query([S("SELECT x FROM t ORDER BY x")])[0].rows == [(1,), (3,), (4,)]
     entry = store.journal_page(out.cid - 1, 1).entries[0]  # type: ignore[operator]
@@ -60,7 +65,9 @@ def test_without_transaction_each_statement_stands_alone(store: Store) -> None:
 
 
 def test_statement_that_rolls_back_everything(store: Store) -> None:
-    store.execute([S("CREATE TABLE t(x UNIQUE ON CONFLICT ROLLBACK)"), S("INSERT INTO t VALUES(1)")])
+    store.execute(
+        [S("CREATE TABLE t(x UNIQUE ON CONFLICT ROLLBACK)"), S("INSERT INTO t VALUES(1)")]
+    )
     out = store.execute([S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)")])
     assert out.cid is None
     assert out.results[0].error == "rolled back by a later statement in this request"
@@ -91,7 +98,9 @@ def test_leader_commit_returns_cid_and_snapshot_and_leaves_empty_entry_on_failur
     assert (third.cid, third.snapshot) == (4, 2)
     entries = store.journal_page(2, 10).entries
     assert [(e.cid, e.query, e.snapshot) for e in entries] == [
-        (3, None, 0), (4, "INSERT INTO t VALUES(1);", 2)]
+        (3, None, 0),
+        (4, "INSERT INTO t VALUES(1);", 2),
+    ]
 
 
 def _leader_entries(tmp_path: Path) -> list[JournalEntry]:
@@ -126,7 +135,8 @@ def test_follower_commit_waits_for_its_snapshot(tmp_path: Path) -> None:
     assert follower.journal.follower_commit(entries[5])
     assert follower.query([S("SELECT x FROM a ORDER BY x")])[0].rows == [(1,), (2,)]
     assert [(e.cid, e.query, e.snapshot) for e in follower.journal_page(1, 10).entries] == [
-        (e.cid, e.query, e.snapshot) for e in entries.values()]
+        (e.cid, e.query, e.snapshot) for e in entries.values()
+    ]
     follower.journal.set_mode(Mode.LEADER)  # contiguous now
     follower.close()
 
@@ -134,7 +144,9 @@ def test_follower_commit_waits_for_its_snapshot(tmp_path: Path) -> None:
 def test_follower_records_failing_entry_as_empty(tmp_path: Path) -> None:
     follower = Store(NodeConfig(data_dir=tmp_path / "f"))
     follower.journal.set_mode(Mode.FOLLOWER)
-    assert not follower.journal.follower_commit(JournalEntry(2, "INSERT INTO nope VALUES(1);", 1, 0, 0))
+    assert not follower.journal.follower_commit(
+        JournalEntry(2, "INSERT INTO nope VALUES(1);", 1, 0, 0)
+    )
     assert not follower.journal.follower_commit(JournalEntry(3, None, 0, 0, 0))
     entries = follower.journal_page(1, 10).entries
     assert [(e.cid, e.query, e.snapshot) for e in entries] == [(2, None, 0), (3, None, 0)]
@@ -182,10 +194,20 @@ def test_truncation_in_cid_order_never_empties(store: Store) -> None:
 
 def test_repeated_statement_in_a_transaction_reports_each_result(store: Store) -> None:
     store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v UNIQUE)")])
-    out = store.execute([S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(5)]
-                        + [S("UPDATE t SET v = v + 10 WHERE id > ?", (3,))] * 2, transaction=True)
+    out = store.execute(
+        [S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(5)]
+        + [S("UPDATE t SET v = v + 10 WHERE id > ?", (3,))] * 2,
+        transaction=True,
+    )
     assert [(r.last_insert_id, r.rows_affected) for r in out.results] == [
-        (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (5, 2), (5, 2)]
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (5, 1),
+        (5, 2),
+        (5, 2),
+    ]
     entry = store.journal_page(out.cid - 1, 1).entries[0]  # type: ignore[operator]
     assert entry.query is not None and entry.query.count("INSERT INTO t(v) VALUES(") == 5
     assert len(store.changes(out.cid - 1, 100)) == 9  # type: ignore[operator]
@@ -193,12 +215,14 @@ def test_repeated_statement_in_a_transaction_reports_each_result(store: Store) -
 
 def test_failure_inside_a_repeated_statement_names_the_statement(store: Store) -> None:
     store.execute([S("CREATE TABLE t(v UNIQUE)")])
-    out = store.execute([S("INSERT INTO t VALUES(?)", (v,)) for v in (1, 2, 2, 3)],
-                        transaction=True)
+    out = store.execute(
+        [S("INSERT INTO t VALUES(?)", (v,)) for v in (1, 2, 2, 3)], transaction=True
+    )
     assert [r.error for r in out.results] == [None, None, "UNIQUE constraint failed: t.v"]
     assert out.cid is None
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
     assert store.changes(0, 10) == []
-    wrong = store.execute([S("INSERT INTO t VALUES(?)", (1,)), S("INSERT INTO t VALUES(?)", ())],
-                          transaction=True)
+    wrong = store.execute(
+        [S("INSERT INTO t VALUES(?)", (1,)), S("INSERT INTO t VALUES(?)", ())], transaction=True
+    )
     assert wrong.results[1].error is not None and "bindings" in wrong.results[1].error

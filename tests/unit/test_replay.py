@@ -22,15 +22,26 @@ def _rows_sql(name: str, without_rowid: bool) -> str:
 
 
 def contents_of_store(store: Store) -> dict[str, list[tuple[Any, ...]]]:
-    names = store.query([S("SELECT name, wr FROM pragma_table_list WHERE schema='main' AND "
-                           "type='table' AND name NOT LIKE 'sqlite%' AND "
-                           "substr(name,1,9) <> '_litecdc_' ORDER BY name")])[0].rows or []
+    names = (
+        store.query(
+            [
+                S(
+                    "SELECT name, wr FROM pragma_table_list WHERE schema='main' AND "
+                    "type='table' AND name NOT LIKE 'sqlite%' AND "
+                    "substr(name,1,9) <> '_litecdc_' ORDER BY name"
+                )
+            ]
+        )[0].rows
+        or []
+    )
     return {n: store.query([S(_rows_sql(n, wr))])[0].rows or [] for (n, wr) in names}
 
 
 def contents_of_connection(conn: apsw.Connection) -> dict[str, list[tuple[Any, ...]]]:
-    names = conn.execute("SELECT name, wr FROM pragma_table_list WHERE schema='main' AND "
-                         "type='table' AND name NOT LIKE 'sqlite%' ORDER BY name").fetchall()
+    names = conn.execute(
+        "SELECT name, wr FROM pragma_table_list WHERE schema='main' AND "
+        "type='table' AND name NOT LIKE 'sqlite%' ORDER BY name"
+    ).fetchall()
     return {n: conn.execute(_rows_sql(n, wr)).fetchall() for (n, wr) in names}
 
 
@@ -44,15 +55,28 @@ def replay_sql_text(store: Store) -> apsw.Connection:
 
 
 def test_rebuild_from_journal_sql_text_alone(store: Store) -> None:
-    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, s TEXT, f REAL, b BLOB)"),
-                   S("CREATE INDEX t_s ON t(s)"),
-                   S("CREATE TABLE u(k TEXT PRIMARY KEY, n) WITHOUT ROWID")])
-    store.execute([S("INSERT INTO t(s, f, b) VALUES(?, ?, ?)", (f"r{i}'\x00", i / 7, bytes([i])))
-                   for i in range(30)], transaction=True)
-    store.execute([S("INSERT INTO u VALUES(:k, :n)", {"k": "x", "n": 0.1 + 0.2}),
-                   S("UPDATE t SET f = f * 3 WHERE id % 2 = 0"),
-                   S("DELETE FROM t WHERE id > 25"),
-                   S("INSERT INTO u SELECT s, f FROM t WHERE id < 3")])
+    store.execute(
+        [
+            S("CREATE TABLE t(id INTEGER PRIMARY KEY, s TEXT, f REAL, b BLOB)"),
+            S("CREATE INDEX t_s ON t(s)"),
+            S("CREATE TABLE u(k TEXT PRIMARY KEY, n) WITHOUT ROWID"),
+        ]
+    )
+    store.execute(
+        [
+            S("INSERT INTO t(s, f, b) VALUES(?, ?, ?)", (f"r{i}'\x00", i / 7, bytes([i])))
+            for i in range(30)
+        ],
+        transaction=True,
+    )
+    store.execute(
+        [
+            S("INSERT INTO u VALUES(:k, :n)", {"k": "x", "n": 0.1 + 0.2}),
+            S("UPDATE t SET f = f * 3 WHERE id % 2 = 0"),
+            S("DELETE FROM t WHERE id > 25"),
+            S("INSERT INTO u SELECT s, f FROM t WHERE id < 3"),
+        ]
+    )
     store.execute([S("ALTER TABLE t ADD COLUMN extra DEFAULT 7"), S("UPDATE t SET extra = -1")])
     rebuilt = replay_sql_text(store)
     assert contents_of_connection(rebuilt) == contents_of_store(store)
@@ -68,16 +92,28 @@ def _follower_replay(leader: Store, path: Path) -> Store:
 
 def test_random_time_and_defaults_replay_identically(tmp_path: Path) -> None:
     leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
-    leader.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, r, rb, now, ts DEFAULT CURRENT_TIMESTAMP,"
-                      " d DEFAULT (datetime('now', 'subsec')), j)")])
+    leader.execute(
+        [
+            S(
+                "CREATE TABLE t(id INTEGER PRIMARY KEY, r, rb, now, ts DEFAULT CURRENT_TIMESTAMP,"
+                " d DEFAULT (datetime('now', 'subsec')), j)"
+            )
+        ]
+    )
     for _ in range(3):
-        leader.execute([
-            S("INSERT INTO t(r, rb, now, j) VALUES(random(), randomblob(8), datetime('now'),"
-              " julianday('now'))"),
-            S("INSERT INTO nope VALUES(random())"),  # fails: must not shift the random sequence
-            S("INSERT INTO t(r, rb, now, j) SELECT random(), randomblob(3), unixepoch('now'),"
-              " strftime('%f', 'now')"),
-        ])
+        leader.execute(
+            [
+                S(
+                    "INSERT INTO t(r, rb, now, j) VALUES(random(), randomblob(8), datetime('now'),"
+                    " julianday('now'))"
+                ),
+                S("INSERT INTO nope VALUES(random())"),  # fails: must not shift the random sequence
+                S(
+                    "INSERT INTO t(r, rb, now, j) SELECT random(), randomblob(3), unixepoch('now'),"
+                    " strftime('%f', 'now')"
+                ),
+            ]
+        )
         time.sleep(0.01)
     follower = _follower_replay(leader, tmp_path / "follower")
     assert contents_of_store(follower) == contents_of_store(leader)
@@ -90,33 +126,60 @@ def test_random_time_and_defaults_replay_identically(tmp_path: Path) -> None:
     follower.close()
 
 
-values = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False),
-                   st.text(max_size=8), st.binary(max_size=8))
+values = st.one_of(
+    st.none(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
 statements = st.one_of(
-    st.builds(lambda t, k, v: S(f"INSERT INTO {t}(k, v) VALUES(?, ?)", (k, v)),
-              st.sampled_from(TABLES), st.integers(0, 20), values),
-    st.builds(lambda t, k, v: S(f"UPDATE {t} SET v = ?, r = random() WHERE k = ?", (v, k)),
-              st.sampled_from(TABLES), st.integers(0, 20), values),
-    st.builds(lambda t, k: S(f"DELETE FROM {t} WHERE k >= ?", (k,)),
-              st.sampled_from(TABLES), st.integers(0, 20)),
-    st.builds(lambda s, d: S(f"INSERT OR REPLACE INTO {d}(k, v, r) SELECT k + 100, v, "
-                             f"randomblob(2) FROM {s}"),
-              st.sampled_from(TABLES), st.sampled_from(TABLES)),
+    st.builds(
+        lambda t, k, v: S(f"INSERT INTO {t}(k, v) VALUES(?, ?)", (k, v)),
+        st.sampled_from(TABLES),
+        st.integers(0, 20),
+        values,
+    ),
+    st.builds(
+        lambda t, k, v: S(f"UPDATE {t} SET v = ?, r = random() WHERE k = ?", (v, k)),
+        st.sampled_from(TABLES),
+        st.integers(0, 20),
+        values,
+    ),
+    st.builds(
+        lambda t, k: S(f"DELETE FROM {t} WHERE k >= ?", (k,)),
+        st.sampled_from(TABLES),
+        st.integers(0, 20),
+    ),
+    st.builds(
+        lambda s, d: S(
+            f"INSERT OR REPLACE INTO {d}(k, v, r) SELECT k + 100, v, randomblob(2) FROM {s}"
+        ),
+        st.sampled_from(TABLES),
+        st.sampled_from(TABLES),
+    ),
     st.just(S("INSERT INTO a(k, v) VALUES(1, 'dup')")),  # may fail: duplicate key
 )
-transactions = st.lists(st.tuples(st.lists(statements, min_size=1, max_size=5), st.booleans()),
-                        min_size=1, max_size=12)
+transactions = st.lists(
+    st.tuples(st.lists(statements, min_size=1, max_size=5), st.booleans()), min_size=1, max_size=12
+)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(transactions)
 def test_random_transactions_replayed_from_the_journal_reproduce_the_database(
     tmp_path_factory: Any, txns: list[tuple[list[Statement], bool]]
 ) -> None:
     base = tmp_path_factory.mktemp("prop")
     leader = Store(NodeConfig(data_dir=base / "leader"))
-    leader.execute([S(f"CREATE TABLE {t}(k INTEGER PRIMARY KEY, v, r, "
-                      "ts DEFAULT CURRENT_TIMESTAMP)") for t in TABLES])
+    leader.execute(
+        [
+            S(f"CREATE TABLE {t}(k INTEGER PRIMARY KEY, v, r, ts DEFAULT CURRENT_TIMESTAMP)")
+            for t in TABLES
+        ]
+    )
     for stmts, transaction in txns:
         leader.execute(stmts, transaction=transaction)
     follower = _follower_replay(leader, base / "follower")
@@ -129,7 +192,9 @@ def test_random_transactions_replayed_from_the_journal_reproduce_the_database(
             del mirror[(change.table, change.old_rowid)]  # type: ignore[arg-type]
         if change.after is not None:
             mirror[(change.table, change.new_rowid)] = change.after  # type: ignore[index]
-    expected = {(t, row[0]): row[1:] for t, rows in contents_of_store(leader).items() for row in rows}
+    expected = {
+        (t, row[0]): row[1:] for t, rows in contents_of_store(leader).items() for row in rows
+    }
     assert {k: tuple(v.values()) for k, v in mirror.items()} == expected
     leader.close()
     follower.close()

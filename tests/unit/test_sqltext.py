@@ -46,7 +46,9 @@ def test_negative_numbers_cannot_form_a_comment() -> None:
 
 def test_special_floats() -> None:
     conn = apsw.Connection(":memory:")
-    row = conn.execute(render("SELECT ?, ?, ?, ?", (math.inf, -math.inf, math.nan, -0.0))).fetchall()
+    row = conn.execute(
+        render("SELECT ?, ?, ?, ?", (math.inf, -math.inf, math.nan, -0.0))
+    ).fetchall()
     assert row[0][:3] == (math.inf, -math.inf, None)
     assert math.copysign(1.0, row[0][3]) == -1.0
 

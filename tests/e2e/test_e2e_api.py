@@ -79,7 +79,7 @@ def test_sql_error_is_per_statement_with_http_200(node: Node, client: httpx.Clie
     assert r.status_code == 200
     assert r.json() == {
         "results": [
-            {"error": 'near "nonsense": syntax error'},
+            {"error": 'near "SELEC": syntax error'},
             {"last_insert_id": 1, "rows_affected": 1},
             {"error": "UNIQUE constraint failed: ex3.v"},
         ]

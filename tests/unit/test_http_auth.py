@@ -1,0 +1,120 @@
+"""rqlite's auth file format and permission rules."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from litecdc.errors import ConfigError
+from litecdc.http.auth import CredentialStore, parse_basic_auth
+
+USERS = [
+    {"username": "admin", "password": "pw-a", "perms": ["all"]},
+    {"username": "reader", "password": "pw-r", "perms": ["query", "status"]},
+    {"username": "*", "perms": ["ready"]},
+]
+
+
+@pytest.fixture
+def creds() -> CredentialStore:
+    return CredentialStore.from_json(json.dumps(USERS).encode())
+
+
+def test_all_grants_everything(creds: CredentialStore) -> None:
+    for perm in ("execute", "query", "load", "backup", "status", "leader-ops"):
+        assert creds.allows("admin", "pw-a", perm)
+    assert not creds.allows("admin", "wrong", "query")
+
+
+def test_user_needs_the_permission_and_the_password(creds: CredentialStore) -> None:
+    assert creds.allows("reader", "pw-r", "query")
+    assert not creds.allows("reader", "pw-r", "execute")
+    assert not creds.allows("reader", "pw-a", "query")
+    assert not creds.allows("ghost", "pw-r", "query")
+    assert not creds.allows(None, None, "query")
+    assert creds.allows_all("admin", "pw-a", ("query", "execute"))
+    assert not creds.allows_all("reader", "pw-r", ("query", "execute"))
+
+
+def test_star_grants_to_everyone_without_checking_credentials(creds: CredentialStore) -> None:
+    assert creds.allows(None, None, "ready")
+    assert creds.allows("reader", "wrong password", "ready")
+    assert creds.allows("ghost", "x", "ready")
+
+
+def test_star_with_all() -> None:
+    creds = CredentialStore.from_json(b'[{"username": "*", "perms": ["all"]}]')
+    assert creds.allows(None, None, "execute")
+
+
+def test_later_entry_replaces_earlier() -> None:
+    creds = CredentialStore.from_json(
+        b'[{"username": "u", "password": "1", "perms": ["query"]},'
+        b' {"username": "u", "password": "2", "perms": ["execute"]}]'
+    )
+    assert creds.allows("u", "2", "execute") and not creds.allows("u", "1", "query")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"{", "--auth: auth file is not valid JSON"),
+        (b"{}", "--auth: auth file must be a JSON array"),
+        (b"[1]", "--auth: auth file, entry 1 must be an object"),
+        (b'[{"password": "x"}]', "--auth: auth file, entry 1 needs a non-empty string username"),
+        (
+            b'[{"username": "u", "perms": []}]',
+            "--auth: auth file, entry 1 (u): a password is required",
+        ),
+        (
+            b'[{"username": "u", "password": 1}]',
+            "--auth: auth file, entry 1 (u): password must be a string",
+        ),
+        (
+            b'[{"username": "u", "password": "p", "perms": "all"}]',
+            "--auth: auth file, entry 1 (u): perms must be",
+        ),
+        (
+            b'[{"username": "u", "password": "p", "perms": ["qurey"]}]',
+            "--auth: auth file, entry 1 (u): unknown permission(s) qurey; known: all, backup",
+        ),
+        (
+            b'[{"username": "u", "password": "p", "role": "x"}]',
+            "--auth: auth file, entry 1 has unknown field(s) role",
+        ),
+    ],
+)
+def test_bad_files(data: bytes, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        CredentialStore.from_json(data)
+    assert str(info.value).startswith(message)
+
+
+def test_missing_file(tmp_path: object) -> None:
+    with pytest.raises(ConfigError, match="--auth: cannot read"):
+        CredentialStore.from_file("/nonexistent/auth.json")
+
+
+def test_bcrypt_hash_when_bcrypt_is_installed() -> None:
+    bcrypt = pytest.importorskip("bcrypt")
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    creds = CredentialStore.from_json(
+        json.dumps([{"username": "u", "password": hashed, "perms": ["query"]}]).encode()
+    )
+    assert creds.allows("u", "s3cret", "query")
+    assert creds.allows("u", "s3cret", "query")  # cached
+    assert not creds.allows("u", "wrong", "query")
+
+
+def _basic(text: str) -> str:
+    return "Basic " + base64.b64encode(text.encode()).decode()
+
+
+def test_parse_basic_auth() -> None:
+    assert parse_basic_auth(_basic("u:p:with:colons")) == ("u", "p:with:colons")
+    assert parse_basic_auth(_basic("u:")) == ("u", "")
+    assert parse_basic_auth("basic " + base64.b64encode(b"a:b").decode()) == ("a", "b")
+    for header in (None, "", "Bearer x", "Basic !!!", _basic("nocolon")):
+        assert parse_basic_auth(header) == (None, None)

@@ -1,0 +1,182 @@
+"""rqlite wire format: request parsing, URL flags and result bodies (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from litecdc.errors import RequestError
+from litecdc.http.rqlite import format_results, parse_options, parse_statements
+from litecdc.results import Statement, StatementResult
+
+
+def test_simple_parameterized_and_named_statements() -> None:
+    body = (
+        b'["CREATE TABLE t (a)", ["INSERT INTO t VALUES(?, ?)", 1, "x"],'
+        b' ["INSERT INTO t VALUES(:a)", {"a": 2.5}], ["SELECT 1"]]'
+    )
+    assert parse_statements(body) == [
+        Statement("CREATE TABLE t (a)"),
+        Statement("INSERT INTO t VALUES(?, ?)", (1, "x")),
+        Statement("INSERT INTO t VALUES(:a)", {"a": 2.5}),
+        Statement("SELECT 1"),
+    ]
+
+
+def test_parameter_conversions() -> None:
+    body = b'[["S", true, false, null, [0, 255], 9223372036854775807, 9223372036854775808, 1.0]]'
+    (stmt,) = parse_statements(body)
+    assert stmt.params == (1, 0, None, b"\x00\xff", 2**63 - 1, float(2**63), 1.0)
+    assert type(stmt.params[-1]) is float  # type: ignore[index]
+
+
+def test_two_objects_merge_into_one_set_of_named_parameters() -> None:
+    (stmt,) = parse_statements(b'[["S :a :b", {"a": 1}, {"b": 2}]]')
+    assert stmt.params == {"a": 1, "b": 2}
+
+
+def test_text_plain_body_is_one_statement() -> None:
+    assert parse_statements(b"SELECT 1; SELECT 2", "text/plain; charset=utf-8") == [
+        Statement("SELECT 1; SELECT 2")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[", "invalid JSON body: "),
+        (b"{}", "invalid request: the body must be a JSON array of statements, got an object"),
+        (
+            b'"SELECT 1"',
+            "invalid request: the body must be a JSON array of statements, got a string",
+        ),
+        (b"[1]", "invalid request: statement 1 is a number;"),
+        (b'["a", {"sql": "b"}]', "invalid request: statement 2 is an object;"),
+        (b"[[]]", "invalid request: statement 1 is an empty array"),
+        (b"[[null]]", "invalid request: statement 1 must start with the SQL string, got null"),
+        (b"[]", "no statements: the array of statements is empty"),
+        (b"  ", "no statements: the request body is empty"),
+        (b'[["S", [1, "a"]]]', "unsupported type: statement 1 parameter 1 is an array"),
+        (b'[["S", [256]]]', "unsupported type: statement 1 parameter 1 is an array"),
+        (b'[["S", {"a": [true]}]]', "unsupported type: statement 1 named parameter 'a'"),
+        (
+            b'[["S", {"a": {"b": 1}}]]',
+            "unsupported type: statement 1 named parameter 'a' is an object",
+        ),
+        (b'[["S", 1, {"a": 1}]]', "invalid request: statement 1 mixes positional and named"),
+    ],
+)
+def test_malformed_bodies(body: bytes, message: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_statements(body)
+    assert str(info.value).startswith(message)
+    assert info.value.http_status == 400
+
+
+def test_options_are_flags_by_presence() -> None:
+    opts = parse_options({"transaction": "false", "timings": "", "level": "LINEARIZABLE"})
+    assert opts.transaction and opts.timings and not opts.pretty
+    assert opts.level == "linearizable"
+    assert parse_options({"level": "bogus"}).level == "weak"
+    assert parse_options({}).level == "weak"
+
+
+@pytest.mark.parametrize("value", ["1s", "1.5h", "2m3s", "300ms", "0", "10us", "-1s"])
+def test_valid_durations(value: str) -> None:
+    parse_options({"timeout": value, "freshness": value, "db_timeout": value})
+
+
+@pytest.mark.parametrize("value", ["", "1", "s", "1x", "soon", "1 s"])
+def test_invalid_durations(value: str) -> None:
+    with pytest.raises(RequestError, match=rf'^time: invalid duration "{value}"'):
+        parse_options({"freshness": value})
+
+
+def _read(
+    columns: list[str], decltypes: list[str | None], rows: list[tuple[object, ...]]
+) -> StatementResult:
+    return StatementResult(columns=columns, decltypes=decltypes, rows=rows)  # type: ignore[arg-type]
+
+
+def test_write_results_omit_zero_fields() -> None:
+    results = [
+        StatementResult(last_insert_id=0, rows_affected=0, seconds=0.5),
+        StatementResult(last_insert_id=3, rows_affected=2, seconds=0.25),
+        StatementResult(error="boom", seconds=0.1),
+    ]
+    assert format_results(results) == [
+        {},
+        {"last_insert_id": 3, "rows_affected": 2},
+        {"error": "boom"},
+    ]
+    assert format_results(results, timings=True) == [
+        {"time": 0.5},
+        {"last_insert_id": 3, "rows_affected": 2, "time": 0.25},
+        {"error": "boom", "time": 0.1},
+    ]
+
+
+def test_types_from_declaration_or_first_row() -> None:
+    r = _read(
+        ["a", "b", "c", "d", "e", "f"],
+        ["INTEGER", "VarChar(10)", None, None, None, None],
+        [(1, "x", 2.5, None, b"\x01", "t"), (2, "y", 3, 4, None, None)],
+    )
+    assert format_results([r]) == [
+        {
+            "columns": ["a", "b", "c", "d", "e", "f"],
+            "types": ["integer", "varchar(10)", "real", "", "blob", "text"],
+            "values": [[1, "x", 2.5, None, b"\x01", "t"], [2, "y", 3, 4, None, None]],
+        }
+    ]
+
+
+def test_no_rows_omits_values_and_associative_sorts_keys() -> None:
+    empty = _read(["b", "a"], ["TEXT", None], [])
+    assert format_results([empty]) == [{"columns": ["b", "a"], "types": ["text", ""]}]
+    assert format_results([empty], associative=True) == [{"types": {"a": "", "b": "text"}}]
+    rows = _read(["b", "a"], ["TEXT", "INT"], [("x", 1)])
+    (assoc,) = format_results([rows], associative=True)
+    assert assoc == {"types": {"a": "int", "b": "text"}, "rows": [{"a": 1, "b": "x"}]}
+    assert list(assoc["rows"][0]) == ["a", "b"]
+
+
+def test_blobs_booleans_and_times_as_rqlite_sends_them() -> None:
+    r = _read(
+        ["blob", "txt", "flag", "d", "dt", "ts"],
+        ["BLOB", "TEXT", "BOOLEAN", "DATE", "DATETIME", "TIMESTAMP"],
+        [
+            (
+                b"hi",
+                b"text\xff",
+                2,
+                "2026-09-30",
+                "2026-09-30 12:34:56.789",
+                "2026-09-30T12:34:56+05:30",
+            ),
+            (None, "t", 0, "garbage", 1727699696, 1727699696789),
+            (b"", None, 1.5, 2.5, "2026-09-30 12:34", "2026-09-30T12:34:56.000000000Z"),
+        ],
+    )
+    (out,) = format_results([r])
+    assert out["values"] == [
+        [
+            b"hi",
+            "text\ufffd",
+            True,
+            "2026-09-30T00:00:00Z",
+            "2026-09-30T12:34:56.789Z",
+            "2026-09-30T12:34:56+05:30",
+        ],
+        [
+            None,
+            "t",
+            False,
+            "0001-01-01T00:00:00Z",
+            "2024-09-30T12:34:56Z",
+            "2024-09-30T12:34:56.789Z",
+        ],
+        [b"", None, 1.5, 2.5, "2026-09-30T12:34:00Z", "2026-09-30T12:34:56Z"],
+    ]
+    (arrays,) = format_results([r], blob_array=True)
+    assert arrays["values"][0][0] == [104, 105]
+    assert arrays["values"][2][0] == []
