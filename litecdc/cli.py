@@ -3,6 +3,7 @@
     litecdc serve --data-dir DIR [--http-addr HOST:PORT] [--node-id ID] [--auth FILE]
                   [--http-cert FILE --http-key FILE] [--synchronous full|normal|off|extra]
                   [--max-body-bytes N]
+    litecdc demo [--data-dir DIR]
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
 ``LITECDC_DATA_DIR``). A configuration error prints one line, ``error: ...``, and exits
@@ -119,6 +120,24 @@ def serve(
         _fail(str(exc), 1)
     except OSError as exc:
         _fail(f"cannot start: {exc}", 1)
+
+
+@cli.command()
+@click.option(
+    "--data-dir",
+    default=None,
+    help="Keep the demo node's data here. Default: a temporary directory, removed afterwards.",
+)
+def demo(data_dir: str | None) -> None:
+    """Start a standalone node, run a short workload over HTTP, and show the journal entries
+    and captured row changes it produced (what `make run` runs)."""
+    from litecdc.demo import run_demo
+
+    try:
+        code = run_demo(click.echo, Path(data_dir) if data_dir else None)
+    except RuntimeError as exc:
+        _fail(str(exc), 1)
+    sys.exit(code)
 
 
 def main() -> None:
