@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from litecdc.db.sqltext import parse_template, render, sql_literal
+from litecdc.db.sqltext import parse_template, render, render_many, sql_literal
 from litecdc.errors import StatementError
 
 values = st.one_of(
@@ -90,3 +90,10 @@ def test_missing_values_are_errors() -> None:
         render("SELECT ?, ?", (1,))
     with pytest.raises(StatementError, match="no value for parameter :b"):
         render("SELECT :a, :b", {"a": 1})
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(values, values, values), min_size=1, max_size=20))
+def test_render_many_matches_render(rows: list[tuple[object, object, object]]) -> None:
+    sql = "INSERT INTO t VALUES(?3, 5-?1, '%s?', ?2)  "
+    assert render_many(sql, rows) == [render(sql, row).rstrip() for row in rows]  # type: ignore[arg-type]
