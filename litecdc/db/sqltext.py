@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from litecdc.errors import StatementError
 from litecdc.results import Params, SQLValue
@@ -218,18 +218,20 @@ def _column_literals(column: Sequence[SQLValue]) -> list[str]:
     (one type check per column instead of one dispatch per value)."""
     kinds = set(map(type, column))
     if kinds == {int}:
-        if min(column) >= 0:  # type: ignore[type-var]
-            return list(map(str, column))
-        return [str(v) if v >= 0 else f"({v})" for v in column]  # type: ignore[operator]
+        ints = cast("Sequence[int]", column)
+        if min(ints) >= 0:
+            return list(map(str, ints))
+        return [str(v) if v >= 0 else f"({v})" for v in ints]
     if kinds == {float}:
         texts = list(map(repr, column))
         if not any(t[-1] in "fn" for t in texts):  # inf, nan
             return [t if t[0] != "-" else f"({t})" for t in texts]
     elif kinds == {str}:
-        if not any("\x00" in v for v in column):  # type: ignore[operator]
-            return ["'" + v.replace("'", "''") + "'" for v in column]  # type: ignore[union-attr]
+        strings = cast("Sequence[str]", column)
+        if not any("\x00" in v for v in strings):
+            return ["'" + v.replace("'", "''") + "'" for v in strings]
     elif kinds == {bytes}:
-        return [f"X'{v.hex()}'" for v in column]  # type: ignore[union-attr]
+        return [f"X'{v.hex()}'" for v in cast("Sequence[bytes]", column)]
     return list(map(sql_literal, column))
 
 
