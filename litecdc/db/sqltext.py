@@ -251,7 +251,8 @@ def render_many(sql: str, many: Sequence[Params]) -> list[str]:
     if min(map(len, many)) < needed:
         short = min(map(len, many))
         raise StatementError(f"statement has {needed} parameters, {short} given")
-    columns = list(zip(*(params[:needed] for params in many), strict=True))  # type: ignore[index]
+    sequences = cast("Sequence[Sequence[SQLValue]]", many)  # no mapping, checked above
+    columns = list(zip(*(params[:needed] for params in sequences), strict=True))
     literal_columns = [_column_literals(columns[position]) for position in template.positions]
     parts = [part.replace("%", "%%") for part in template.parts]
     parts[-1] = parts[-1].rstrip()
