@@ -64,7 +64,7 @@ class Store:
         level: ReadLevel = "weak",
     ) -> WriteOutcome:
         """rqlite's unified /db/request: reads only → query path, else one journaled write."""
-        if all(self.engine.is_read_only(s.sql) for s in statements):
+        if all(self.engine.is_read_only(s) for s in statements):
             return WriteOutcome(results=self.query(statements, level=level))
         return self.execute(statements, transaction=transaction)
 

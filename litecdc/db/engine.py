@@ -570,26 +570,33 @@ class Engine:
         result.rows = rows
         return result
 
-    def is_read_only(self, sql: str) -> bool:
-        """Whether every statement in ``sql`` only reads (prepared, never run)."""
-        conn = self._reader()
+    def is_read_only(self, statement: Statement) -> bool:
+        """Whether every SQL statement in ``statement`` only reads.
+
+        Each statement is prepared and bound on a reader connection and stopped
+        before it runs; when the text holds several statements, the read-only ones
+        before the last run (on the read-only connection) so the next can be
+        prepared. Anything that fails to prepare or bind counts as a write, so the
+        write path reports the error.
+        """
         read_only = True
+        several = parse_template(statement.sql).statements > 1
 
         def check(cur: apsw.Cursor, text: str, bindings: Any) -> bool:
             nonlocal read_only
-            read_only = read_only and bool(cur.is_readonly)
-            return False  # prepare only: stop before running anything
+            if not cur.is_readonly:
+                read_only = False
+                return False
+            return several
 
-        cursor = conn.cursor()
+        cursor = self._reader().cursor()
         cursor.exec_trace = check
         try:
-            cursor.execute(sql, None)
+            cursor.execute(statement.sql, statement.params).fetchall()
         except apsw.ExecTraceAbort:
             pass
-        except apsw.BindingsError:
-            pass
-        except apsw.Error:
-            return False  # let the write path report the error
+        except (apsw.Error, OverflowError, TypeError, KeyError, ValueError):
+            return False
         return read_only
 
     # -- backup, dump, load -------------------------------------------------------------------
