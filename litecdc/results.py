@@ -64,7 +64,9 @@ class JournalEntry:
 
     ``query`` is None for an empty entry (a transaction that failed after its cid
     was allocated). ``timestamp_ms`` is the leader's clock (Unix ms) and ``seed``
-    the random seed every replica uses when re-executing ``query``.
+    the random seed every replica uses when re-executing ``query``. ``internal``
+    marks litecdc's own entries (CDC state, pruning): they may write ``_litecdc_*``
+    tables and never produce change events.
     """
 
     cid: int
@@ -72,6 +74,7 @@ class JournalEntry:
     snapshot: int
     timestamp_ms: int
     seed: int
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -393,8 +393,16 @@ class Engine:
         writer.preupdate_hook(None)
         try:
             writer.execute(
-                f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed) VALUES (?,?,?,?,?)",
-                (entry.cid, entry.query, entry.snapshot, entry.timestamp_ms, entry.seed),
+                f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed, internal) "
+                "VALUES (?,?,?,?,?,?)",
+                (
+                    entry.cid,
+                    entry.query,
+                    entry.snapshot,
+                    entry.timestamp_ms,
+                    entry.seed,
+                    int(entry.internal),
+                ),
             )
             if self._buffer.events:
                 writer.executemany(
@@ -428,13 +436,16 @@ class Engine:
             self._internal("BEGIN IMMEDIATE")
             self._writer.set_last_insert_rowid(0)
             try:
-                self._authorizer.recording = access
-                try:
-                    self._writer.execute(entry.query, can_cache=False).fetchall()
-                    if access.refused is not None:
-                        raise StatementError(access.refused)
-                finally:
-                    self._authorizer.recording = None
+                if entry.internal:
+                    self._execute_internal_text(entry.query)
+                else:
+                    self._authorizer.recording = access
+                    try:
+                        self._writer.execute(entry.query, can_cache=False).fetchall()
+                        if access.refused is not None:
+                            raise StatementError(access.refused)
+                    finally:
+                        self._authorizer.recording = None
                 self._append(entry, access)
                 self._internal("COMMIT")
                 ok = True
@@ -454,6 +465,45 @@ class Engine:
                 return False, Access()
             return True, access
 
+    def _execute_internal_text(self, query: str) -> None:
+        """Run litecdc's own SQL: may write ``_litecdc_*`` tables, captures nothing."""
+        self._writer.preupdate_hook(None)
+        was_internal, self._authorizer.internal = self._authorizer.internal, True
+        try:
+            self._writer.execute(query, can_cache=False).fetchall()
+        finally:
+            self._authorizer.internal = was_internal
+            self._writer.preupdate_hook(self._buffer.hook)
+
+    def run_internal(
+        self, query: str, *, timestamp_ms: int, seed: int, decide: Callable[[Access], Decision]
+    ) -> JournalEntry:
+        """Commit litecdc's own SQL (CDC state, pruning) as an internal journal entry.
+
+        It goes through the journal like any write, so every replica applies it, but
+        it produces no change events. ``decide`` sees an Access marked as a schema
+        change, so the entry depends on everything before it.
+        """
+        with self._write_lock:
+            self._vfs.pin(timestamp_ms)
+            self._internal("BEGIN IMMEDIATE")
+            try:
+                self._execute_internal_text(query)
+                access = Access(schema=True)
+                decision = decide(access)
+                entry = JournalEntry(
+                    decision.cid, query, decision.snapshot, timestamp_ms, seed, internal=True
+                )
+                self._append(entry, Access())
+                self._internal("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+            finally:
+                self._vfs.pin(None)
+            self._schema_changed()
+            return entry
+
     def write_empty_entry(self, cid: int, timestamp_ms: int = 0, seed: int = 0) -> None:
         """Record ``cid`` as an empty entry: it was allocated, but its transaction failed."""
         with self._write_lock:
@@ -466,7 +516,7 @@ class Engine:
     # -- journal storage ----------------------------------------------------------------
     def journal_entries(self, after: int, limit: int) -> list[JournalEntry]:
         rows = self._read(
-            f"SELECT cid, query, snapshot, ts, seed FROM {JOURNAL_TABLE} "
+            f"SELECT cid, query, snapshot, ts, seed, internal = 1 FROM {JOURNAL_TABLE} "
             "WHERE cid > ? ORDER BY cid LIMIT ?",
             (after, limit),
         )

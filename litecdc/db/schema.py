@@ -14,7 +14,8 @@ CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE}(
     query TEXT,                -- the transaction as SQL text; NULL = empty entry
     snapshot INTEGER NOT NULL, -- the cid this transaction depends on
     ts INTEGER NOT NULL DEFAULT 0,   -- leader's clock, Unix ms ("now" on every replica)
-    seed INTEGER NOT NULL DEFAULT 0  -- random() / randomblob() seed
+    seed INTEGER NOT NULL DEFAULT 0, -- random() / randomblob() seed
+    internal INTEGER NOT NULL DEFAULT 0 -- 1 = litecdc's own entry (CDC state, pruning)
 );
 INSERT OR IGNORE INTO {JOURNAL_TABLE}(cid, query, snapshot) VALUES (1, '', 0);
 CREATE TABLE IF NOT EXISTS {CHANGES_TABLE}(

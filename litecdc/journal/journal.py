@@ -64,6 +64,8 @@ class Journal:
         self._available = available
         self._pending = set(engine.journal_cids_above(available))
         self._table_cids = engine.table_cids()
+        #: notified after every commit, for readers that follow the journal (CDC)
+        self._committed = threading.Condition()
 
     # -- facts ------------------------------------------------------------------------
     def available_snapshot(self) -> int:
@@ -126,6 +128,13 @@ class Journal:
                 self._pending.discard(self._available)
         else:
             self._pending.add(cid)
+        with self._committed:
+            self._committed.notify_all()
+
+    def wait_for_commit_after(self, cid: int, timeout: float) -> bool:
+        """Block until the journal holds a cid above ``cid`` (True) or ``timeout`` passes."""
+        with self._committed:
+            return self._committed.wait_for(lambda: self._last > cid, timeout)
 
     # -- writes -----------------------------------------------------------------------------
     def commit(self, statements: Sequence[Statement], *, transaction: bool = False) -> WriteOutcome:
@@ -167,6 +176,28 @@ class Journal:
                 self._record(cid, Access())
                 return LeaderCommit(cid, 0, ran.outcome, entry)
             return LeaderCommit(cid, ran.entry.snapshot, ran.outcome, ran.entry)
+
+    def commit_internal(self, query: str) -> JournalEntry:
+        """litecdc's own write (CDC state, pruning) as an internal journal entry.
+
+        NORMAL mode only: a cluster leader appends internal entries through its log
+        like any other write. The entry depends on everything before it.
+        """
+        with self._lock:
+            if self.mode is not Mode.NORMAL:
+                raise ModeError(
+                    f"internal writes go through the log in {self.mode.value.upper()} mode"
+                )
+            cid = self._last + 1
+
+            def decide(access: Access) -> Decision:
+                return Decision(cid, self.snapshot_for(access, cid))
+
+            entry = self._engine.run_internal(
+                query, timestamp_ms=time.time_ns() // 1_000_000, seed=0, decide=decide
+            )
+            self._record(cid, Access())
+            return entry
 
     def follower_commit(self, entry: JournalEntry) -> bool:
         """FOLLOWER mode: apply the leader's entry at its cid. Returns whether its SQL ran.

@@ -226,3 +226,38 @@ def test_failure_inside_a_repeated_statement_names_the_statement(store: Store) -
         [S("INSERT INTO t VALUES(?)", (1,)), S("INSERT INTO t VALUES(?)", ())], transaction=True
     )
     assert wrong.results[1].error is not None and "bindings" in wrong.results[1].error
+
+
+def test_internal_entries_replicate_litecdc_state_without_events(tmp_path: Path) -> None:
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
+    entry = leader.journal.commit_internal(
+        "CREATE TABLE IF NOT EXISTS _litecdc_cdc_state(k TEXT PRIMARY KEY, v);"
+        "INSERT INTO _litecdc_cdc_state VALUES('hwm', 2);"
+        "DELETE FROM _litecdc_changes WHERE cid <= 2;"
+    )
+    assert (entry.cid, entry.snapshot, entry.internal) == (3, 2, True)
+    assert leader.changes(0, 10) == []
+    # clients still cannot write the internal table
+    out = leader.execute([S("INSERT INTO _litecdc_cdc_state VALUES('hwm', 99)")])
+    assert out.cid is None and "internal to litecdc" in (out.results[0].error or "")
+    follower = Store(NodeConfig(data_dir=tmp_path / "follower"))
+    follower.journal.set_mode(Mode.FOLLOWER)
+    for e in leader.journal_page(1, 10).entries:
+        assert follower.journal.follower_commit(e)
+    assert follower.journal_page(2, 1).entries[0].internal
+    assert follower.query([S("SELECT k, v FROM _litecdc_cdc_state")])[0].rows == [("hwm", 2)]
+    assert follower.changes(0, 10) == []
+    with pytest.raises(ModeError):
+        follower.journal.commit_internal("SELECT 1")
+    leader.close()
+    follower.close()
+
+
+def test_waiting_for_a_commit(store: Store) -> None:
+    import threading
+
+    last = store.journal.last_cid()
+    assert not store.journal.wait_for_commit_after(last, 0.01)
+    threading.Timer(0.05, lambda: store.execute([S("CREATE TABLE t(x)")])).start()
+    assert store.journal.wait_for_commit_after(last, 5)
