@@ -32,7 +32,8 @@ def test_journal_and_changes_pages(fresh_node: Node) -> None:
         assert [e["cid"] for e in entries] == [start + 1, start + 2, start + 3]
         assert page["available_snapshot"] == start + 3
         for e in entries:
-            assert set(e) == {"cid", "query", "snapshot", "timestamp_ms", "seed"}
+            assert set(e) == {"cid", "query", "snapshot", "timestamp_ms", "seed", "internal"}
+            assert e["internal"] is False
             assert isinstance(e["query"], str) and e["timestamp_ms"] > 0
         assert "UPDATE j" in entries[1]["query"]
         one = c.get("/journal", params={"after": start, "limit": 1}).json()["entries"]
