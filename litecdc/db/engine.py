@@ -520,7 +520,7 @@ class Engine:
             "WHERE cid > ? ORDER BY cid LIMIT ?",
             (after, limit),
         )
-        return [JournalEntry(*row) for row in rows]
+        return [JournalEntry(*row[:5], internal=bool(row[5])) for row in rows]
 
     def journal_bounds(self) -> tuple[int, int, int]:
         """(smallest cid, largest cid, available snapshot) from the journal table."""
