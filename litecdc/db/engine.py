@@ -520,7 +520,10 @@ class Engine:
             "WHERE cid > ? ORDER BY cid LIMIT ?",
             (after, limit),
         )
-        return [JournalEntry(*row[:5], internal=bool(row[5])) for row in rows]
+        return [
+            JournalEntry(cid, query, snapshot, ts, seed, bool(internal))
+            for cid, query, snapshot, ts, seed, internal in rows
+        ]
 
     def journal_bounds(self) -> tuple[int, int, int]:
         """(smallest cid, largest cid, available snapshot) from the journal table."""
