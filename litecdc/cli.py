@@ -2,7 +2,7 @@
 
     litecdc serve --data-dir DIR [--http-addr HOST:PORT] [--node-id ID] [--auth FILE]
                   [--http-cert FILE --http-key FILE] [--synchronous full|normal|off|extra]
-                  [--max-body-bytes N]
+                  [--max-body-bytes N] [--cdc-config URL|stdout|FILE]
     litecdc demo [--data-dir DIR]
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from litecdc.cdc import known_schemes, parse_cdc_config
 from litecdc.config import (
     DEFAULT_HTTP_ADDR,
     DEFAULT_MAX_BODY_BYTES,
@@ -80,6 +81,13 @@ def cli() -> None:
     show_default=True,
     help="Largest request body accepted (HTTP 413 above it).",
 )
+@click.option(
+    "--cdc-config",
+    envvar="LITECDC_CDC_CONFIG",
+    default=None,
+    help="Deliver every row change to a webhook: an http(s):// URL, 'stdout', or a JSON file "
+    "with rqlite's CDC keys. Default: no delivery.",
+)
 def serve(
     data_dir: str | None,
     http_addr: str,
@@ -89,6 +97,7 @@ def serve(
     http_key: str | None,
     synchronous: str,
     max_body_bytes: str,
+    cdc_config: str | None,
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -110,6 +119,7 @@ def serve(
             http_cert=Path(http_cert) if http_cert else None,
             http_key=Path(http_key) if http_key else None,
             max_body_bytes=max_body,
+            cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )
         from litecdc.http.server import serve as serve_http
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from litecdc.cdc.config import CDCConfig
 from litecdc.errors import ConfigError
 
 DEFAULT_HTTP_ADDR = "127.0.0.1:4001"
@@ -36,6 +37,8 @@ class NodeConfig:
     http_key: Path | None = None
     #: Largest request body accepted, in bytes. Default 64 MiB.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: The CDC push service (``--cdc-config``); None = no webhook delivery.
+    cdc: CDCConfig | None = None
 
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS_LEVELS:

@@ -108,6 +108,23 @@ class Store:
             raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         return self.engine.changes(after, limit)
 
+    # -- the change feed the CDC service reads (cdc.service.ChangeFeed) -------------------------
+    def read_transactions(self, after: int, max_events: int) -> list[RowChange]:
+        """Captured changes of whole transactions after cid ``after`` (see Engine)."""
+        return self.engine.read_transactions(after, max_events)
+
+    def wait_for_commit_after(self, cid: int, timeout: float) -> bool:
+        return self.journal.wait_for_commit_after(cid, timeout)
+
+    def last_cid(self) -> int:
+        return self.journal.last_cid()
+
+    def cdc_high_watermark(self) -> int | None:
+        return self.engine.cdc_high_watermark()
+
+    def queue_stats(self) -> tuple[int, int | None]:
+        return self.engine.queue_stats()
+
     def backup(self, destination: str | os.PathLike[str]) -> None:
         """Write a consistent copy of the SQLite file (journal and changes included)."""
         self.engine.backup(str(destination))

@@ -24,10 +24,9 @@ from typing import Any
 
 import msgspec
 
+from litecdc.db.schema import SEQ_BITS
 from litecdc.results import RowChange, SQLValue
 
-#: Change ids are ``cid << SEQ_BITS | seq``: one ordered B-tree, no extra index.
-SEQ_BITS = 24
 MAX_CHANGES_PER_TRANSACTION = (1 << SEQ_BITS) - 1
 
 OP_NAMES = {"INSERT": "insert", "UPDATE": "update", "DELETE": "delete"}

@@ -20,15 +20,17 @@ from typing import Any
 import apsw
 
 from litecdc.db.access import Access, WriteAuthorizer, read_authorizer
-from litecdc.db.capture import CHANGE_COLUMNS, SEQ_BITS, ChangeBuffer, TableShape, decode_change
+from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
 from litecdc.db.determinism import DeterministicRandom, FixedClockVFS
 from litecdc.db.dump import dump_statements
 from litecdc.db.schema import (
+    CDC_STATE_TABLE,
     CHANGES_TABLE,
     CREATE_INTERNAL,
     JOURNAL_TABLE,
     TABLE_CIDS_TABLE,
     USER_OBJECTS,
+    last_change_id,
 )
 from litecdc.db.sqltext import parse_template, render, render_many
 from litecdc.errors import LoadError, StatementError
@@ -563,12 +565,50 @@ class Engine:
     def changes(self, after: int, limit: int) -> list[RowChange]:
         rows = self._read(
             f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
-            (((after + 1) << SEQ_BITS) - 1 if after >= 0 else -1, limit),
+            (last_change_id(after) if after >= 0 else -1, limit),
         )
         return [decode_change(row) for row in rows]
 
     def changes_count(self) -> int:
         return int(self._read(f"SELECT count(*) FROM {CHANGES_TABLE}")[0][0])
+
+    def read_transactions(self, after: int, max_events: int) -> list[RowChange]:
+        """Changes of whole transactions after cid ``after``, at most ``max_events`` of them.
+
+        A transaction is never split: if the first one alone has more than
+        ``max_events`` changes it is returned alone, whole.
+        """
+        start = last_change_id(after) if after >= 0 else -1
+        rows = self._read(
+            f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
+            (start, max_events + 1),
+        )
+        if len(rows) > max_events:
+            # the last row may belong to a transaction that does not fit: keep whole ones
+            cut_cid = rows[-1][0]
+            whole = [row for row in rows if row[0] != cut_cid]
+            if whole:
+                rows = whole
+            else:  # one transaction larger than max_events: send it alone, whole
+                rows = self._read(
+                    f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} "
+                    "WHERE id > ? AND id <= ? ORDER BY id",
+                    (last_change_id(cut_cid - 1), last_change_id(cut_cid)),
+                )
+        return [decode_change(row) for row in rows]
+
+    def queue_stats(self) -> tuple[int, int | None]:
+        """(number of captured changes still stored, oldest stored cid)."""
+        count, oldest = self._read(f"SELECT count(*), min(cid) FROM {CHANGES_TABLE}")[0]
+        return int(count), oldest
+
+    def cdc_high_watermark(self) -> int | None:
+        """The high watermark persisted in the CDC state table; None before it exists."""
+        try:
+            rows = self._read(f"SELECT value FROM {CDC_STATE_TABLE} WHERE name = 'hwm'")
+        except apsw.SQLError:
+            return None
+        return int(rows[0][0]) if rows else 0
 
     # -- reads ----------------------------------------------------------------------------
     def query(

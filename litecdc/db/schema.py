@@ -39,3 +39,31 @@ CREATE TABLE IF NOT EXISTS {TABLE_CIDS_TABLE}(
 
 #: SQL condition selecting user objects in sqlite_schema (not SQLite's, not litecdc's).
 USER_OBJECTS = "substr(name, 1, 7) <> 'sqlite_' AND substr(name, 1, 9) <> '_litecdc_'"
+
+#: Change ids are ``cid << SEQ_BITS | seq``: one ordered B-tree, no extra index.
+SEQ_BITS = 24
+
+CDC_STATE_TABLE = "_litecdc_cdc_state"
+#: Created through the log (an internal journal entry) when a CDC service first leads.
+CREATE_CDC_STATE = (
+    f"CREATE TABLE IF NOT EXISTS {CDC_STATE_TABLE}("
+    "name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;"
+)
+
+
+def last_change_id(cid: int) -> int:
+    """The largest change id a transaction ``cid`` can have."""
+    return ((cid + 1) << SEQ_BITS) - 1
+
+
+def high_watermark_sql(hwm: int) -> str:
+    """The internal entry that records the CDC high watermark and prunes what it covers.
+
+    Every replica applies it, so each deletes the same delivered changes.
+    """
+    hwm = int(hwm)
+    return (
+        f"INSERT INTO {CDC_STATE_TABLE}(name, value) VALUES('hwm', {hwm}) "
+        "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value);\n"
+        f"DELETE FROM {CHANGES_TABLE} WHERE id <= {last_change_id(hwm)};"
+    )

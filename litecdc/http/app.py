@@ -37,10 +37,12 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
 from litecdc.errors import BodyTooLargeError, LitecdcError, RequestError, http_status_for
 from litecdc.http import rqlite
 from litecdc.http.auth import CredentialStore, parse_basic_auth
+from litecdc.http.metrics import NodeMetrics
 from litecdc.results import Statement
 from litecdc.store import Store
 
@@ -88,9 +90,11 @@ def _go_time(moment: datetime) -> str:
 class _Api:
     """The handlers, bound to one store and configuration."""
 
-    def __init__(self, store: Store, config: NodeConfig) -> None:
+    def __init__(self, store: Store, config: NodeConfig, cdc: CDCService | None) -> None:
         self.store = store
         self.config = config
+        self.cdc = cdc
+        self.node_metrics = NodeMetrics(store, cdc)
         self.credentials = (
             CredentialStore.from_file(config.auth_file) if config.auth_file is not None else None
         )
@@ -324,6 +328,8 @@ class _Api:
             },
             "store": store_status,
         }
+        if self.cdc is not None:
+            doc["cdc"] = await to_thread.run_sync(self.cdc.status)
         if self.last_backup is not None:
             doc["last_backup_time"] = _go_time(self.last_backup)
         key = request.query_params.get("key")
@@ -358,6 +364,13 @@ class _Api:
         return RedirectResponse("/status", status_code=302)
 
     # -- litecdc's own endpoints -----------------------------------------------------------
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus text exposition of the store's and the CDC service's figures."""
+        if r := self._gate(request, ("status",), ("GET",)):
+            return r
+        body, content_type = await to_thread.run_sync(self.node_metrics.render)
+        return Response(body, media_type=content_type)
+
     async def journal(self, request: Request) -> Response:
         if r := self._gate(request, ("query",), ("GET",)):
             return r
@@ -463,9 +476,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-def create_app(store: Store, config: NodeConfig) -> Starlette:
-    """The Starlette app serving ``store``. Raises ConfigError for a bad auth file."""
-    api = _Api(store, config)
+def create_app(store: Store, config: NodeConfig, *, cdc: CDCService | None = None) -> Starlette:
+    """The Starlette app serving ``store`` (and ``cdc``'s status). Raises ConfigError for a
+    bad auth file."""
+    api = _Api(store, config, cdc)
     rq = dict(json_errors=False)
     own = dict(json_errors=True)
     routes = [
@@ -480,6 +494,7 @@ def create_app(store: Store, config: NodeConfig) -> Starlette:
         Route("/readyz", _guard(api.readyz, **rq), methods=_ALL_METHODS),
         Route("/journal", _guard(api.journal, **own), methods=_ALL_METHODS),
         Route("/cdc/changes", _guard(api.changes, **own), methods=_ALL_METHODS),
+        Route("/metrics", _guard(api.metrics, **rq), methods=_ALL_METHODS),
     ]
     return Starlette(
         routes=routes,

@@ -1,0 +1,302 @@
+"""The CDC push service: every captured row change, delivered to a webhook.
+
+Design (rqlite's CDC service, made loss-free by litecdc's storage):
+
+* The durable FIFO queue is ``_litecdc_changes`` itself, written in the same SQLite
+  transaction as the data: nothing can be lost between commit and queue.
+* A reader thread takes whole transactions' changes, up to ``max_batch_size`` events or
+  what arrived within ``max_batch_delay`` of the first, and — only while this node is the
+  leader — sends the batch, retrying per the policy. A batch that exhausts its attempts
+  is dropped, counted and logged.
+* The leader keeps the high watermark (HWM: the highest cid delivered or dropped) in
+  memory; every ``high_watermark_interval`` it writes it through the log as an internal
+  entry, and applying that entry deletes the changes at or below it on every node.
+* On becoming leader a node resends everything above the persisted HWM, so delivery is
+  at least once; duplicates appear only around leadership changes or when an endpoint
+  accepted a batch whose answer was lost. Every event carries its cid.
+
+The service depends on two narrow interfaces: :class:`ChangeFeed` (the queue) and
+:class:`Leadership` (is-leader, leadership changes, write through the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from litecdc.cdc.config import STDOUT, CDCConfig
+from litecdc.cdc.envelopes import ENVELOPES
+from litecdc.cdc.sinks import Sink, TransmitError, create_sink
+from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
+from litecdc.results import RowChange
+
+log = logging.getLogger("litecdc.cdc")
+
+#: how long the reader sleeps between checks when idle or not the leader
+IDLE_WAIT_SECONDS = 0.5
+
+
+class ChangeFeed(Protocol):
+    def read_transactions(self, after: int, max_events: int) -> list[RowChange]: ...
+    def wait_for_commit_after(self, cid: int, timeout: float) -> bool: ...
+    def last_cid(self) -> int: ...
+    def cdc_high_watermark(self) -> int | None: ...
+    def queue_stats(self) -> tuple[int, int | None]: ...
+
+
+class Leadership(Protocol):
+    def is_leader(self) -> bool: ...
+    def add_listener(self, callback: Callable[[bool], None]) -> None: ...
+    def write_internal(self, query: str) -> None: ...
+
+
+@dataclass
+class Counters:
+    sent_events: int = 0
+    sent_batches: int = 0
+    retries: int = 0
+    failed_requests: int = 0
+    dropped_events: int = 0
+    dropped_batches: int = 0
+    skipped_events: int = 0  # filtered out by table_filter
+
+
+def redacted(endpoint: str) -> str:
+    """The endpoint without any user:password part (status pages and logs show it)."""
+    if endpoint == STDOUT:
+        return endpoint
+    parts = urlsplit(endpoint)
+    if parts.username is None and parts.password is None:
+        return endpoint
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class CDCService:
+    """Reads the change queue and delivers it, leader-only, at least once."""
+
+    def __init__(
+        self,
+        config: CDCConfig,
+        feed: ChangeFeed,
+        leadership: Leadership,
+        *,
+        node_id: str,
+        sink: Sink | None = None,
+    ) -> None:
+        self.config = config
+        self._feed = feed
+        self._leadership = leadership
+        self._node_id = node_id
+        self._sink = sink if sink is not None else create_sink(config)
+        self._envelope = ENVELOPES[config.format]
+        self._stop = threading.Event()
+        self._leadership_changed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.counters = Counters()
+        #: cid after which the reader reads next; None until this node leads
+        self._position: int | None = None
+        self._hwm = 0
+        self._persisted_hwm = 0
+        self._last_hwm_write = 0.0
+        self._last_error: str | None = None
+        leadership.add_listener(self._on_leadership)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="litecdc-cdc", daemon=True)
+        self._thread.start()
+        log.info(
+            "CDC service started: %s (%s envelope)",
+            redacted(self.config.endpoint),
+            self.config.format,
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop sending; persist the HWM reached so a restart resends as little as possible."""
+        self._stop.set()
+        self._leadership_changed.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._write_hwm(force=True)
+        self._sink.close()
+
+    def _on_leadership(self, leader: bool) -> None:
+        if not leader:
+            self._position = None  # resend from the persisted HWM when leading again
+        self._leadership_changed.set()
+
+    # -- the reader ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except Exception:  # keep delivering: a bug in one batch must not stop CDC
+                log.exception("CDC reader failed; retrying in %.1fs", IDLE_WAIT_SECONDS)
+                self._position = None
+                self._stop.wait(IDLE_WAIT_SECONDS)
+
+    def _step(self) -> None:
+        if not self._leadership.is_leader():
+            self._position = None
+            self._leadership_changed.wait(IDLE_WAIT_SECONDS)
+            self._leadership_changed.clear()
+            return
+        if self._position is None:
+            self._take_over()
+        batch = self._collect()
+        if batch:
+            self._deliver(batch)
+        self._write_hwm()
+
+    def _take_over(self) -> None:
+        """Becoming leader: make sure the state table exists, resume above the persisted HWM."""
+        hwm = self._feed.cdc_high_watermark()
+        if hwm is None:
+            self._leadership.write_internal(CREATE_CDC_STATE)
+            hwm = self._feed.cdc_high_watermark() or 0
+        with self._lock:
+            self._hwm = self._persisted_hwm = hwm
+            self._position = hwm
+        log.info("CDC: leading; sending everything above cid %d", hwm)
+
+    def _collect(self) -> list[RowChange]:
+        """Whole transactions: up to max_batch_size events, or what came within the delay."""
+        config = self.config
+        assert self._position is not None
+        position = self._position
+        events: list[RowChange] = []
+        first_at: float | None = None
+        while not self._stop.is_set() and self._leadership.is_leader():
+            seen = self._feed.last_cid()
+            room = config.max_batch_size - len(events)
+            new = self._feed.read_transactions(position, max(room, 1))
+            if new and events and len(new) > room:
+                break  # the next transaction does not fit: send what we have
+            if new:
+                events.extend(new)
+                position = new[-1].cid
+                if first_at is None:
+                    first_at = time.monotonic()
+                if len(events) >= config.max_batch_size:
+                    break
+                continue
+            if first_at is None:
+                self._feed.wait_for_commit_after(seen, IDLE_WAIT_SECONDS)
+                if not events:
+                    return events
+                continue
+            remaining = first_at + config.max_batch_delay - time.monotonic()
+            if remaining <= 0:
+                break
+            self._feed.wait_for_commit_after(seen, remaining)
+        return events
+
+    def _deliver(self, batch: list[RowChange]) -> None:
+        config = self.config
+        pattern = config.table_filter
+        wanted = batch if pattern is None else [c for c in batch if pattern.fullmatch(c.table)]
+        last_cid = batch[-1].cid
+        if wanted:
+            body = self._envelope(
+                wanted,
+                node_id=self._node_id,
+                service_id=config.service_id,
+                row_ids_only=config.row_ids_only,
+            )
+            message_id = f"{self._node_id}-{batch[0].cid}-{last_cid}"
+            attempt = 0
+            while True:
+                if self._stop.is_set() or not self._leadership.is_leader():
+                    return  # not delivered: the next leader (or restart) resends it
+                attempt += 1
+                try:
+                    self._sink.send(body, message_id)
+                except TransmitError as exc:
+                    with self._lock:
+                        self.counters.failed_requests += 1
+                        self._last_error = str(exc)
+                    limit = config.transmit_max_retries
+                    if limit is not None and attempt >= limit:
+                        log.error(
+                            "CDC: dropping batch of cids %d-%d (%d events) after %d attempts: %s",
+                            batch[0].cid,
+                            last_cid,
+                            len(wanted),
+                            attempt,
+                            exc,
+                        )
+                        with self._lock:
+                            self.counters.dropped_batches += 1
+                            self.counters.dropped_events += len(wanted)
+                        break
+                    delay = config.backoff(attempt)
+                    log.warning(
+                        "CDC: delivery of cids %d-%d failed (attempt %d): %s; retrying in %.2fs",
+                        batch[0].cid,
+                        last_cid,
+                        attempt,
+                        exc,
+                        delay,
+                    )
+                    with self._lock:
+                        self.counters.retries += 1
+                    self._write_hwm()  # earlier progress still gets persisted
+                    self._stop.wait(delay)
+                    continue
+                with self._lock:
+                    self.counters.sent_batches += 1
+                    self.counters.sent_events += len(wanted)
+                    self._last_error = None
+                break
+        with self._lock:
+            self.counters.skipped_events += len(batch) - len(wanted)
+            self._hwm = max(self._hwm, last_cid)
+            self._position = last_cid
+
+    def _write_hwm(self, *, force: bool = False) -> None:
+        """Write the HWM through the log when the interval has passed and it moved."""
+        now = time.monotonic()
+        with self._lock:
+            hwm, persisted = self._hwm, self._persisted_hwm
+        if hwm <= persisted or not self._leadership.is_leader():
+            return
+        if not force and now - self._last_hwm_write < self.config.high_watermark_interval:
+            return
+        try:
+            self._leadership.write_internal(high_watermark_sql(hwm))
+        except Exception as exc:  # leadership lost, store closing…: try again next time
+            log.warning("CDC: could not persist high watermark %d: %s", hwm, exc)
+            return
+        self._last_hwm_write = now
+        with self._lock:
+            self._persisted_hwm = max(self._persisted_hwm, hwm)
+
+    # -- reporting ------------------------------------------------------------------------
+    def status(self) -> dict[str, object]:
+        """The /status "cdc" section."""
+        queued, oldest = self._feed.queue_stats()
+        with self._lock:
+            counters = asdict(self.counters)
+            hwm, persisted, error = self._hwm, self._persisted_hwm, self._last_error
+        return {
+            "endpoint": redacted(self.config.endpoint),
+            "format": self.config.format,
+            "is_leader": self._leadership.is_leader(),
+            "hwm": hwm,
+            "hwm_persisted": persisted,
+            "queue_length": queued,
+            "oldest_queued_cid": oldest,
+            "last_error": error,
+            **counters,
+        }
