@@ -183,10 +183,11 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
         parts = urlsplit(endpoint)
         if not parts.scheme or not parts.netloc:
             raise ConfigError(f"cdc config: endpoint {endpoint!r} is not a URL")
-        if parts.scheme.lower() not in known_schemes:
+        if parts.scheme.lower() not in known_schemes or parts.scheme.lower() == STDOUT:
+            schemes = ", ".join(s for s in known_schemes if s != STDOUT)
             raise ConfigError(
                 f"cdc config: endpoint scheme {parts.scheme!r} is not supported "
-                f'(supported: {", ".join(known_schemes)}, or "stdout")'
+                f'(supported: {schemes}, or "stdout")'
             )
         try:
             _ = parts.port
