@@ -279,7 +279,8 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
 def _typed(doc: dict[str, Any], key: str, kind: type) -> Any:
     value = doc[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"cdc config: {key} must be a {kind.__name__}, got {value!r}")
+        expected = {int: "an integer", str: "a string", bool: "true or false"}[kind]
+        raise ConfigError(f"cdc config: {key} must be {expected}, got {value!r}")
     return value
 
 

@@ -1,0 +1,133 @@
+"""--cdc-config: rqlite's keys accepted, every mistake refused with the key named."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from litecdc.cdc.config import CDCConfig, parse_cdc_config, parse_duration
+from litecdc.errors import ConfigError
+
+SCHEMES = ("http", "https", "stdout")
+
+
+def _file(tmp_path: Path, doc: object) -> str:
+    path = tmp_path / "cdc.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_url_and_stdout_take_the_defaults() -> None:
+    config = parse_cdc_config("http://127.0.0.1:8000/hook", known_schemes=SCHEMES)
+    assert config == CDCConfig(endpoint="http://127.0.0.1:8000/hook")
+    assert (config.max_batch_size, config.max_batch_delay, config.transmit_max_retries) == (
+        10,
+        0.2,
+        5,
+    )
+    assert parse_cdc_config("stdout", known_schemes=SCHEMES).scheme == "stdout"
+
+
+def test_rqlite_config_file(tmp_path: Path) -> None:
+    doc = {
+        "endpoint": "https://example.test/cdc",
+        "service_id": "svc",
+        "row_ids_only": True,
+        "table_filter": "^orders$",
+        "max_batch_size": 100,
+        "max_batch_delay": "50ms",
+        "high_watermark_interval": "2s",
+        "transmit_timeout": "1m30s",
+        "transmit_max_retries": None,
+        "transmit_retry_policy": "exponential",
+        "transmit_min_backoff": "100ms",
+        "transmit_max_backoff": "10s",
+        "format": "debezium",
+        "hmac_secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "headers": {"X-Team": "data"},
+        "tls": {"insecure_skip_verify": True, "server_name": "example.test"},
+    }
+    config = parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+    assert config.table_filter == re.compile("^orders$")
+    assert (config.max_batch_delay, config.transmit_timeout) == (0.05, 90.0)
+    assert config.transmit_max_retries is None
+    assert [config.backoff(n) for n in (1, 2, 3, 8)] == [0.1, 0.2, 0.4, 10.0]
+    assert config.tls.server_name == "example.test" and config.tls.insecure_skip_verify
+
+
+def test_linear_backoff() -> None:
+    config = CDCConfig(endpoint="http://x", transmit_min_backoff=1.0, transmit_max_backoff=2.5)
+    assert [config.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 2.5, 2.5]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"endpoint": "http://x/h", "max_batch_sizee": 3}, "unknown key 'max_batch_sizee'"),
+        ({}, "endpoint is required"),
+        ({"endpoint": "ftp://x/h"}, "endpoint scheme 'ftp' is not supported"),
+        ({"endpoint": "not a url"}, "is not a URL"),
+        ({"endpoint": "http://x:99999/h"}, "invalid port"),
+        ({"endpoint": "http://x/h", "max_batch_size": 0}, "max_batch_size must be at least 1"),
+        ({"endpoint": "http://x/h", "max_batch_size": "10"}, "max_batch_size must be an integer, got '10'"),
+        (
+            {"endpoint": "http://x/h", "max_batch_delay": "soon"},
+            "max_batch_delay must be a duration",
+        ),
+        ({"endpoint": "http://x/h", "transmit_max_retries": 0}, "transmit_max_retries must be at"),
+        ({"endpoint": "http://x/h", "transmit_retry_policy": "random"}, "transmit_retry_policy"),
+        ({"endpoint": "http://x/h", "table_filter": "("}, "table_filter is not a valid regular"),
+        ({"endpoint": "http://x/h", "format": "avro"}, "format must be one of rqlite, debezium"),
+        ({"endpoint": "http://x/h", "hmac_secret": "whsec_???"}, "hmac_secret must be"),
+        ({"endpoint": "http://x/h", "headers": {"a": 1}}, "headers must be an object"),
+        (
+            {"endpoint": "http://x/h", "tls": {"ca_cert_file": "/nonexistent.pem"}},
+            "tls.ca_cert_file: cannot read file",
+        ),
+        (
+            {"endpoint": "http://x/h", "tls": {"cert_file": "/etc/hostname"}},
+            "tls.cert_file and tls.key_file must be given together",
+        ),
+        ({"endpoint": "http://x/h", "tls": {"verify": True}}, "unknown key tls.verify"),
+        (
+            {"endpoint": "http://x/h", "transmit_min_backoff": "5s", "transmit_max_backoff": "1s"},
+            "transmit_min_backoff must not exceed",
+        ),
+    ],
+)
+def test_invalid_configurations_name_the_key(tmp_path: Path, doc: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_cdc_config(str(tmp_path / "missing.json"), known_schemes=SCHEMES)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        parse_cdc_config(str(tmp_path / "bad.json"), known_schemes=SCHEMES)
+
+
+def test_unreadable_certificate_contents_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not a certificate")
+    doc = {"endpoint": "https://x/h", "tls": {"ca_cert_file": str(tmp_path / "ca.pem")}}
+    with pytest.raises(ConfigError, match="tls.ca_cert_file: cannot load CA certificates"):
+        parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("200ms", 0.2),
+        ("5s", 5.0),
+        ("1m30s", 90.0),
+        ("1.5h", 5400.0),
+        (3, 3.0),
+        ("250us", 0.00025),
+    ],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text, "k") == pytest.approx(seconds)
