@@ -72,7 +72,10 @@ def test_linear_backoff() -> None:
         ({"endpoint": "not a url"}, "is not a URL"),
         ({"endpoint": "http://x:99999/h"}, "invalid port"),
         ({"endpoint": "http://x/h", "max_batch_size": 0}, "max_batch_size must be at least 1"),
-        ({"endpoint": "http://x/h", "max_batch_size": "10"}, "max_batch_size must be an integer, got '10'"),
+        (
+            {"endpoint": "http://x/h", "max_batch_size": "10"},
+            "max_batch_size must be an integer, got '10'",
+        ),
         (
             {"endpoint": "http://x/h", "max_batch_delay": "soon"},
             "max_batch_delay must be a duration",
@@ -114,7 +117,7 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
 def test_unreadable_certificate_contents_are_refused(tmp_path: Path) -> None:
     (tmp_path / "ca.pem").write_text("not a certificate")
     doc = {"endpoint": "https://x/h", "tls": {"ca_cert_file": str(tmp_path / "ca.pem")}}
-    with pytest.raises(ConfigError, match="tls.ca_cert_file: cannot load CA certificates"):
+    with pytest.raises(ConfigError, match=r"tls\.ca_cert_file: cannot load CA certificates"):
         parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
 
 
