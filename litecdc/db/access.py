@@ -60,17 +60,15 @@ INTROSPECTION_PRAGMAS = frozenset(
         "collation_list",
         "function_list",
         "pragma_list",
-        "data_version",
-        "schema_version",
         "user_version",
         "application_id",
-        "page_count",
-        "page_size",
-        "freelist_count",
         "encoding",
         "foreign_keys",
     }
 )
+#: tables whose contents depend on the file layout of each replica
+_LAYOUT_TABLES = frozenset({"dbstat", "sqlite_dbpage"})
+_SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema"})
 
 
 @dataclass(slots=True)
@@ -80,13 +78,30 @@ class Access:
     reads: set[str] = field(default_factory=set)
     writes: set[str] = field(default_factory=set)
     schema: bool = False
+    #: reads state that any earlier write may have changed (sqlite_sequence), so the
+    #: transaction depends on everything before it, like a schema change
+    reads_everything: bool = False
+    #: reads sqlite_schema.rootpage (file layout): refused unless the statement is DDL
+    reads_rootpage: bool = False
     #: why the statement was refused, if it was
     refused: str | None = None
+    #: the refusal means the client wanted a transaction (BEGIN…): fail the whole request
+    refused_transaction_control: bool = False
+
+    def layout_problem(self) -> str | None:
+        """Why this statement cannot be replicated because it reads the file layout."""
+        if self.reads_rootpage and not self.schema:
+            return (
+                "sqlite_schema.rootpage describes the file layout, which differs between "
+                "replicas; it cannot be read in a write"
+            )
+        return None
 
     def merge(self, other: Access) -> None:
         self.reads |= other.reads
         self.writes |= other.writes
         self.schema = self.schema or other.schema
+        self.reads_everything = self.reads_everything or other.reads_everything
 
 
 def _is_user_object(name: str | None) -> bool:
@@ -120,9 +135,25 @@ class WriteAuthorizer:
             return apsw.SQLITE_OK
         access = self.recording
         if action == apsw.SQLITE_READ:
+            table = arg1 or ""
+            if table.startswith(INTERNAL_PREFIX):
+                return self._refuse(
+                    f"table {table} is internal to litecdc and cannot be read in a write: its "
+                    "contents differ between replicas"
+                )
+            if table in _LAYOUT_TABLES:
+                return self._refuse(
+                    f"{table} describes the file layout, which differs between replicas; it "
+                    "cannot be read in a write"
+                )
+            if table in _SCHEMA_TABLES and arg2 == "rootpage" and access is not None:
+                # DDL reads it too (DROP TABLE): decided once the statement is known
+                access.reads_rootpage = True
             if access is not None:
-                if arg1 is not None and _is_user_object(arg1):
-                    access.reads.add(arg1)
+                if table == "sqlite_sequence":
+                    access.reads_everything = True
+                elif _is_user_object(table):
+                    access.reads.add(table)
                 if trigger_or_view:
                     access.reads.add(trigger_or_view)
             return apsw.SQLITE_OK
@@ -148,6 +179,12 @@ class WriteAuthorizer:
             )
             for name in names:
                 if name and name.startswith(INTERNAL_PREFIX):
+                    if action == apsw.SQLITE_ANALYZE:
+                        return self._refuse(
+                            "ANALYZE without a table name would analyze litecdc's internal "
+                            "tables, whose contents differ between replicas; name the tables "
+                            "(ANALYZE t)"
+                        )
                     return self._refuse(f"{name} is internal to litecdc and cannot be changed")
             self._on_schema_change()
             if access is not None:
@@ -166,8 +203,7 @@ class WriteAuthorizer:
         if action == apsw.SQLITE_PRAGMA:
             if (arg1 or "").lower() in INTROSPECTION_PRAGMAS and (
                 arg2 is None
-                or (arg1 or "").lower()
-                not in ("user_version", "application_id", "foreign_keys", "schema_version")
+                or (arg1 or "").lower() not in ("user_version", "application_id", "foreign_keys")
             ):
                 return apsw.SQLITE_OK
             return self._refuse(
@@ -175,6 +211,8 @@ class WriteAuthorizer:
                 "replicated; it is not allowed in writes"
             )
         if action in (apsw.SQLITE_TRANSACTION, apsw.SQLITE_SAVEPOINT):
+            if self.recording is not None:
+                self.recording.refused_transaction_control = True
             return self._refuse(
                 "transaction control statements are not allowed: each request "
                 "is one transaction (use the transaction parameter to make it "

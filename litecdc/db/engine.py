@@ -8,7 +8,6 @@ so data, journal and changes commit or roll back together.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -28,6 +27,7 @@ from litecdc.db.schema import (
     CHANGES_TABLE,
     CREATE_INTERNAL,
     JOURNAL_TABLE,
+    SCHEMA_OBJECT,
     TABLE_CIDS_TABLE,
     USER_OBJECTS,
     last_change_id,
@@ -63,19 +63,6 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
     if refused is not None:
         return refused
     return str(exc)
-
-
-@functools.lru_cache(maxsize=4096)
-def _terminator(sql: str) -> str:
-    """What to append to ``sql`` (right-stripped) so that it ends its statement.
-
-    Literals never change where a statement ends, so this is decided once per SQL
-    text. A trailing ``--`` comment would swallow a ``;`` on the same line.
-    """
-    text = sql.rstrip()
-    if apsw.complete(text):
-        return ""
-    return "\n;" if "--" in text.rsplit("\n", 1)[-1] else ";"
 
 
 class Engine:
@@ -309,7 +296,7 @@ class Engine:
             )
             for k in range(len(group))
         )
-        suffix = _terminator(sql)
+        suffix = parse_template(sql).terminator
         rendered.extend(text + suffix for text in texts)
         combined.merge(self._access_cache[sql])
         return True
@@ -354,11 +341,17 @@ class Engine:
             assert access is not None
             if access.refused is not None:
                 raise StatementError(access.refused)
+            problem = access.layout_problem()
+            if problem is not None:
+                raise StatementError(problem)
             if access.schema:
                 problem = self._check_capturable(access.writes)
                 if problem is not None:
                     raise StatementError(problem)
-            text = render(statement.sql, statement.params).rstrip() + _terminator(statement.sql)
+            text = (
+                render(statement.sql, statement.params).rstrip()
+                + parse_template(statement.sql).terminator
+            )
         except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
             refused = access.refused if access is not None else None
             self._authorizer.recording = None
@@ -411,11 +404,18 @@ class Engine:
                     f"INSERT INTO {CHANGES_TABLE} VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                     self._buffer.rows(entry.cid, entry.timestamp_ms),
                 )
-            if access.writes:
+            written = sorted(access.writes | ({SCHEMA_OBJECT} if access.schema else set()))
+            if written:
                 writer.executemany(
                     f"INSERT INTO {TABLE_CIDS_TABLE}(name, cid) VALUES (?, ?) "
                     "ON CONFLICT(name) DO UPDATE SET cid = max(cid, excluded.cid)",
-                    [(name, entry.cid) for name in sorted(access.writes)],
+                    [(name, entry.cid) for name in written],
+                )
+            if access.reads:
+                writer.executemany(
+                    f"INSERT INTO {TABLE_CIDS_TABLE}(name, cid, read_cid) VALUES (?, 0, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET read_cid = max(read_cid, excluded.read_cid)",
+                    [(name, entry.cid) for name in sorted(access.reads)],
                 )
         finally:
             writer.preupdate_hook(self._buffer.hook)
@@ -551,9 +551,11 @@ class Engine:
         with self._write_lock:
             return bool(self._internal(f"SELECT 1 FROM {JOURNAL_TABLE} WHERE cid = ?", (cid,)))
 
-    def table_cids(self) -> dict[str, int]:
+    def table_cids(self) -> dict[str, tuple[int, int]]:
+        """name -> (last cid that wrote it, last cid that read it)."""
         with self._write_lock:
-            return dict(self._internal(f"SELECT name, cid FROM {TABLE_CIDS_TABLE}"))
+            rows = self._internal(f"SELECT name, cid, read_cid FROM {TABLE_CIDS_TABLE}")
+            return {name: (cid, read_cid) for name, cid, read_cid in rows}
 
     def delete_journal_through(self, cid: int) -> int:
         """Delete journal rows with cid <= ``cid`` (the caller checked the rules)."""

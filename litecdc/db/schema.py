@@ -32,10 +32,14 @@ CREATE TABLE IF NOT EXISTS {CHANGES_TABLE}(
     ts INTEGER NOT NULL        -- commit timestamp, Unix ms
 );
 CREATE TABLE IF NOT EXISTS {TABLE_CIDS_TABLE}(
-    name TEXT PRIMARY KEY,     -- table, view or index name
-    cid INTEGER NOT NULL       -- last cid that wrote it (for dependencies)
+    name TEXT PRIMARY KEY,     -- table, view or index name; 'sqlite_schema' = the schema
+    cid INTEGER NOT NULL,      -- last cid that wrote it (for dependencies)
+    read_cid INTEGER NOT NULL DEFAULT 0  -- last cid that read it
 ) WITHOUT ROWID;
 """
+
+#: the name under which _litecdc_table_cids keeps the cid of the last schema change
+SCHEMA_OBJECT = "sqlite_schema"
 
 #: SQL condition selecting user objects in sqlite_schema (not SQLite's, not litecdc's).
 USER_OBJECTS = "substr(name, 1, 7) <> 'sqlite_' AND substr(name, 1, 9) <> '_litecdc_'"

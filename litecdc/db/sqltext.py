@@ -37,6 +37,9 @@ class Placeholder:
     index: int
     #: name without its prefix character, or None for ``?``/``?NNN``.
     name: str | None
+    #: a whole ORDER BY / GROUP BY term, where SQLite reads an integer *literal* as a
+    #: column number (a bound integer is a constant), so integers render as (SELECT n)
+    term: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +54,35 @@ class Template:
     positions: tuple[int, ...]
     #: how many SQL statements the string holds (by its semicolons)
     statements: int
+    #: what to append to the right-stripped text so that it ends its last statement and
+    #: nothing it leaves open (a ``--`` or ``/*`` comment) can swallow the next one
+    terminator: str = ";"
 
 
 def _is_ident_char(ch: str) -> bool:
     return ch.isalnum() or ch in "_$" or ord(ch) >= 0x80
+
+
+#: keywords after which an ORDER BY / GROUP BY clause is over
+_CLAUSE_ENDS = frozenset(
+    {
+        "LIMIT",
+        "OFFSET",
+        "HAVING",
+        "WINDOW",
+        "UNION",
+        "INTERSECT",
+        "EXCEPT",
+        "SELECT",
+        "FROM",
+        "WHERE",
+        "ON",
+        "RETURNING",
+        "VALUES",
+        "SET",
+        "DO",
+    }
+)
 
 
 @lru_cache(maxsize=4096)
@@ -63,10 +91,16 @@ def parse_template(sql: str) -> Template:
     parts: list[str] = []
     placeholders: list[Placeholder] = []
     i, start, n = 0, 0, len(sql)
+    stripped = len(sql.rstrip())
     offset = 0  # bindings consumed by earlier statements in this string
     max_index = 0  # largest index in the current statement
     names: dict[str, int] = {}
     statements, last_end = 0, 0
+    depth = 0  # parentheses
+    by_depth: int | None = None  # depth of the ORDER BY / GROUP BY clause we are in
+    previous = ""  # last significant token: a keyword in capitals, ",", ";" or "x"
+    word = ""  # last word, for "ORDER BY"
+    open_comment = ""  # a comment still open at the end: "--" or "/*"
     while i < n:
         ch = sql[i]
         if ch in "'\"`":
@@ -81,14 +115,20 @@ def parse_template(sql: str) -> Template:
                     continue
                 break
             i = end + 1
+            previous = word = "x"
         elif ch == "[":
             end = sql.find("]", i + 1)
             i = n if end == -1 else end + 1
+            previous = word = "x"
         elif ch == "-" and sql.startswith("--", i):
             end = sql.find("\n", i)
+            if end == -1 or end >= stripped:
+                open_comment = "--"
             i = n if end == -1 else end + 1
         elif ch == "/" and sql.startswith("/*", i):
             end = sql.find("*/", i + 2)
+            if end == -1:
+                open_comment = "/*"
             i = n if end == -1 else end + 2
         elif ch == ";":
             offset += max_index
@@ -98,35 +138,69 @@ def parse_template(sql: str) -> Template:
                 statements += 1
             i += 1
             last_end = i
-        elif ch == "?":
+            depth, by_depth, previous, word = 0, None, ";", ""
+        elif ch == "?" or (ch in ":@$" and i + 1 < n and _is_ident_char(sql[i + 1])):
             j = i + 1
-            while j < n and sql[j].isdigit():
+            if ch == "?":
+                while j < n and sql[j].isdigit():
+                    j += 1
+                index = int(sql[i + 1 : j]) if j > i + 1 else max_index + 1
+                max_index = max(max_index, index)
+                name = None
+            else:
+                while j < n and (_is_ident_char(sql[j]) or (ch == "$" and sql.startswith("::", j))):
+                    j += 2 if sql[j] == ":" else 1
+                if ch == "$" and j < n and sql[j] == "(":  # Tcl-style $name(suffix)
+                    close = sql.find(")", j)
+                    j = n if close == -1 else close + 1
+                token = sql[i:j]  # SQLite tells ":a" and "@a" apart; APSW binds both from "a"
+                if token not in names:
+                    max_index += 1
+                    names[token] = max_index
+                index = names[token]
+                name = token[1:]
+            term = by_depth == depth and previous in ("BY", ",")
+            parts.append(sql[start:i])
+            placeholders.append(Placeholder(offset + index, name, term))
+            i = start = j
+            previous = word = "x"
+        elif ch.isalpha() or ch == "_":
+            j = i + 1
+            while j < n and _is_ident_char(sql[j]):
                 j += 1
-            index = int(sql[i + 1 : j]) if j > i + 1 else max_index + 1
-            max_index = max(max_index, index)
-            parts.append(sql[start:i])
-            placeholders.append(Placeholder(offset + index, None))
-            i = start = j
-        elif ch in ":@$" and i + 1 < n and _is_ident_char(sql[i + 1]):
-            j = i + 1
-            while j < n and (_is_ident_char(sql[j]) or (ch == "$" and sql.startswith("::", j))):
-                j += 2 if sql[j] == ":" else 1
-            token = sql[i:j]  # SQLite tells ":a" and "@a" apart; APSW binds both from "a"
-            if token not in names:
-                max_index += 1
-                names[token] = max_index
-            parts.append(sql[start:i])
-            placeholders.append(Placeholder(offset + names[token], token[1:]))
-            i = start = j
+            current = sql[i:j].upper()
+            if current == "BY" and word in ("ORDER", "GROUP"):
+                by_depth = depth
+            elif current in _CLAUSE_ENDS and by_depth == depth:
+                by_depth = None
+            previous = word = current
+            i = j
+        elif ch.isspace():
+            i += 1
         else:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if by_depth is not None and depth < by_depth:
+                    by_depth = None
+            previous = word = ch if ch == "," else "x"
             i += 1
     parts.append(sql[start:])
+    needs_semicolon = previous not in (";", "")
+    if open_comment == "/*":
+        terminator = " */" + (";" if needs_semicolon else "")
+    elif open_comment == "--":
+        terminator = "\n" + (";" if needs_semicolon else "")
+    else:
+        terminator = ";" if needs_semicolon else ""
     return Template(
         tuple(parts),
         tuple(placeholders),
         offset + max_index,
         tuple(p.index - 1 for p in placeholders),
         statements + (1 if sql[last_end:].strip() else 0),
+        terminator,
     )
 
 
@@ -181,6 +255,13 @@ def sql_literal(value: SQLValue) -> str:
     raise StatementError(f"unsupported parameter type {type(value).__name__}")
 
 
+def _term_literal(value: SQLValue) -> str:
+    """A literal for a whole ORDER BY / GROUP BY term: integers as a constant expression."""
+    if isinstance(value, int):
+        return f"(SELECT {int(value)})"
+    return sql_literal(value)
+
+
 def render(sql: str, params: Params) -> str:
     """``sql`` with every placeholder replaced by the literal of its bound value."""
     template = parse_template(sql)
@@ -198,14 +279,17 @@ def render(sql: str, params: Params) -> str:
                 value = params[placeholder.name]
             else:
                 raise StatementError(f"no value for parameter :{placeholder.name}")
-            literals.append(sql_literal(value))
+            literals.append(_term_literal(value) if placeholder.term else sql_literal(value))
     else:
         values: Sequence[SQLValue] = params
         if len(values) < template.positional_count:
             raise StatementError(
                 f"statement has {template.positional_count} parameters, {len(values)} given"
             )
-        literals = [sql_literal(values[i]) for i in template.positions]
+        literals = [
+            _term_literal(values[i]) if p.term else sql_literal(values[i])
+            for i, p in zip(template.positions, template.placeholders, strict=True)
+        ]
     out = [template.parts[0]]
     for literal, part in zip(literals, template.parts[1:], strict=True):
         out.append(literal)
@@ -245,7 +329,11 @@ def render_many(sql: str, many: Sequence[Params]) -> list[str]:
         return []
     if not template.placeholders:
         return [sql.rstrip()] * len(many)
-    if any(isinstance(params, Mapping) for params in many) or template.statements != 1:
+    if (
+        any(isinstance(params, Mapping) for params in many)
+        or template.statements != 1
+        or any(p.term for p in template.placeholders)
+    ):
         return [render(sql, params).rstrip() for params in many]
     needed = template.positional_count
     if min(map(len, many)) < needed:

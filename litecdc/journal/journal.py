@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from litecdc.db.access import Access
+from litecdc.db.schema import SCHEMA_OBJECT
 from litecdc.db.engine import Decision, Engine
 from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
 from litecdc.results import JournalEntry, Statement, WriteOutcome
@@ -63,7 +64,11 @@ class Journal:
         self._last = high
         self._available = available
         self._pending = set(engine.journal_cids_above(available))
-        self._table_cids = engine.table_cids()
+        cids = engine.table_cids()
+        #: last cid that wrote / read each table, view or index
+        self._written = {name: written for name, (written, _) in cids.items() if written}
+        self._read = {name: read for name, (_, read) in cids.items() if read}
+        self._schema_cid = self._written.pop(SCHEMA_OBJECT, INITIAL_CID)
         #: notified after every commit, for readers that follow the journal (CDC)
         self._committed = threading.Condition()
 
@@ -96,30 +101,52 @@ class Journal:
                 )
             self.mode = mode
 
+    def _require_contiguous(self) -> None:
+        """A new cid is allocated only over a journal without gaps (a restarted follower
+        comes back in NORMAL mode but must not write until its gaps are filled)."""
+        if not self.is_contiguous():
+            raise ModeError(
+                f"cannot commit: the journal has gaps (available snapshot {self._available}, "
+                f"last cid {self._last}); apply the missing entries in FOLLOWER mode first"
+            )
+
     # -- the dependency rule --------------------------------------------------------------
     def snapshot_for(self, access: Access, cid: int) -> int:
         """The cid a transaction depends on (its hctree "snapshot").
 
-        Rule: a schema change depends on ``cid - 1`` (everything before it, since
-        any later statement may be prepared against the schema it produced).
-        Otherwise the snapshot is the largest cid that last wrote any table, view or
-        index the transaction reads or writes; objects never written through the
-        journal count as the initial record. A replica may apply the transaction as
-        soon as that cid is available, in any order with respect to transactions
-        that touch other tables.
+        Rule — the largest of:
+
+        * the last cid that **wrote** any table, view or index the transaction reads or
+          writes (it must see that write);
+        * the last cid that **read** any table the transaction writes (that reader must
+          not see this write: a replica may not run it first);
+        * the last schema change (every statement is prepared against the schema).
+
+        A schema change, and a transaction that reads ``sqlite_sequence``, depend on
+        ``cid - 1`` (everything before them). Objects never touched through the journal
+        count as the initial record. A replica may apply the transaction as soon as its
+        snapshot is available, in any order relative to transactions it does not depend on.
         """
-        if access.schema:
+        if access.schema or access.reads_everything:
             return cid - 1
-        snapshot = INITIAL_CID
+        snapshot = self._schema_cid
+        written, read = self._written, self._read
         for name in access.reads | access.writes:
-            snapshot = max(snapshot, self._table_cids.get(name, INITIAL_CID))
+            snapshot = max(snapshot, written.get(name, INITIAL_CID))
+        for name in access.writes:
+            snapshot = max(snapshot, read.get(name, INITIAL_CID))
         return min(snapshot, cid - 1)
 
     def _record(self, cid: int, access: Access) -> None:
         """Update the in-memory view after ``cid`` was committed."""
         for name in access.writes:
-            if self._table_cids.get(name, 0) < cid:
-                self._table_cids[name] = cid
+            if self._written.get(name, 0) < cid:
+                self._written[name] = cid
+        for name in access.reads:
+            if self._read.get(name, 0) < cid:
+                self._read[name] = cid
+        if access.schema:
+            self._schema_cid = max(self._schema_cid, cid)
         self._last = max(self._last, cid)
         if cid == self._available + 1:
             self._available = cid
@@ -152,6 +179,7 @@ class Journal:
                         else "this node only applies the leader's entries"
                     )
                 )
+            self._require_contiguous()
             return self._run(statements, transaction, self._last + 1).outcome
 
     def leader_commit(
@@ -168,6 +196,7 @@ class Journal:
                     f"leader_commit needs LEADER mode, the journal is in "
                     f"{self.mode.value.upper()} mode"
                 )
+            self._require_contiguous()
             cid = self._last + 1
             ran = self._run(statements, transaction, cid)
             if ran.entry is None:
@@ -188,6 +217,7 @@ class Journal:
                 raise ModeError(
                     f"internal writes go through the log in {self.mode.value.upper()} mode"
                 )
+            self._require_contiguous()
             cid = self._last + 1
 
             def decide(access: Access) -> Decision:

@@ -65,9 +65,7 @@ def make_certs(
     directory.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
     server = ca.issue_cert(*server_identities)
-    client = ca.issue_cert(
-        f"{client_common_name}@litecdc.test", common_name=client_common_name
-    )
+    client = ca.issue_cert(f"{client_common_name}@litecdc.test", common_name=client_common_name)
 
     files = CertFiles(
         directory=directory,

@@ -3,6 +3,7 @@ with the entries' timestamps and seeds (random(), 'now', CURRENT_TIMESTAMP defau
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -82,11 +83,18 @@ def test_rebuild_from_journal_sql_text_alone(store: Store) -> None:
     assert contents_of_connection(rebuilt) == contents_of_store(store)
 
 
-def _follower_replay(leader: Store, path: Path) -> Store:
+def _follower_replay(leader: Store, path: Path, seed: int | None = None) -> Store:
+    """Apply the leader's entries on a new follower. With ``seed``, in a random order that
+    only respects each entry's snapshot, as hctree allows a follower to."""
     follower = Store(NodeConfig(data_dir=path))
     follower.journal.set_mode(Mode.FOLLOWER)
-    for entry in leader.journal_page(1, 10_000).entries:
+    pending = leader.journal_page(1, 10_000).entries
+    rng = random.Random(seed)
+    while pending:
+        ready = [e for e in pending if e.snapshot <= follower.journal.available_snapshot()]
+        entry = ready[0] if seed is None else rng.choice(ready)
         follower.journal.follower_commit(entry)
+        pending.remove(entry)
     return follower
 
 
@@ -168,9 +176,9 @@ transactions = st.lists(
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(transactions)
+@given(transactions, st.integers(0, 2**32))
 def test_random_transactions_replayed_from_the_journal_reproduce_the_database(
-    tmp_path_factory: Any, txns: list[tuple[list[Statement], bool]]
+    tmp_path_factory: Any, txns: list[tuple[list[Statement], bool]], order_seed: int
 ) -> None:
     base = tmp_path_factory.mktemp("prop")
     leader = Store(NodeConfig(data_dir=base / "leader"))
@@ -182,9 +190,11 @@ def test_random_transactions_replayed_from_the_journal_reproduce_the_database(
     )
     for stmts, transaction in txns:
         leader.execute(stmts, transaction=transaction)
-    follower = _follower_replay(leader, base / "follower")
+    follower = _follower_replay(leader, base / "follower", seed=order_seed)
     assert contents_of_store(follower) == contents_of_store(leader)
-    assert follower.changes(0, 10_000) == leader.changes(0, 10_000)
+    assert sorted(follower.changes(0, 10_000), key=lambda c: (c.cid, c.seq)) == leader.changes(
+        0, 10_000
+    )
     # the captured changes, applied in order, rebuild each table too
     mirror: dict[tuple[str, int], dict[str, Any]] = {}
     for change in leader.changes(0, 10_000):
@@ -198,3 +208,34 @@ def test_random_transactions_replayed_from_the_journal_reproduce_the_database(
     assert {k: tuple(v.values()) for k, v in mirror.items()} == expected
     leader.close()
     follower.close()
+
+
+def _assert_any_order_replays(leader: Store, tmp_path: Path) -> None:
+    for seed in range(20):
+        follower = _follower_replay(leader, tmp_path / f"f{seed}", seed=seed)
+        assert contents_of_store(follower) == contents_of_store(leader), seed
+        follower.close()
+
+
+def test_a_write_after_a_read_waits_for_the_read(tmp_path: Path) -> None:
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute([S("CREATE TABLE a(x)"), S("CREATE TABLE b(n)"), S("CREATE TABLE c(x)")])
+    leader.execute([S("INSERT INTO a VALUES(1)")])
+    leader.execute([S("INSERT INTO c VALUES(1)")])
+    leader.execute([S("INSERT INTO b SELECT count(*) FROM a")])  # reads a
+    out = leader.execute([S("INSERT INTO a VALUES(2)")])  # must not overtake the read
+    assert out.snapshot == out.cid - 1  # type: ignore[operator]
+    _assert_any_order_replays(leader, tmp_path)
+    leader.close()
+
+
+def test_statements_after_a_rename_depend_on_it(tmp_path: Path) -> None:
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute([S("CREATE TABLE a(x)"), S("CREATE TABLE other(x)")])
+    leader.execute([S("INSERT INTO other VALUES(1)")])
+    leader.execute([S("ALTER TABLE a RENAME TO b")])
+    leader.execute([S("INSERT INTO other VALUES(2)")])
+    leader.execute([S("INSERT INTO b VALUES(1)")])
+    leader.execute([S("INSERT INTO other SELECT count(*) FROM sqlite_schema")])
+    _assert_any_order_replays(leader, tmp_path)
+    leader.close()

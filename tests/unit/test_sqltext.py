@@ -97,3 +97,72 @@ def test_missing_values_are_errors() -> None:
 def test_render_many_matches_render(rows: list[tuple[object, object, object]]) -> None:
     sql = "INSERT INTO t VALUES(?3, 5-?1, '%s?', ?2)  "
     assert render_many(sql, rows) == [render(sql, row).rstrip() for row in rows]  # type: ignore[arg-type]
+
+
+def test_integer_in_order_by_or_group_by_stays_a_constant() -> None:
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE t(a, b); INSERT INTO t VALUES(1, 5), (2, 4)")
+    for sql in (
+        "SELECT a FROM t ORDER BY ?, b",
+        "SELECT a FROM t ORDER BY b, ? DESC",
+        "SELECT count(*) FROM t GROUP BY ?",
+        "SELECT a FROM t ORDER BY (?) LIMIT ?",
+    ):
+        params = (1,) * parse_template(sql).positional_count
+        assert conn.execute(render(sql, params)).fetchall() == conn.execute(sql, params).fetchall()
+    assert render("SELECT a FROM t ORDER BY ? LIMIT ?", (1, 2)).endswith(
+        "ORDER BY (SELECT 1) LIMIT 2"
+    )
+    assert render("SELECT a FROM t WHERE a = ? ORDER BY a", (1,)).endswith("a = 1 ORDER BY a")
+
+
+def test_tcl_style_parameter_with_suffix() -> None:
+    conn = apsw.Connection(":memory:")
+    sql = "SELECT $a(1), $b::c"
+    assert parse_template(sql).positional_count == 2
+    assert conn.execute(render(sql, (5, 6))).fetchall() == conn.execute(sql, (5, 6)).fetchall()
+
+
+@pytest.mark.parametrize(
+    ("sql", "terminator"),
+    [
+        ("INSERT INTO t VALUES(1)", ";"),
+        ("INSERT INTO t VALUES(1);", ""),
+        ("INSERT INTO t VALUES(1) -- note", "\n;"),
+        ("INSERT INTO t VALUES(1); -- note", "\n"),
+        ("INSERT INTO t VALUES(1) -- note\n", "\n;"),  # the text is right-stripped first
+        ("INSERT INTO t VALUES(1) /* note", " */;"),
+        ("INSERT INTO t VALUES(1) /* a */", ";"),
+        ("CREATE TRIGGER x AFTER INSERT ON t BEGIN SELECT 1; END", ";"),
+    ],
+)
+def test_terminator_closes_what_the_statement_leaves_open(sql: str, terminator: str) -> None:
+    assert parse_template(sql).terminator == terminator
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE t(a)")
+    text = sql.rstrip() + parse_template(sql).terminator + "\nINSERT INTO t VALUES(2);"
+    if "TRIGGER" not in sql:
+        conn.execute(text)
+        assert conn.execute("SELECT a FROM t").fetchall() == [(1,), (2,)]
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet="?:@$abc1(), ;'\"-/*\n", max_size=40))
+def test_parameter_count_matches_sqlite(sql: str) -> None:
+    conn = apsw.Connection(":memory:")
+    seen: list[int] = []
+
+    def count(cursor: apsw.Cursor, text: str, bindings: object) -> bool:
+        seen.append(cursor.bindings_count)
+        return False
+
+    cursor = conn.cursor()
+    cursor.exec_trace = count
+    try:
+        cursor.execute(sql.split(";")[0] if ";" in sql else sql, None)
+    except apsw.ExecTraceAbort:
+        pass
+    except (apsw.Error, apsw.BindingsError):
+        return
+    if seen:
+        assert parse_template(sql.split(";")[0] if ";" in sql else sql).positional_count == seen[0]
