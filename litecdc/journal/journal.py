@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from litecdc.db.access import Access
-from litecdc.db.schema import SCHEMA_OBJECT
 from litecdc.db.engine import Decision, Engine
+from litecdc.db.schema import SCHEMA_OBJECT
 from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
 from litecdc.results import JournalEntry, Statement, WriteOutcome
 
