@@ -37,6 +37,9 @@ class NodeConfig:
     http_key: Path | None = None
     #: Largest request body accepted, in bytes. Default 64 MiB.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Enforce foreign keys (``PRAGMA foreign_keys=ON``), like rqlite's ``-fk``. Every node
+    #: of a cluster must use the same setting. Default off, as in SQLite.
+    foreign_keys: bool = False
     #: The CDC push service (``--cdc-config``); None = no webhook delivery.
     cdc: CDCConfig | None = None
 

@@ -39,7 +39,9 @@ class Store:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-        self.engine = Engine(config.db_path, synchronous=config.synchronous)
+        self.engine = Engine(
+            config.db_path, synchronous=config.synchronous, foreign_keys=config.foreign_keys
+        )
         self.journal = Journal(self.engine)
         self._closed = False
         self._lock = threading.Lock()

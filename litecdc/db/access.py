@@ -11,7 +11,8 @@ The same callback refuses, with a reason, what a replicated write must not do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import apsw
@@ -225,14 +226,61 @@ class WriteAuthorizer:
         return self._refuse(f"statement type {action} is not allowed in writes")
 
 
-def read_authorizer(
-    action: int,
-    arg1: str | None,
-    arg2: str | None,
-    database: str | None,
-    trigger_or_view: str | None,
-) -> int:
-    """Reader connections: anything read-only except attaching other files."""
-    if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
+class ReadAuthorizer:
+    """A reader connection's authorizer: reads only, and nothing that outlives the call.
+
+    Transaction control, temporary objects, ATTACH and PRAGMA assignments would leave
+    state on a connection that serves other requests later (a client's BEGIN would pin
+    its snapshot forever), so they are refused; litecdc's own BEGIN for a
+    ``transaction`` read runs under :meth:`trusted`.
+    """
+
+    def __init__(self) -> None:
+        self._trusted = False
+        #: why the last refused statement was refused
+        self.reason: str | None = None
+
+    @contextlib.contextmanager
+    def trusted(self) -> Iterator[None]:
+        self._trusted = True
+        try:
+            yield
+        finally:
+            self._trusted = False
+
+    def _refuse(self, reason: str) -> int:
+        self.reason = reason
         return apsw.SQLITE_DENY
-    return apsw.SQLITE_OK
+
+    def __call__(
+        self,
+        action: int,
+        arg1: str | None,
+        arg2: str | None,
+        database: str | None,
+        trigger_or_view: str | None,
+    ) -> int:
+        if self._trusted:
+            return apsw.SQLITE_OK
+        if action in (apsw.SQLITE_TRANSACTION, apsw.SQLITE_SAVEPOINT):
+            return self._refuse(
+                "transaction control statements are not allowed in queries; use the "
+                "transaction parameter to read in one transaction"
+            )
+        if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
+            return self._refuse("ATTACH and DETACH are not allowed")
+        if action in _TEMP_DDL:
+            return self._refuse("temporary objects are not allowed in queries")
+        if (
+            action == apsw.SQLITE_PRAGMA
+            and arg2 is not None
+            and (
+                (arg1 or "").lower() not in INTROSPECTION_PRAGMAS
+                or (arg1 or "").lower() in ("user_version", "application_id", "foreign_keys")
+            )
+        ):
+            return self._refuse(
+                f"PRAGMA {arg1} with a value changes connection state; only "
+                "reading pragmas is allowed in queries"
+            )
+        return apsw.SQLITE_OK

@@ -18,7 +18,10 @@ Everything else that would differ between replicas is refused before commit
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import threading
+import time
 
 import apsw
 
@@ -39,6 +42,18 @@ NON_DETERMINISTIC_FUNCTIONS: dict[str, str] = {
     "sqlite_compileoption_get": "differs between builds of SQLite",
     "load_extension": "loads code that replicas may not have",
 }
+
+
+def pin_process_timezone() -> None:
+    """Make SQLite's ``'localtime'`` and ``'utc'`` modifiers agree on every replica.
+
+    SQLite converts with the C library's local time zone, which is per machine; litecdc
+    runs every node in UTC (process-wide: ``TZ=UTC``), so those modifiers are no-ops
+    everywhere instead of giving each replica its own answer.
+    """
+    if os.environ.get("TZ") != "UTC":
+        os.environ["TZ"] = "UTC"
+        time.tzset()
 
 
 class FixedClockVFS(apsw.VFS):
@@ -77,6 +92,26 @@ class FixedClockVFS(apsw.VFS):
         return int(super().xCurrentTimeInt64())
 
 
+#: SQLite's default SQLITE_MAX_LENGTH
+MAX_BLOB_BYTES = 1_000_000_000
+
+
+def _as_int64(value: object) -> int:
+    """A value as SQLite's sqlite3_value_int64 reads it (floats truncate, text's leading
+    integer, anything else 0)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if abs(value) < 2**63 else 0
+    if isinstance(value, (str, bytes)):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        digits = re.match(r"\s*([+-]?\d+)", text)
+        return int(digits.group(1)) if digits else 0
+    return 0
+
+
 class DeterministicRandom:
     """``random()``/``randomblob()`` as pure functions of (seed, call number)."""
 
@@ -97,9 +132,11 @@ class DeterministicRandom:
         return int.from_bytes(self._digest(8), "little", signed=True)
 
     def randomblob(self, *args: object) -> bytes:
-        # SQLite: N < 1 (or not a number) gives a 1-byte blob.
-        size = args[0] if args else 1
-        count = size if isinstance(size, int) and size >= 1 else 1
+        count = _as_int64(args[0] if args else 1)
+        if count < 1:  # as SQLite: N < 1 gives a 1-byte blob
+            count = 1
+        if count > MAX_BLOB_BYTES:
+            raise ValueError("string or blob too big")
         return self._digest(count)
 
     def install(self, connection: apsw.Connection) -> None:

@@ -12,15 +12,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
-from litecdc.db.access import Access, WriteAuthorizer, read_authorizer
+from litecdc.db.access import Access, ReadAuthorizer, WriteAuthorizer
 from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
-from litecdc.db.determinism import DeterministicRandom, FixedClockVFS
+from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_process_timezone
 from litecdc.db.dump import dump_statements
 from litecdc.db.schema import (
     CDC_STATE_TABLE,
@@ -65,11 +65,54 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
     return str(exc)
 
 
+def _bindable(params: Any) -> Any:
+    """Parameters as APSW binds them: named keys may be given with their ``:``/``@``/``$``."""
+    if isinstance(params, Mapping) and any(k[:1] in ":@$" for k in params):
+        return {(k[1:] if k[:1] in ":@$" else k): v for k, v in params.items()}
+    return params
+
+
+class _LastResult:
+    """An exec tracer that keeps the result of the *last* SQL statement run.
+
+    It notes each statement's columns before the statement runs (an empty result still
+    has columns) and, for a string of several statements, drops the rows of earlier ones
+    — the result rqlite (go-sqlite3) reports.
+    """
+
+    __slots__ = ("description", "rows")
+
+    def __init__(self) -> None:
+        self.description: list[tuple[str, str | None]] | None = None
+        self.rows: list[tuple[Any, ...]] = []
+
+    def __call__(self, cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+        try:
+            self.description = list(cursor.get_description())
+        except apsw.ExecutionCompleteError:
+            self.description = None
+        self.rows = []
+        return True
+
+    def run(self, cursor: apsw.Cursor, sql: str, params: Any, *, can_cache: bool = True) -> None:
+        cursor.exec_trace = self
+        executing = cursor.execute(sql, params, can_cache=can_cache)
+        if parse_template(sql).statements > 1:
+            for row in executing:
+                self.rows.append(row)
+        else:
+            self.rows = executing.fetchall()
+
+
 class Engine:
     """One SQLite database file with litecdc's journal and change tables."""
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "full") -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str = "full", foreign_keys: bool = False
+    ) -> None:
         self.path = str(path)
+        pin_process_timezone()
+        self._foreign_keys = foreign_keys
         self._vfs = FixedClockVFS.get()
         self._write_lock = threading.RLock()
         self._writer = apsw.Connection(self.path, vfs=self._vfs.name)
@@ -77,6 +120,8 @@ class Engine:
         self._writer.execute("PRAGMA journal_mode=WAL")
         self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._writer.execute(CREATE_INTERNAL)
+        if foreign_keys:
+            self._writer.execute("PRAGMA foreign_keys=ON")
         self._random = DeterministicRandom()
         self._random.install(self._writer)
         self._access_cache: dict[str, Access] = {}
@@ -96,7 +141,11 @@ class Engine:
         if conn is None:
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
             conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-            conn.authorizer = read_authorizer
+            if self._foreign_keys:
+                conn.execute("PRAGMA foreign_keys=ON")
+            authorizer = ReadAuthorizer()
+            conn.authorizer = authorizer
+            self._readers.authorizer = authorizer
             self._readers.conn = conn
             with self._reader_lock:
                 self._reader_list.append(conn)
@@ -272,13 +321,14 @@ class Engine:
             totals.append(total_changes())
             return True
 
+        params = [_bindable(s.params) for s in group]
         self._internal("SAVEPOINT litecdc_batch")
         started = time.perf_counter()
         try:
             cursor = writer.cursor()
             cursor.exec_trace = before_each
-            cursor.executemany(sql, [s.params for s in group]).fetchall()
-            texts = render_many(sql, [s.params for s in group])
+            cursor.executemany(sql, params).fetchall()
+            texts = render_many(sql, params)
         except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError):
             self._internal("ROLLBACK TO litecdc_batch; RELEASE litecdc_batch")
             self._buffer.cut(buffer_mark)
@@ -324,20 +374,11 @@ class Engine:
         started = time.perf_counter()
         changes_before = writer.total_changes()
         try:
-            cursor = writer.cursor()
-            description: list[tuple[str, str | None]] | None = None
-
-            def keep_description(cur: apsw.Cursor, sql: str, bindings: Any) -> bool:
-                nonlocal description
-                try:
-                    description = list(cur.get_description())
-                except apsw.ExecutionCompleteError:
-                    description = None
-                return True
-
-            cursor.exec_trace = keep_description
-            cursor.execute(statement.sql, statement.params, can_cache=not recording)
-            rows = cursor.fetchall()
+            last = _LastResult()
+            last.run(
+                writer.cursor(), statement.sql, _bindable(statement.params), can_cache=not recording
+            )
+            description, rows = last.description, last.rows
             assert access is not None
             if access.refused is not None:
                 raise StatementError(access.refused)
@@ -349,7 +390,7 @@ class Engine:
                 if problem is not None:
                     raise StatementError(problem)
             text = (
-                render(statement.sql, statement.params).rstrip()
+                render(statement.sql, _bindable(statement.params)).rstrip()
                 + parse_template(statement.sql).terminator
             )
         except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
@@ -618,33 +659,32 @@ class Engine:
     ) -> list[StatementResult]:
         """Run read-only statements on this thread's reader connection."""
         conn = self._reader()
+        authorizer: ReadAuthorizer = self._readers.authorizer
         results: list[StatementResult] = []
         if transaction:
-            conn.execute("BEGIN")
+            with authorizer.trusted():
+                conn.execute("BEGIN")
         try:
             for statement in statements:
                 results.append(self._read_one(conn, statement))
         finally:
-            if transaction and conn.in_transaction:
-                conn.execute("COMMIT")
+            if conn.in_transaction:  # ours, or anything a statement left open
+                with authorizer.trusted():
+                    conn.execute("COMMIT" if transaction else "ROLLBACK")
         return results
 
     def _read_one(self, conn: apsw.Connection, statement: Statement) -> StatementResult:
         started = time.perf_counter()
-        description: list[tuple[str, str | None]] | None = None
-
-        def keep_description(cur: apsw.Cursor, sql: str, bindings: Any) -> bool:
-            nonlocal description
-            try:
-                description = list(cur.get_description())
-            except apsw.ExecutionCompleteError:
-                description = None
-            return True
-
-        cursor = conn.cursor()
-        cursor.exec_trace = keep_description
+        last = _LastResult()
+        refusals = self._readers.authorizer
+        refusals.reason = None
         try:
-            rows = cursor.execute(statement.sql, statement.params).fetchall()
+            last.run(conn.cursor(), statement.sql, _bindable(statement.params))
+        except apsw.AuthError as exc:
+            return StatementResult(
+                error=refusals.reason or _statement_error(exc, None),
+                seconds=time.perf_counter() - started,
+            )
         except apsw.ReadOnlyError:
             return StatementResult(
                 error="attempt to change database via query operation",
@@ -660,9 +700,9 @@ class Engine:
                 seconds=time.perf_counter() - started,
             )
         result = StatementResult(seconds=time.perf_counter() - started)
-        result.columns = [d[0] for d in description or []]
-        result.decltypes = [d[1] for d in description or []]
-        result.rows = rows
+        result.columns = [d[0] for d in last.description or []]
+        result.decltypes = [d[1] for d in last.description or []]
+        result.rows = last.rows
         return result
 
     def is_read_only(self, statement: Statement) -> bool:
@@ -687,7 +727,7 @@ class Engine:
         cursor = self._reader().cursor()
         cursor.exec_trace = check
         try:
-            cursor.execute(statement.sql, statement.params).fetchall()
+            cursor.execute(statement.sql, _bindable(statement.params)).fetchall()
         except apsw.ExecTraceAbort:
             pass
         except (apsw.Error, OverflowError, TypeError, KeyError, ValueError):
