@@ -111,9 +111,9 @@ class Store:
         return self.engine.changes(after, limit)
 
     # -- the change feed the CDC service reads (cdc.service.ChangeFeed) -------------------------
-    def read_transactions(self, after: int, max_events: int) -> list[RowChange]:
+    def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]:
         """Captured changes of whole transactions after cid ``after`` (see Engine)."""
-        return self.engine.read_transactions(after, max_events)
+        return self.engine.read_transactions(after, max_transactions)
 
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool:
         return self.journal.wait_for_commit_after(cid, timeout)

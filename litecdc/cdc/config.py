@@ -27,7 +27,7 @@ DEFAULT_MAX_BATCH_SIZE = 10
 DEFAULT_MAX_BATCH_DELAY = 0.2
 DEFAULT_HIGH_WATERMARK_INTERVAL = 1.0
 DEFAULT_TRANSMIT_TIMEOUT = 5.0
-DEFAULT_TRANSMIT_MAX_RETRIES: int | None = 5
+DEFAULT_TRANSMIT_MAX_RETRIES: int | None = None  # retry forever: nothing is lost
 DEFAULT_TRANSMIT_RETRY_POLICY = "linear"
 DEFAULT_TRANSMIT_MIN_BACKOFF = 1.0
 DEFAULT_TRANSMIT_MAX_BACKOFF = 30.0
@@ -41,11 +41,12 @@ _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m":
 
 
 def parse_duration(value: object, key: str) -> float:
-    """A duration in seconds from "200ms", "5s", "1m30s" (Go's syntax) or a number of seconds."""
+    """A duration in seconds from "200ms", "5s", "1m30s" (Go's syntax) or a JSON number of
+    nanoseconds (how rqlite's Go code reads a time.Duration)."""
     if isinstance(value, bool):
         raise ConfigError(f'cdc config: {key} must be a duration like "5s", got {value!r}')
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = float(value) / 1e9
     elif isinstance(value, str) and value.strip():
         text = value.strip()
         pos, seconds = 0, 0.0
@@ -89,8 +90,8 @@ class CDCConfig:
     #: regular expression a table name must match (fully) to be sent; default: all tables
     table_filter: re.Pattern[str] | None = None
     tls: TLSConfig = field(default_factory=TLSConfig)
-    #: most row events in one batch (whole transactions are never split, so one larger
-    #: transaction goes alone); default 10
+    #: most transactions (cids; rqlite: log entries) in one batch, each with all its row
+    #: events; default 10
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     #: longest a batch waits to fill before it is sent; default 200ms
     max_batch_delay: float = DEFAULT_MAX_BATCH_DELAY
@@ -98,9 +99,11 @@ class CDCConfig:
     high_watermark_interval: float = DEFAULT_HIGH_WATERMARK_INTERVAL
     #: timeout of one POST; default 5s
     transmit_timeout: float = DEFAULT_TRANSMIT_TIMEOUT
-    #: attempts before a batch is dropped (counted); None = retry forever; default 5
+    #: attempts (the first included) before a batch is dropped and counted;
+    #: None = retry forever (default, as rqlite)
     transmit_max_retries: int | None = DEFAULT_TRANSMIT_MAX_RETRIES
-    #: "linear" or "exponential" backoff between attempts; default linear
+    #: "linear" (every wait is transmit_min_backoff) or "exponential" (2, 4, 8… times it,
+    #: capped at transmit_max_backoff), as rqlite; default linear
     transmit_retry_policy: str = DEFAULT_TRANSMIT_RETRY_POLICY
     transmit_min_backoff: float = DEFAULT_TRANSMIT_MIN_BACKOFF
     transmit_max_backoff: float = DEFAULT_TRANSMIT_MAX_BACKOFF
@@ -116,11 +119,11 @@ class CDCConfig:
         return STDOUT if self.endpoint == STDOUT else urlsplit(self.endpoint).scheme.lower()
 
     def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        """Seconds to wait after failed attempt number ``attempt`` (1-based), as rqlite."""
         if self.transmit_retry_policy == "exponential":
-            delay = self.transmit_min_backoff * (2 ** (attempt - 1))
+            delay = self.transmit_min_backoff * (2 ** min(attempt, 62))
         else:
-            delay = self.transmit_min_backoff * attempt
+            delay = self.transmit_min_backoff
         return float(min(delay, self.transmit_max_backoff))
 
 
@@ -237,13 +240,7 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
                 )
         kwargs["transmit_max_retries"] = retries
     if "transmit_retry_policy" in doc:
-        policy = _typed(doc, "transmit_retry_policy", str).lower()
-        if policy not in RETRY_POLICIES:
-            raise ConfigError(
-                f"cdc config: transmit_retry_policy must be one of "
-                f"{', '.join(RETRY_POLICIES)}, got {policy!r}"
-            )
-        kwargs["transmit_retry_policy"] = policy
+        kwargs["transmit_retry_policy"] = _retry_policy(doc["transmit_retry_policy"])
     if kwargs.get("transmit_min_backoff", DEFAULT_TRANSMIT_MIN_BACKOFF) > kwargs.get(
         "transmit_max_backoff", DEFAULT_TRANSMIT_MAX_BACKOFF
     ):
@@ -274,6 +271,29 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
     if config.tls.cert_file or config.tls.ca_cert_file:
         build_ssl_context(config.tls)  # unreadable or mismatched files fail now, not later
     return config
+
+
+#: spellings of the retry policies: litecdc's names, rqlite's Go constant names and the
+#: integers rqlite's code reads
+_POLICY_NAMES = {
+    "linear": "linear",
+    "linearretrypolicy": "linear",
+    "0": "linear",
+    "exponential": "exponential",
+    "exponentialretrypolicy": "exponential",
+    "1": "exponential",
+}
+
+
+def _retry_policy(value: object) -> str:
+    valid = isinstance(value, (str, int)) and not isinstance(value, bool)
+    key = str(value).lower() if valid else ""
+    if key not in _POLICY_NAMES:
+        raise ConfigError(
+            f"cdc config: transmit_retry_policy must be one of {', '.join(RETRY_POLICIES)} "
+            f"(or rqlite's 0/1), got {value!r}"
+        )
+    return _POLICY_NAMES[key]
 
 
 def _typed(doc: dict[str, Any], key: str, kind: type) -> Any:

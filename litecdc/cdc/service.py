@@ -4,8 +4,9 @@ Design (rqlite's CDC service, made loss-free by litecdc's storage):
 
 * The durable FIFO queue is ``_litecdc_changes`` itself, written in the same SQLite
   transaction as the data: nothing can be lost between commit and queue.
-* A reader thread takes whole transactions' changes, up to ``max_batch_size`` events or
-  what arrived within ``max_batch_delay`` of the first, and — only while this node is the
+* A reader thread takes whole transactions' changes, up to ``max_batch_size`` transactions
+  (as rqlite counts log entries) or what arrived within ``max_batch_delay`` of the first,
+  and — only while this node is the
   leader — sends the batch, retrying per the policy. A batch that exhausts its attempts
   is dropped, counted and logged.
 * The leader keeps the high watermark (HWM: the highest cid delivered or dropped) in
@@ -42,7 +43,7 @@ IDLE_WAIT_SECONDS = 0.5
 
 
 class ChangeFeed(Protocol):
-    def read_transactions(self, after: int, max_events: int) -> list[RowChange]: ...
+    def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]: ...
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool: ...
     def last_cid(self) -> int: ...
     def cdc_high_watermark(self) -> int | None: ...
@@ -171,31 +172,29 @@ class CDCService:
         log.info("CDC: leading; sending everything above cid %d", hwm)
 
     def _collect(self) -> list[RowChange]:
-        """Whole transactions: up to max_batch_size events, or what came within the delay."""
+        """Whole transactions: up to max_batch_size of them, or what came within the delay."""
         config = self.config
         assert self._position is not None
         position = self._position
         events: list[RowChange] = []
+        transactions = 0
         first_at: float | None = None
         while not self._stop.is_set() and self._leadership.is_leader():
             seen = self._feed.last_cid()
-            room = config.max_batch_size - len(events)
-            new = self._feed.read_transactions(position, max(room, 1))
-            if new and events and len(new) > room:
-                break  # the next transaction does not fit: send what we have
+            new = self._feed.read_transactions(position, config.max_batch_size - transactions)
             if new:
                 events.extend(new)
+                transactions += len({change.cid for change in new})
                 position = new[-1].cid
                 if first_at is None:
                     first_at = time.monotonic()
-                if len(events) >= config.max_batch_size:
+                if transactions >= config.max_batch_size:
                     break
                 continue
             if first_at is None:
+                # idle: wait for the next commit (or a leadership change) and look again
                 self._feed.wait_for_commit_after(seen, IDLE_WAIT_SECONDS)
-                if not events:
-                    return events
-                continue
+                return events
             remaining = first_at + config.max_batch_delay - time.monotonic()
             if remaining <= 0:
                 break

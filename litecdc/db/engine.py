@@ -615,29 +615,33 @@ class Engine:
     def changes_count(self) -> int:
         return int(self._read(f"SELECT count(*) FROM {CHANGES_TABLE}")[0][0])
 
-    def read_transactions(self, after: int, max_events: int) -> list[RowChange]:
-        """Changes of whole transactions after cid ``after``, at most ``max_events`` of them.
-
-        A transaction is never split: if the first one alone has more than
-        ``max_events`` changes it is returned alone, whole.
-        """
-        start = last_change_id(after) if after >= 0 else -1
-        rows = self._read(
-            f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
-            (start, max_events + 1),
-        )
-        if len(rows) > max_events:
-            # the last row may belong to a transaction that does not fit: keep whole ones
-            cut_cid = rows[-1][0]
-            whole = [row for row in rows if row[0] != cut_cid]
-            if whole:
-                rows = whole
-            else:  # one transaction larger than max_events: send it alone, whole
-                rows = self._read(
-                    f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} "
-                    "WHERE id > ? AND id <= ? ORDER BY id",
-                    (last_change_id(cut_cid - 1), last_change_id(cut_cid)),
-                )
+    def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]:
+        """All changes of the next ``max_transactions`` transactions (with changes) after
+        cid ``after``, in (cid, seq) order; a transaction is never split."""
+        conn = self._reader()
+        with self._readers.authorizer.trusted():
+            conn.execute("BEGIN")  # one consistent view for the walk and the read
+        try:
+            last, count = after, 0
+            while count < max_transactions:
+                # next cid with changes: one B-tree seek, since ids are cid << 24 | seq
+                found: list[tuple[Any, ...]] = conn.execute(
+                    f"SELECT cid FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT 1",
+                    (last_change_id(last) if last >= 0 else -1,),
+                ).fetchall()
+                if not found:
+                    break
+                last, count = found[0][0], count + 1
+            if count == 0:
+                return []
+            rows = conn.execute(
+                f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? AND id <= ? "
+                "ORDER BY id",
+                (last_change_id(after) if after >= 0 else -1, last_change_id(last)),
+            ).fetchall()
+        finally:
+            with self._readers.authorizer.trusted():
+                conn.execute("COMMIT")
         return [decode_change(row) for row in rows]
 
     def queue_stats(self) -> tuple[int, int | None]:

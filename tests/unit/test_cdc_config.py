@@ -26,7 +26,7 @@ def test_url_and_stdout_take_the_defaults() -> None:
     assert (config.max_batch_size, config.max_batch_delay, config.transmit_max_retries) == (
         10,
         0.2,
-        5,
+        None,  # retry forever, as rqlite
     )
     assert parse_cdc_config("stdout", known_schemes=SCHEMES).scheme == "stdout"
 
@@ -54,13 +54,13 @@ def test_rqlite_config_file(tmp_path: Path) -> None:
     assert config.table_filter == re.compile("^orders$")
     assert (config.max_batch_delay, config.transmit_timeout) == (0.05, 90.0)
     assert config.transmit_max_retries is None
-    assert [config.backoff(n) for n in (1, 2, 3, 8)] == [0.1, 0.2, 0.4, 10.0]
+    assert [config.backoff(n) for n in (1, 2, 3, 8)] == [0.2, 0.4, 0.8, 10.0]
     assert config.tls.server_name == "example.test" and config.tls.insecure_skip_verify
 
 
 def test_linear_backoff() -> None:
     config = CDCConfig(endpoint="http://x", transmit_min_backoff=1.0, transmit_max_backoff=2.5)
-    assert [config.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 2.5, 2.5]
+    assert [config.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -128,9 +128,17 @@ def test_unreadable_certificate_contents_are_refused(tmp_path: Path) -> None:
         ("5s", 5.0),
         ("1m30s", 90.0),
         ("1.5h", 5400.0),
-        (3, 3.0),
+        (3_000_000_000, 3.0),
         ("250us", 0.00025),
     ],
 )
 def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text, "k") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("spelling", ["exponential", "ExponentialRetryPolicy", 1])
+def test_rqlite_spellings_of_the_retry_policy(tmp_path: Path, spelling: object) -> None:
+    doc = {"endpoint": "http://x/h", "transmit_retry_policy": spelling}
+    assert parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES).transmit_retry_policy == (
+        "exponential"
+    )
