@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -16,6 +17,16 @@ log = logging.getLogger("litecdc.http")
 __all__ = ["serve"]
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn re-raises a caught SIGTERM/SIGINT once it has shut down, which kills the
+    process before the node is closed (its CDC high watermark unwritten, the WAL left
+    behind). A node finishes its shutdown and exits 0 instead."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
 
 
 def _loop_and_http() -> tuple[str, str]:
@@ -49,7 +60,7 @@ def serve(config: NodeConfig) -> None:
     try:
         app = create_app(node.store, config, cdc=node.cdc)
         loop, http = _loop_and_http()
-        server = uvicorn.Server(
+        server = _GracefulServer(
             uvicorn.Config(
                 app,
                 host=config.http_host,

@@ -79,9 +79,10 @@ class Node:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self) -> None:
+    def stop(self) -> int | None:
+        """SIGTERM, then wait; returns the exit code (0 = shut down cleanly)."""
         if self.proc is None:
-            return
+            return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -89,8 +90,10 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+        code = self.proc.returncode
         self.proc = None
         self._log.close()
+        return code
 
     def client(self, **kwargs: Any) -> httpx.Client:
         kwargs.setdefault("verify", self.verify)

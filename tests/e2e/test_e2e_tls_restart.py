@@ -62,7 +62,10 @@ def test_restart_keeps_data_and_journal(tmp_path: Path) -> None:
             journal_before = c.get("/journal").json()
             changes_before = c.get("/cdc/changes", params={"limit": 10000}).json()
     finally:
-        n.stop()
+        code = n.stop()
+    # SIGTERM is a clean shutdown: exit 0, the store closed (SQLite removes the WAL files)
+    assert code == 0, n.log()
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["db.sqlite"]
     n2 = Node(tmp_path / "data", port=port_node.port).start()
     try:
         with n2.client() as c:

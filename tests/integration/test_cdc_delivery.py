@@ -1,0 +1,409 @@
+"""The CDC push service against real HTTP(S) webhook receivers on 127.0.0.1.
+
+A standalone node (store + CDC service, in process) writes rows; a real receiver
+(tests/fakes) records what arrives and can fail, delay or drop requests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import WebhookReceiver, make_certs, reserve_port
+
+from litecdc import NodeConfig, Statement
+from litecdc.cdc import parse_cdc_config
+from litecdc.node import Node
+
+S = Statement
+FAST = {  # small waits so the suite stays quick
+    "max_batch_delay": "20ms",
+    "high_watermark_interval": "50ms",
+    "transmit_timeout": "2s",
+    "transmit_min_backoff": "10ms",
+    "transmit_max_backoff": "50ms",
+}
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def make_node(tmp_path: Path, endpoint: str, **settings: Any) -> Node:
+    doc = {"endpoint": endpoint, **FAST, **settings}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"cdc-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(doc))
+    config = NodeConfig(
+        data_dir=tmp_path / "node", node_id="node-1", cdc=parse_cdc_config(str(path))
+    )
+    node = Node(config)
+    node.start()
+    return node
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as r:
+        yield r
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    nodes: list[Node] = []
+
+    def start(endpoint: str, **settings: Any) -> Node:
+        node = make_node(tmp_path, endpoint, **settings)
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.close()
+
+
+def delivered(receiver: WebhookReceiver) -> list[tuple[int, int]]:
+    """(cid, position in its transaction) of every event received, duplicates included."""
+    out = []
+    for batch in receiver.batches:
+        for element in batch["payload"]:
+            out.extend((element["index"], i) for i in range(len(element["events"])))
+    return out
+
+
+def events(receiver: WebhookReceiver) -> list[dict[str, Any]]:
+    return [e for b in receiver.batches for p in b["payload"] for e in p["events"]]
+
+
+def wait_delivered(
+    receiver: WebhookReceiver, expected: set[tuple[int, int]], timeout: float = 30
+) -> None:
+    receiver.wait_for(lambda _: expected <= set(delivered(receiver)), timeout=timeout)
+
+
+def write_rows(node: Node, count: int, table: str = "t") -> list[int]:
+    cids = []
+    for i in range(count):
+        out = node.store.execute([S(f"INSERT INTO {table}(v) VALUES(?)", (i,))])
+        assert out.cid is not None
+        cids.append(out.cid)
+    return cids
+
+
+def expected_for(cids: list[int]) -> set[tuple[int, int]]:
+    return {(cid, 0) for cid in cids}
+
+
+def test_single_event_in_rqlite_envelope(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    node = started(receiver.url, service_id="svc-1")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    [cid] = write_rows(node, 1)
+    wait_delivered(receiver, {(cid, 0)})
+    body = receiver.batches[0]
+    timestamp = node.store.journal_page(cid - 1, 1).entries[0].timestamp_ms
+    assert body == {
+        "service_id": "svc-1",
+        "node_id": "node-1",
+        "payload": [
+            {
+                "index": cid,
+                "commit_timestamp": timestamp,
+                "events": [
+                    {"op": "INSERT", "table": "t", "new_row_id": 1, "after": {"id": 1, "v": 0}}
+                ],
+            }
+        ],
+    }
+    request = receiver.requests[0]
+    assert request.method == "POST" and request.headers["content-type"] == "application/json"
+
+
+def test_500_events_all_delivered_in_commit_order(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    node = started(receiver.url, max_batch_size=50)
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 500)
+    wait_delivered(receiver, expected_for(cids))
+    got = [cid for cid, _ in delivered(receiver)]
+    assert got == sorted(got) and set(got) == set(cids)
+    assert all(len(b["payload"]) <= 50 for b in receiver.batches)
+
+
+def test_batches_hold_at_most_max_batch_size_transactions(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    # a backlog written before the service starts is sent in full batches
+    node = make_node(tmp_path, receiver.url, max_batch_size=3)
+    node.close()
+    from litecdc import Store
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    big = store.execute([S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(7)], transaction=True)
+    cids = [store.execute([S("INSERT INTO t(v) VALUES(1)")]).cid for _ in range(9)]
+    store.close()
+    node = make_node(tmp_path, receiver.url, max_batch_size=3)
+    try:
+        expected = {(big.cid, i) for i in range(7)} | expected_for(cids)  # type: ignore[arg-type]
+        wait_delivered(receiver, expected)  # type: ignore[arg-type]
+        sizes = [len(b["payload"]) for b in receiver.batches]
+        assert max(sizes) == 3 and sum(sizes) == 10
+        # a transaction is never split across batches
+        first = receiver.batches[0]["payload"][0]
+        assert first["index"] == big.cid and len(first["events"]) == 7
+    finally:
+        node.close()
+
+
+def test_batch_waits_up_to_max_batch_delay_to_fill(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    node = started(receiver.url, max_batch_size=100, max_batch_delay="2s")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 3)
+    wait_delivered(receiver, expected_for(cids))
+    # the three commits arrived within the delay, so they travel together
+    assert [len(b["payload"]) for b in receiver.batches] == [3]
+
+
+def test_every_op_and_value_type(started: Callable[..., Node], receiver: WebhookReceiver) -> None:
+    node = started(receiver.url)
+    node.store.execute([S("CREATE TABLE v(id INTEGER PRIMARY KEY, i, f, s, b, n)")])
+    row = (1, -(2**63), 0.1, "é'\"", b"\x00\xffbin", None)
+    node.store.execute([S("INSERT INTO v VALUES(?, ?, ?, ?, ?, ?)", row)])
+    node.store.execute([S("UPDATE v SET s = 'new', f = 2.5 WHERE id = 1")])
+    last = node.store.execute([S("DELETE FROM v WHERE id = 1")])
+    receiver.wait_for(
+        lambda _: any(p["index"] == last.cid for b in receiver.batches for p in b["payload"]),
+        timeout=30,
+    )
+    blob = base64.b64encode(b"\x00\xffbin").decode()
+    image = {"id": 1, "i": -(2**63), "f": 0.1, "s": "é'\"", "b": blob, "n": None}
+    updated = {**image, "s": "new", "f": 2.5}
+    assert events(receiver) == [
+        {"op": "INSERT", "table": "v", "new_row_id": 1, "after": image},
+        {
+            "op": "UPDATE",
+            "table": "v",
+            "new_row_id": 1,
+            "old_row_id": 1,
+            "before": image,
+            "after": updated,
+        },
+        {"op": "DELETE", "table": "v", "old_row_id": 1, "before": updated},
+    ]
+
+
+def test_table_filter_sends_matching_tables_only(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    node = started(receiver.url, table_filter="keep.*")
+    node.store.execute([S("CREATE TABLE keep_me(v)"), S("CREATE TABLE other(v)")])
+    node.store.execute([S("INSERT INTO other VALUES(1)")])
+    last = node.store.execute(
+        [S("INSERT INTO keep_me VALUES(2)"), S("INSERT INTO other VALUES(3)")]
+    )
+    receiver.wait_for(lambda _: len(events(receiver)) >= 1, timeout=30)
+    assert node.cdc is not None
+    deadline = time.monotonic() + 30
+    while node.cdc.status()["hwm"] != last.cid and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [(e["table"], e["after"]) for e in events(receiver)] == [("keep_me", {"v": 2})]
+    status = node.cdc.status()
+    assert status["hwm"] == last.cid and status["skipped_events"] == 2
+
+
+def test_row_ids_only(started: Callable[..., Node], receiver: WebhookReceiver) -> None:
+    node = started(receiver.url, row_ids_only=True)
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    node.store.execute([S("INSERT INTO t VALUES(5, 'x')")])
+    last = node.store.execute([S("UPDATE t SET id = 6")])
+    receiver.wait_for(
+        lambda _: any(p["index"] == last.cid for b in receiver.batches for p in b["payload"]),
+        timeout=30,
+    )
+    assert events(receiver) == [
+        {"op": "INSERT", "table": "t", "new_row_id": 5},
+        {"op": "UPDATE", "table": "t", "new_row_id": 6, "old_row_id": 5},
+    ]
+
+
+def test_debezium_envelope(started: Callable[..., Node], receiver: WebhookReceiver) -> None:
+    node = started(receiver.url, format="debezium", service_id="shop")
+    node.store.execute([S("CREATE TABLE a(id INTEGER PRIMARY KEY, v)"), S("CREATE TABLE b(k)")])
+    out = node.store.execute(
+        [
+            S("INSERT INTO a VALUES(1, 'x')"),
+            S("INSERT INTO b VALUES(2)"),
+            S("UPDATE a SET v = 'y'"),
+            S("DELETE FROM b"),
+        ]
+    )
+    receiver.wait_for(lambda batches: sum(len(b) for b in batches) >= 4, timeout=30)
+    got = [e for batch in receiver.batches for e in batch]
+    ts = node.store.journal_page(out.cid - 1, 1).entries[0].timestamp_ms  # type: ignore[operator]
+    assert [(e["op"], e["before"], e["after"]) for e in got] == [
+        ("c", None, {"id": 1, "v": "x"}),
+        ("c", None, {"k": 2}),
+        ("u", {"id": 1, "v": "x"}, {"id": 1, "v": "y"}),
+        ("d", {"k": 2}, None),
+    ]
+    assert [e["source"] for e in got][0] == {
+        "connector": "litecdc",
+        "name": "shop",
+        "db": "main",
+        "table": "a",
+        "cid": out.cid,
+        "ts_ms": ts,
+    }
+    assert [
+        (e["transaction"]["total_order"], e["transaction"]["data_collection_order"]) for e in got
+    ] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    assert all(e["transaction"]["id"] == str(out.cid) and e["ts_ms"] >= ts for e in got)
+
+
+def test_retry_forever_until_a_late_endpoint_starts(started: Callable[..., Node]) -> None:
+    port = reserve_port()
+    late = WebhookReceiver(port=port)
+    node = started(late.url)  # nobody listens yet
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 20)
+    assert node.cdc is not None
+    deadline = time.monotonic() + 30
+    while node.cdc.status()["failed_requests"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert node.cdc.status()["failed_requests"] >= 3
+    assert node.store.queue_stats()[0] == 20  # still queued on disk
+    with late:
+        wait_delivered(late, expected_for(cids))
+        assert node.cdc.status()["dropped_events"] == 0
+
+
+def test_retry_limit_drops_and_counts_then_continues(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    receiver.fail_share = 1.0
+    node = started(receiver.url, transmit_max_retries=2)
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    lost = write_rows(node, 1)
+    assert node.cdc is not None
+    deadline = time.monotonic() + 30
+    while node.cdc.status()["dropped_batches"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    receiver.fail_share = 0.0
+    kept = write_rows(node, 3)
+    wait_delivered(receiver, expected_for(kept))
+    status = node.cdc.status()
+    assert (status["dropped_batches"], status["dropped_events"]) == (1, 1)
+    assert status["failed_requests"] == 2 and status["retries"] == 1
+    assert lost[0] not in {cid for cid, _ in delivered(receiver)}
+
+
+@pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
+def test_failing_endpoint_still_gets_every_event(
+    started: Callable[..., Node], receiver: WebhookReceiver, share: float
+) -> None:
+    receiver.fail_share = share
+    node = started(receiver.url, max_batch_size=1)  # one request per transaction
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 60)
+    wait_delivered(receiver, expected_for(cids), timeout=60)
+    assert receiver.rejected, "the receiver should have failed some requests"
+    assert node.cdc is not None and node.cdc.status()["dropped_events"] == 0
+
+
+def test_timeouts_and_dropped_connections_are_retried(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    receiver.drop_next(2)
+    node = started(receiver.url, transmit_timeout="200ms")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    receiver.delay_seconds = 0.5  # past the timeout
+    cids = write_rows(node, 2)
+    assert node.cdc is not None
+    deadline = time.monotonic() + 30
+    while node.cdc.status()["failed_requests"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    receiver.delay_seconds = 0.0
+    wait_delivered(receiver, expected_for(cids))
+    assert "timed out" in str(node.cdc.status()["last_error"] or "timed out")
+
+
+def test_https_with_a_private_ca(started: Callable[..., Node], tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    with WebhookReceiver(tls=certs) as secure:
+        node = started(secure.url, tls={"ca_cert_file": str(certs.ca_cert)})
+        node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        cids = write_rows(node, 3)
+        wait_delivered(secure, expected_for(cids))
+        assert secure.requests[0].tls
+
+
+def test_mutual_tls_requires_the_client_certificate(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    with WebhookReceiver(tls=certs, require_client_cert=True) as secure:
+        without = make_node(tmp_path / "a", secure.url, tls={"ca_cert_file": str(certs.ca_cert)})
+        try:
+            without.store.execute([S("CREATE TABLE t(v)"), S("INSERT INTO t VALUES(1)")])
+            assert without.cdc is not None
+            deadline = time.monotonic() + 30
+            while without.cdc.status()["failed_requests"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert without.cdc.status()["failed_requests"] >= 2
+            assert secure.accepted == [] and secure.tls_failures
+        finally:
+            without.close()
+        with_cert = make_node(
+            tmp_path / "b",
+            secure.url,
+            tls={
+                "ca_cert_file": str(certs.ca_cert),
+                "cert_file": str(certs.client_cert),
+                "key_file": str(certs.client_key),
+            },
+        )
+        try:
+            with_cert.store.execute([S("CREATE TABLE t(v)")])
+            out = with_cert.store.execute([S("INSERT INTO t VALUES(1)")])
+            wait_delivered(secure, {(out.cid, 0)})  # type: ignore[arg-type]
+            assert "litecdc-test-client" in (secure.accepted[0].client_cert_subject or "")
+        finally:
+            with_cert.close()
+
+
+def test_requests_are_signed_per_standard_webhooks(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    receiver.fail_next(1)
+    node = started(receiver.url, hmac_secret=SECRET, headers={"X-Team": "data"})
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 3)
+    wait_delivered(receiver, expected_for(cids))
+    assert all(receiver.verify_standard_webhooks(SECRET))
+    assert not any(receiver.verify_standard_webhooks("whsec_" + "A" * 32))
+    first, retry = receiver.requests[0], receiver.requests[1]
+    assert first.headers["webhook-id"] == retry.headers["webhook-id"]  # stable across retries
+    assert first.headers["x-team"] == "data"
+
+
+def test_high_watermark_is_persisted_through_the_journal_and_prunes(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    node = started(receiver.url)
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 10)
+    wait_delivered(receiver, expected_for(cids))
+    deadline = time.monotonic() + 30
+    while node.store.cdc_high_watermark() != cids[-1] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert node.store.cdc_high_watermark() == cids[-1]
+    assert node.store.queue_stats() == (0, None)  # delivered changes pruned
+    internal = [e for e in node.store.journal_page(0, 1000).entries if e.internal]
+    assert internal and "_litecdc_cdc_state" in (internal[0].query or "")
+    status = node.cdc.status() if node.cdc else {}
+    assert status["hwm_persisted"] == cids[-1] and status["queue_length"] == 0
