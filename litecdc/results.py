@@ -10,6 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+#: cids and per-transaction sequence numbers share one 63-bit change id (cid << 24 | seq)
+MAX_CID = (1 << 39) - 1
+MAX_SEQ = (1 << 24) - 1
+
 SQLValue: TypeAlias = int | float | str | bytes | None
 Params: TypeAlias = Sequence[SQLValue] | Mapping[str, SQLValue]
 ReadLevel: TypeAlias = Literal["none", "weak", "strong", "linearizable", "auto"]

@@ -19,6 +19,8 @@ from litecdc.db.engine import Engine
 from litecdc.errors import RequestError
 from litecdc.journal.journal import Journal, Mode
 from litecdc.results import (
+    MAX_CID,
+    MAX_SEQ,
     JournalPage,
     NodeStatus,
     ReadLevel,
@@ -104,11 +106,18 @@ class Store:
             raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         return JournalPage(self.journal.entries(after, limit), self.journal.available_snapshot())
 
-    def changes(self, after: int = 0, limit: int = 1000) -> list[RowChange]:
-        """Captured row changes with cid > ``after``, in (cid, seq) order."""
+    def changes(
+        self, after: int = 0, limit: int = 1000, after_seq: int | None = None
+    ) -> list[RowChange]:
+        """Captured row changes after cid ``after`` (after change ``(after, after_seq)``
+        when ``after_seq`` is given, to resume inside a transaction), in (cid, seq) order."""
         if limit < 1 or limit > MAX_PAGE:
             raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
-        return self.engine.changes(after, limit)
+        if not 0 <= after <= MAX_CID:
+            raise RequestError(f"after must be between 0 and {MAX_CID}, got {after}")
+        if after_seq is not None and not 0 <= after_seq <= MAX_SEQ:
+            raise RequestError(f"after_seq must be between 0 and {MAX_SEQ}, got {after_seq}")
+        return self.engine.changes(after, limit, after_seq)
 
     # -- the change feed the CDC service reads (cdc.service.ChangeFeed) -------------------------
     def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]:

@@ -45,6 +45,8 @@ class TableShape:
     pk_positions: tuple[int, ...]
     #: True when the primary key is the rowid (INTEGER PRIMARY KEY or none declared)
     rowid_key: bool
+    #: False for WITHOUT ROWID tables
+    has_rowid: bool = True
 
 
 class ChangeBuffer:

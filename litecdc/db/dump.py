@@ -37,8 +37,17 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
             if kind != "table":
                 continue
             quoted = _quote(name)
-            for row in conn.execute(f"SELECT * FROM {quoted}"):
-                yield f"INSERT INTO {quoted} VALUES({','.join(map(sql_literal, row))});"
+            # generated columns are computed again on insert; they cannot be given values
+            columns = [
+                _quote(str(column))
+                for column, hidden in conn.execute(
+                    "SELECT name, hidden FROM pragma_table_xinfo(?)", (name,)
+                )
+                if hidden == 0
+            ]
+            listed = ",".join(columns)
+            for row in conn.execute(f"SELECT {listed} FROM {quoted}"):
+                yield f"INSERT INTO {quoted}({listed}) VALUES({','.join(map(sql_literal, row))});"
     finally:
         conn.execute("COMMIT")
     if transaction:

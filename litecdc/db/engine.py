@@ -28,6 +28,7 @@ from litecdc.db.schema import (
     CREATE_INTERNAL,
     JOURNAL_TABLE,
     SCHEMA_OBJECT,
+    SEQ_BITS,
     TABLE_CIDS_TABLE,
     USER_OBJECTS,
     last_change_id,
@@ -39,6 +40,7 @@ from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
 log = logging.getLogger("litecdc.db")
 
 BUSY_TIMEOUT_MS = 5000
+MAX_ROWID = 2**63 - 1
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -188,7 +190,26 @@ class Engine:
             not pk_positions
             or (len(pk_positions) == 1 and str(rows[pk_positions[0]][1]).upper() == "INTEGER")
         )
-        return TableShape(table, columns, pk_positions, rowid_key)
+        return TableShape(table, columns, pk_positions, rowid_key, not without_rowid)
+
+    def _check_rowid_space(self, mark: int) -> str | None:
+        """Refuse inserts into a table whose largest rowid is 2**63-1: SQLite then picks
+        random rowids, from a generator litecdc cannot seed, so replicas would differ."""
+        inserted = {
+            e[1].table
+            for e in self._buffer.events[mark:]
+            if e[0] == "INSERT" and e[1].has_rowid and e[3] != MAX_ROWID
+        }
+        for table in inserted:
+            quoted = '"' + table.replace('"', '""') + '"'
+            top = self._internal(f"SELECT max(rowid) FROM {quoted}")[0][0]
+            if top == MAX_ROWID:
+                return (
+                    f"table {table} holds rowid {MAX_ROWID}: SQLite chooses random rowids for "
+                    "new rows then, which replicas cannot reproduce; delete or renumber that "
+                    "row first"
+                )
+        return None
 
     def _schema_changed(self) -> None:
         self._buffer.shapes.clear()
@@ -250,23 +271,32 @@ class Engine:
                         ):
                             index = end
                             continue
-                    result, text = self._run_statement(statement, transaction, combined)
+                    result, text, aborts = self._run_statement(statement, transaction, combined)
                     results.append(result)
                     index += 1
                     if result.error is not None:
                         failed = True
-                        if transaction or not writer.in_transaction:
+                        if transaction or aborts or not writer.in_transaction:
                             break
                     elif text is not None:
                         rendered.append(text)
-                if (failed and transaction) or not rendered or not writer.in_transaction:
-                    if failed and not writer.in_transaction and not transaction:
-                        # A statement (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) rolled back
-                        # the whole transaction, taking earlier statements with it.
-                        for result in results:
-                            if result.error is None:
-                                result.error = "rolled back by a later statement in this request"
-                                result.last_insert_id = result.rows_affected = None
+                undone = None
+                if failed and aborts:
+                    # BEGIN/COMMIT/ROLLBACK/SAVEPOINT: the client meant a transaction that
+                    # litecdc cannot run as asked, so none of the request is committed
+                    undone = "not committed: this request has a transaction control statement"
+                elif failed and not transaction and not writer.in_transaction:
+                    # A statement (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) rolled back the
+                    # whole transaction, taking earlier statements with it.
+                    undone = "rolled back by a later statement in this request"
+                wrote = bool(combined.writes) or combined.schema
+                if (failed and transaction) or undone or not wrote or not writer.in_transaction:
+                    # nothing committed, or nothing to commit (reads, blanks, comments):
+                    # no journal entry, no cid used
+                    for result in results:
+                        if undone and result.error is None:
+                            result.error = undone
+                            result.last_insert_id = result.rows_affected = None
                     self._rollback()
                     return WriteRun(results, None, combined)
                 decision = decide(combined)
@@ -328,6 +358,8 @@ class Engine:
             cursor = writer.cursor()
             cursor.exec_trace = before_each
             cursor.executemany(sql, params).fetchall()
+            if self._check_rowid_space(buffer_mark) is not None:
+                raise StatementError("rowid space")  # re-run singly to report it
             texts = render_many(sql, params)
         except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError):
             self._internal("ROLLBACK TO litecdc_batch; RELEASE litecdc_batch")
@@ -357,7 +389,9 @@ class Engine:
 
     def _run_statement(
         self, statement: Statement, transaction: bool, combined: Access
-    ) -> tuple[StatementResult, str | None]:
+    ) -> tuple[StatementResult, str | None, bool]:
+        """Run one client statement; returns its result, its journal text (None when it
+        failed) and whether its failure must fail the whole request."""
         writer = self._writer
         buffer_mark = self._buffer.mark()
         random_mark = self._random.calls
@@ -389,6 +423,9 @@ class Engine:
                 problem = self._check_capturable(access.writes)
                 if problem is not None:
                     raise StatementError(problem)
+            problem = self._check_rowid_space(buffer_mark)
+            if problem is not None:
+                raise StatementError(problem)
             text = (
                 render(statement.sql, _bindable(statement.params)).rstrip()
                 + parse_template(statement.sql).terminator
@@ -403,7 +440,12 @@ class Engine:
             message = _statement_error(exc, refused)
             if isinstance(exc, KeyError):
                 message = f"no value for parameter :{exc.args[0]}"
-            return StatementResult(error=message, seconds=time.perf_counter() - started), None
+            aborts = access is not None and access.refused_transaction_control
+            return (
+                StatementResult(error=message, seconds=time.perf_counter() - started),
+                None,
+                aborts,
+            )
         self._authorizer.recording = None
         if savepoint:
             self._internal("RELEASE litecdc_statement")
@@ -420,7 +462,7 @@ class Engine:
         if not description or access.writes:
             result.last_insert_id = writer.last_insert_rowid()
             result.rows_affected = writer.total_changes() - changes_before
-        return result, text
+        return result, text, False
 
     def _append(self, entry: JournalEntry, access: Access) -> None:
         """Write the journal entry, captured changes and table cids (inside the transaction)."""
@@ -605,10 +647,11 @@ class Engine:
             return self._writer.changes()
 
     # -- changes --------------------------------------------------------------------------
-    def changes(self, after: int, limit: int) -> list[RowChange]:
+    def changes(self, after: int, limit: int, after_seq: int | None = None) -> list[RowChange]:
+        start = (after << SEQ_BITS | after_seq) if after_seq is not None else last_change_id(after)
         rows = self._read(
             f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
-            (last_change_id(after) if after >= 0 else -1, limit),
+            (start, limit),
         )
         return [decode_change(row) for row in rows]
 
@@ -750,7 +793,9 @@ class Engine:
             dest.close()
 
     def dump_sql(self) -> str:
-        return "".join(s + "\n" for s in dump_statements(self._reader(), transaction=True))
+        conn = self._reader()
+        with self._readers.authorizer.trusted():  # the dump's own read transaction
+            return "".join(s + "\n" for s in dump_statements(conn, transaction=True))
 
     def load_statements(self, data: bytes) -> list[Statement]:
         """Statements that replace every user object with those in ``data``.

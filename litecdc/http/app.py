@@ -43,7 +43,7 @@ from litecdc.errors import BodyTooLargeError, LitecdcError, RequestError, http_s
 from litecdc.http import rqlite
 from litecdc.http.auth import CredentialStore, parse_basic_auth
 from litecdc.http.metrics import NodeMetrics
-from litecdc.results import Statement
+from litecdc.results import MAX_CID, MAX_SEQ, Statement
 from litecdc.store import Store
 
 __all__ = ["JOURNAL_PAGE_DEFAULT", "create_app"]
@@ -384,30 +384,41 @@ class _Api:
     async def changes(self, request: Request) -> Response:
         if r := self._gate(request, ("query",), ("GET",)):
             return r
-        after, limit, pretty = _page_params(request)
-        changes = await to_thread.run_sync(lambda: self.store.changes(after, limit))
+        after, limit, pretty = _page_params(request, _CHANGES_PARAMS)
+        after_seq = (
+            _int_param(request.query_params, "after_seq", 0, minimum=0, maximum=MAX_SEQ)
+            if "after_seq" in request.query_params
+            else None
+        )
+        changes = await to_thread.run_sync(lambda: self.store.changes(after, limit, after_seq))
         return _json({"changes": changes}, pretty=pretty)
 
 
 _PAGE_PARAMS = frozenset({"after", "limit", "pretty"})
+_CHANGES_PARAMS = _PAGE_PARAMS | {"after_seq"}
 
 
-def _page_params(request: Request) -> tuple[int, int, bool]:
+def _page_params(
+    request: Request, allowed: frozenset[str] | set[str] | None = None
+) -> tuple[int, int, bool]:
     params = request.query_params
-    unknown = sorted(set(params.keys()) - _PAGE_PARAMS)
+    allowed = allowed or _PAGE_PARAMS
+    unknown = sorted(set(params.keys()) - allowed)
     if unknown:
         raise RequestError(
             f"unknown query parameter(s) {', '.join(unknown)} for {request.url.path}; "
-            f"allowed: {', '.join(sorted(_PAGE_PARAMS))}"
+            f"allowed: {', '.join(sorted(allowed))}"
         )
     return (
-        _int_param(params, "after", 0, minimum=0),
+        _int_param(params, "after", 0, minimum=0, maximum=MAX_CID),
         _int_param(params, "limit", JOURNAL_PAGE_DEFAULT, minimum=1),
         "pretty" in params,
     )
 
 
-def _int_param(params: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+def _int_param(
+    params: Mapping[str, str], name: str, default: int, *, minimum: int, maximum: int | None = None
+) -> int:
     text = params.get(name)
     if text is None:
         return default
@@ -417,6 +428,8 @@ def _int_param(params: Mapping[str, str], name: str, default: int, *, minimum: i
         raise RequestError(f"{name} must be an integer, got {text!r}") from None
     if value < minimum:
         raise RequestError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise RequestError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 from litecdc_node import Node
@@ -67,7 +68,8 @@ def test_journal_and_changes_pages(fresh_node: Node) -> None:
         (
             "/cdc/changes",
             "since=3",
-            "unknown query parameter(s) since for /cdc/changes; allowed: after, limit, pretty",
+            "unknown query parameter(s) since for /cdc/changes; "
+            "allowed: after, after_seq, limit, pretty",
         ),
         ("/cdc/changes", "after=", "after must be an integer, got ''"),
     ],
@@ -78,3 +80,14 @@ def test_bad_page_parameters(node: Node, path: str, query: str, message: str) ->
         assert r.status_code == 400
         assert r.headers["content-type"] == "application/json; charset=utf-8"
         assert r.json() == {"error": message}
+
+
+def test_huge_positions_are_bad_requests(client: Any) -> None:
+    for path, params in (
+        ("/cdc/changes", {"after": 2**40}),
+        ("/journal", {"after": 2**64}),
+        ("/cdc/changes", {"after": 1, "after_seq": 2**24}),
+    ):
+        r = client.get(path, params=params)
+        assert r.status_code == 400, r.text
+        assert "must be at most" in r.json()["error"]

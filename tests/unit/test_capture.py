@@ -218,3 +218,17 @@ def test_load_of_garbage_is_refused_and_changes_nothing(store: Store) -> None:
             store.load(body)
     assert store.journal.last_cid() == before
     assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
+
+
+def test_dump_and_load_tables_with_generated_columns(store: Store) -> None:
+    store.execute(
+        [
+            S("CREATE TABLE g(a INTEGER PRIMARY KEY, b, c AS (b * 2) STORED)"),
+            S("INSERT INTO g(a, b) VALUES(1, 21)"),
+        ]
+    )
+    dump = store.dump_sql()
+    assert 'INSERT INTO "g"("a","b") VALUES(1,21);' in dump
+    out = store.load(dump.encode())
+    assert out.cid is not None
+    assert store.query([S("SELECT * FROM g")])[0].rows == [(1, 21, 42)]

@@ -261,3 +261,38 @@ def test_waiting_for_a_commit(store: Store) -> None:
     assert not store.journal.wait_for_commit_after(last, 0.01)
     threading.Timer(0.05, lambda: store.execute([S("CREATE TABLE t(x)")])).start()
     assert store.journal.wait_for_commit_after(last, 5)
+
+
+def test_requests_that_write_nothing_use_no_cid(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    last = store.journal.last_cid()
+    out = store.execute([S(""), S("-- just a comment"), S("SELECT 1"), S("PRAGMA table_info(t)")])
+    assert out.cid is None and all(r.error is None for r in out.results)
+    assert out.results[2].rows == [(1,)]
+    assert store.journal.last_cid() == last
+
+
+def test_transaction_control_fails_the_whole_request(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    out = store.execute(
+        [S("INSERT INTO t VALUES(1)"), S("BEGIN"), S("INSERT INTO t VALUES(2)"), S("ROLLBACK")]
+    )
+    assert out.cid is None
+    assert [r.error for r in out.results] == [
+        "not committed: this request has a transaction control statement",
+        "transaction control statements are not allowed: each request is one transaction "
+        "(use the transaction parameter to make it all-or-nothing)",
+    ]
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
+
+
+@pytest.mark.parametrize("transaction", [True, False])
+def test_inserts_past_the_largest_rowid_are_refused(store: Store, transaction: bool) -> None:
+    store.execute([S("CREATE TABLE t(v)"), S("INSERT INTO t(rowid, v) VALUES(?, 0)", (2**63 - 1,))])
+    out = store.execute(
+        [S("INSERT INTO t(v) VALUES(?)", (1,)), S("INSERT INTO t(v) VALUES(?)", (2,))],
+        transaction=transaction,
+    )
+    assert out.cid is None
+    assert "holds rowid 9223372036854775807" in (out.results[0].error or "")
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(1,)]

@@ -35,3 +35,31 @@ def test_write_after_a_read_in_one_string_is_a_write(store: Store) -> None:
 def test_bad_statement_reports_its_error(store: Store) -> None:
     out = store.request([S("SELEC nonsense")])
     assert out.results[0].error is not None and "syntax error" in out.results[0].error
+
+
+def test_queries_cannot_leave_a_reader_inside_a_transaction(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
+    for sql in ("BEGIN", "SAVEPOINT s", "CREATE TEMP TABLE tmp(x)", "PRAGMA query_only=0"):
+        result = store.query([S(sql)])[0]
+        assert (result.error is not None and "not allowed in queries" in result.error) or (
+            "with a value changes connection state" in (result.error or "")
+        ), result.error
+    store.execute([S("INSERT INTO t VALUES(2)")])
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(2,)]  # not a stale snapshot
+    assert store.query([S("SELECT count(*) FROM t")], transaction=True)[0].rows == [(2,)]
+
+
+def test_several_statements_in_one_string_report_the_last(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    result = store.query([S("SELECT 1 AS a; SELECT 2 AS b, 3 AS c")])[0]
+    assert (result.columns, result.rows) == (["b", "c"], [(2, 3)])
+
+
+def test_changes_page_resumes_inside_a_transaction(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    out = store.execute([S("INSERT INTO t VALUES(?)", (i,)) for i in range(5)], transaction=True)
+    cid = out.cid
+    assert cid is not None
+    first = store.changes(cid - 1, 3)
+    rest = store.changes(first[-1].cid, 10, after_seq=first[-1].seq)
+    assert [(c.cid, c.seq) for c in first + rest] == [(cid, s) for s in range(1, 6)]
