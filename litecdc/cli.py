@@ -2,7 +2,7 @@
 
     litecdc serve --data-dir DIR [--http-addr HOST:PORT] [--node-id ID] [--auth FILE]
                   [--http-cert FILE --http-key FILE] [--synchronous full|normal|off|extra]
-                  [--max-body-bytes N] [--cdc-config URL|stdout|FILE]
+                  [--max-body-bytes N] [--fk] [--cdc-config URL|stdout|FILE]
     litecdc demo [--data-dir DIR]
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
@@ -82,6 +82,14 @@ def cli() -> None:
     help="Largest request body accepted (HTTP 413 above it).",
 )
 @click.option(
+    "--fk",
+    "foreign_keys",
+    envvar="LITECDC_FK",
+    is_flag=True,
+    default=False,
+    help="Enforce foreign key constraints (rqlite's -fk). Every node must use the same setting.",
+)
+@click.option(
     "--cdc-config",
     envvar="LITECDC_CDC_CONFIG",
     default=None,
@@ -97,6 +105,7 @@ def serve(
     http_key: str | None,
     synchronous: str,
     max_body_bytes: str,
+    foreign_keys: bool,
     cdc_config: str | None,
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
@@ -119,6 +128,7 @@ def serve(
             http_cert=Path(http_cert) if http_cert else None,
             http_key=Path(http_key) if http_key else None,
             max_body_bytes=max_body,
+            foreign_keys=foreign_keys,
             cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )
         from litecdc.http.server import serve as serve_http

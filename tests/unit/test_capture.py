@@ -232,3 +232,29 @@ def test_dump_and_load_tables_with_generated_columns(store: Store) -> None:
     out = store.load(dump.encode())
     assert out.cid is not None
     assert store.query([S("SELECT * FROM g")])[0].rows == [(1, 21, 42)]
+
+
+def test_foreign_key_cascades_are_enforced_and_captured(tmp_path: Path) -> None:
+    from litecdc import NodeConfig
+
+    store = Store(NodeConfig(data_dir=tmp_path / "fk", foreign_keys=True))
+    store.execute(
+        [
+            S("CREATE TABLE parent(id INTEGER PRIMARY KEY)"),
+            S(
+                "CREATE TABLE child(id INTEGER PRIMARY KEY, "
+                "p REFERENCES parent(id) ON DELETE CASCADE)"
+            ),
+            S("INSERT INTO parent VALUES(1)"),
+            S("INSERT INTO child VALUES(10, 1)"),
+        ]
+    )
+    bad = store.execute([S("INSERT INTO child VALUES(11, 99)")])
+    assert bad.results[0].error == "FOREIGN KEY constraint failed"
+    out = store.execute([S("DELETE FROM parent WHERE id = 1")])
+    assert [(c.table, c.op) for c in store.changes(out.cid - 1, 10)] == [  # type: ignore[operator]
+        ("parent", "delete"),
+        ("child", "delete"),
+    ]
+    assert store.query([S("SELECT count(*) FROM child")])[0].rows == [(0,)]
+    store.close()
