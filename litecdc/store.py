@@ -120,9 +120,18 @@ class Store:
         return self.engine.changes(after, limit, after_seq)
 
     # -- the change feed the CDC service reads (cdc.service.ChangeFeed) -------------------------
-    def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]:
+    def read_transactions(
+        self,
+        after: int,
+        max_transactions: int,
+        max_events: int | None = None,
+        *,
+        oversize_first: bool = True,
+    ) -> tuple[list[RowChange], bool]:
         """Captured changes of whole transactions after cid ``after`` (see Engine)."""
-        return self.engine.read_transactions(after, max_transactions)
+        return self.engine.read_transactions(
+            after, max_transactions, max_events, oversize_first=oversize_first
+        )
 
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool:
         return self.journal.wait_for_commit_after(cid, timeout)

@@ -25,6 +25,7 @@ from litecdc.errors import ConfigError
 #: Defaults, as rqlite's (cdc/config.go); durations in seconds.
 DEFAULT_MAX_BATCH_SIZE = 10
 DEFAULT_MAX_BATCH_DELAY = 0.2
+DEFAULT_MAX_BATCH_EVENTS = 10_000
 DEFAULT_HIGH_WATERMARK_INTERVAL = 1.0
 DEFAULT_TRANSMIT_TIMEOUT = 5.0
 DEFAULT_TRANSMIT_MAX_RETRIES: int | None = None  # retry forever: nothing is lost
@@ -93,6 +94,10 @@ class CDCConfig:
     #: most transactions (cids; rqlite: log entries) in one batch, each with all its row
     #: events; default 10
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    #: litecdc addition: most row events in one batch, counting whole transactions (a
+    #: single larger transaction still goes alone); bounds the size of a request; default
+    #: 10,000
+    max_batch_events: int = DEFAULT_MAX_BATCH_EVENTS
     #: longest a batch waits to fill before it is sent; default 200ms
     max_batch_delay: float = DEFAULT_MAX_BATCH_DELAY
     #: how often the leader writes the high watermark through the log; default 1s
@@ -129,6 +134,7 @@ class CDCConfig:
 
 _KEYS = {
     "endpoint",
+    "max_batch_events",
     "service_id",
     "row_ids_only",
     "table_filter",
@@ -216,6 +222,11 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
         if size < 1:
             raise ConfigError(f"cdc config: max_batch_size must be at least 1, got {size}")
         kwargs["max_batch_size"] = size
+    if "max_batch_events" in doc:
+        limit = _typed(doc, "max_batch_events", int)
+        if limit < 1:
+            raise ConfigError(f"cdc config: max_batch_events must be at least 1, got {limit}")
+        kwargs["max_batch_events"] = limit
     for key in (
         "max_batch_delay",
         "high_watermark_interval",

@@ -38,12 +38,20 @@ from litecdc.results import RowChange
 
 log = logging.getLogger("litecdc.cdc")
 
-#: how long the reader sleeps between checks when idle or not the leader
-IDLE_WAIT_SECONDS = 0.5
+#: how long the reader sleeps between checks when idle or not the leader (also bounds how
+#: long stop() waits for it)
+IDLE_WAIT_SECONDS = 0.1
 
 
 class ChangeFeed(Protocol):
-    def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]: ...
+    def read_transactions(
+        self,
+        after: int,
+        max_transactions: int,
+        max_events: int | None = None,
+        *,
+        oversize_first: bool = True,
+    ) -> tuple[list[RowChange], bool]: ...
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool: ...
     def last_cid(self) -> int: ...
     def cdc_high_watermark(self) -> int | None: ...
@@ -181,16 +189,23 @@ class CDCService:
         first_at: float | None = None
         while not self._stop.is_set() and self._leadership.is_leader():
             seen = self._feed.last_cid()
-            new = self._feed.read_transactions(position, config.max_batch_size - transactions)
+            new, limited = self._feed.read_transactions(
+                position,
+                config.max_batch_size - transactions,
+                max(config.max_batch_events - len(events), 0),
+                oversize_first=not events,
+            )
             if new:
                 events.extend(new)
                 transactions += len({change.cid for change in new})
                 position = new[-1].cid
                 if first_at is None:
                     first_at = time.monotonic()
-                if transactions >= config.max_batch_size:
-                    break
+                if limited:
+                    break  # full: send it
                 continue
+            if limited:
+                break  # the next transaction does not fit: send what we have
             if first_at is None:
                 # idle: wait for the next commit (or a leadership change) and look again
                 self._feed.wait_for_commit_after(seen, IDLE_WAIT_SECONDS)

@@ -658,25 +658,52 @@ class Engine:
     def changes_count(self) -> int:
         return int(self._read(f"SELECT count(*) FROM {CHANGES_TABLE}")[0][0])
 
-    def read_transactions(self, after: int, max_transactions: int) -> list[RowChange]:
-        """All changes of the next ``max_transactions`` transactions (with changes) after
-        cid ``after``, in (cid, seq) order; a transaction is never split."""
+    def read_transactions(
+        self,
+        after: int,
+        max_transactions: int,
+        max_events: int | None = None,
+        *,
+        oversize_first: bool = True,
+    ) -> tuple[list[RowChange], bool]:
+        """All changes of the next transactions after cid ``after``, in (cid, seq) order:
+        at most ``max_transactions`` of them, and no more that would take the total past
+        ``max_events`` — except that with ``oversize_first`` the first is taken whole
+        however large (a transaction is never split). The flag says whether a limit
+        stopped the read with another transaction waiting."""
         conn = self._reader()
         with self._readers.authorizer.trusted():
             conn.execute("BEGIN")  # one consistent view for the walk and the read
         try:
-            last, count = after, 0
-            while count < max_transactions:
+            last, count, events, limited = after, 0, 0, False
+            while True:
+                if count >= max_transactions:
+                    limited = True
+                    break
                 # next cid with changes: one B-tree seek, since ids are cid << 24 | seq
                 found: list[tuple[Any, ...]] = conn.execute(
-                    f"SELECT cid FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT 1",
+                    f"SELECT id >> {SEQ_BITS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id "
+                    "LIMIT 1",
                     (last_change_id(last) if last >= 0 else -1,),
                 ).fetchall()
                 if not found:
                     break
-                last, count = found[0][0], count + 1
+                cid = found[0][0]
+                if max_events is not None:
+                    # its size: the seq of its last change (seqs run 1..n)
+                    sized: list[tuple[Any, ...]] = conn.execute(
+                        f"SELECT id & {(1 << SEQ_BITS) - 1} FROM {CHANGES_TABLE} WHERE id <= ? "
+                        "ORDER BY id DESC LIMIT 1",
+                        (last_change_id(cid),),
+                    ).fetchall()
+                    size = int(sized[0][0])
+                    if events + size > max_events and (count or not oversize_first):
+                        limited = True
+                        break
+                    events += size
+                last, count = cid, count + 1
             if count == 0:
-                return []
+                return [], limited
             rows = conn.execute(
                 f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? AND id <= ? "
                 "ORDER BY id",
@@ -685,7 +712,7 @@ class Engine:
         finally:
             with self._readers.authorizer.trusted():
                 conn.execute("COMMIT")
-        return [decode_change(row) for row in rows]
+        return [decode_change(row) for row in rows], limited
 
     def queue_stats(self) -> tuple[int, int | None]:
         """(number of captured changes still stored, oldest stored cid)."""

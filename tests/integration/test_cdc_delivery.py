@@ -407,3 +407,25 @@ def test_high_watermark_is_persisted_through_the_journal_and_prunes(
     assert internal and "_litecdc_cdc_state" in (internal[0].query or "")
     status = node.cdc.status() if node.cdc else {}
     assert status["hwm_persisted"] == cids[-1] and status["queue_length"] == 0
+
+
+def test_max_batch_events_bounds_a_request_without_splitting_transactions(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    from litecdc import Store
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    sizes = [3, 3, 3, 8, 1]
+    for size in sizes:
+        store.execute(
+            [S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(size)], transaction=True
+        )
+    store.close()
+    node = make_node(tmp_path, receiver.url, max_batch_size=100, max_batch_events=7)
+    try:
+        receiver.wait_for(lambda _: len(events(receiver)) >= sum(sizes), timeout=30)
+        per_request = [[len(p["events"]) for p in b["payload"]] for b in receiver.batches]
+        assert per_request == [[3, 3], [3], [8], [1]]
+    finally:
+        node.close()
