@@ -429,3 +429,66 @@ def test_max_batch_events_bounds_a_request_without_splitting_transactions(
         assert per_request == [[3, 3], [3], [8], [1]]
     finally:
         node.close()
+
+
+class SwitchableLeadership:
+    """The Leadership interface with leadership switched by the test, standing in for the
+    cluster's etcd election (issue 4): the service must send only while leading."""
+
+    def __init__(self, node: Any) -> None:
+        self.leader = False
+        self._listeners: list[Callable[[bool], None]] = []
+        self._journal = node.journal
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+    def add_listener(self, callback: Callable[[bool], None]) -> None:
+        self._listeners.append(callback)
+
+    def write_internal(self, query: str) -> None:
+        self._journal.commit_internal(query)
+
+    def set(self, leader: bool) -> None:
+        self.leader = leader
+        for callback in self._listeners:
+            callback(leader)
+
+
+def test_only_the_leader_sends_and_a_new_leader_resends_above_the_watermark(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    leadership = SwitchableLeadership(store)
+    config = parse_cdc_config(receiver.url)
+    service = CDCService(config, store, leadership, node_id="n1")
+    service.start()
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        first = write_rows_store(store, 5)
+        time.sleep(0.5)  # a follower must not send, however long it waits
+        assert receiver.requests == []
+        assert service.status()["is_leader"] is False
+        leadership.set(True)  # gains leadership: sends everything above the watermark
+        wait_delivered(receiver, expected_for(first))
+        deadline = time.monotonic() + 30
+        while store.cdc_high_watermark() != first[-1] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert store.cdc_high_watermark() == first[-1]
+        leadership.set(False)
+        second = write_rows_store(store, 3)
+        time.sleep(0.5)
+        assert {cid for cid, _ in delivered(receiver)} == set(first)
+        leadership.set(True)  # leads again: resends from the persisted watermark, no gaps
+        wait_delivered(receiver, expected_for(second))
+        assert sorted({cid for cid, _ in delivered(receiver)}) == first + second
+    finally:
+        service.stop()
+        store.close()
+
+
+def write_rows_store(store: Any, count: int) -> list[int]:
+    return [store.execute([S("INSERT INTO t(v) VALUES(?)", (i,))]).cid for i in range(count)]
