@@ -255,7 +255,7 @@ class Engine:
             combined = Access()
             results: list[StatementResult] = []
             rendered: list[str] = []
-            failed = False
+            failed = aborts = False
             try:
                 index, count = 0, len(statements)
                 while index < count:
