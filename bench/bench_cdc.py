@@ -32,20 +32,12 @@ cid's event count, the row ids) and prints duplicates.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import http.client
-import io
 import json
 import multiprocessing as mp
-import os
-import platform
-import pstats
-import random
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,8 +49,30 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import apsw
 import msgspec
+from common import (
+    CREATE_TABLE,
+    INSERT,
+    add_output_arguments,
+    busy_share,
+    committed_cid,
+    cores,
+    cpu_cores,
+    data_root,
+    function_place,
+    load_note,
+    machine_busy_idle,
+    make_rows,
+    new_parser,
+    platform_json,
+    platform_line,
+    process_cpu_seconds,
+    profile_entries,
+    require_at_least_one,
+    sqlite_versions,
+    stat_cpu_seconds,
+    top_by_own_time,
+)
 
 from litecdc import NodeConfig, Statement, Store
 from litecdc.cdc import CDCService, ChangeFeed, Leadership, Sink, parse_cdc_config
@@ -69,34 +83,10 @@ from litecdc.results import RowChange
 
 HOST = "127.0.0.1"
 HOOK_PATH = "/hook"
-TABLE = "items"
-CREATE_TABLE = (
-    f"CREATE TABLE {TABLE}(id INTEGER PRIMARY KEY, name TEXT NOT NULL, price REAL NOT NULL, "
-    "payload BLOB, qty INTEGER NOT NULL)"
-)
-INSERT = f"INSERT INTO {TABLE}(name, price, payload, qty) VALUES (?, ?, ?, ?)"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 CONTROL_TIMEOUT_S = 30.0  # answers from the receiver's control endpoints
 RECEIVER_START_TIMEOUT_S = 30.0
 TARGET_EVENTS_PER_S = 20_000
 TARGET_P99_MS = 250.0
-
-Row = tuple[str, float, bytes, int]
-
-
-def make_rows(count: int, seed: int) -> list[Row]:
-    """Rows of a realistic shape (as bench_engine.py): text, a price, a ~100-byte blob, a qty."""
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz "
-    return [
-        (
-            "".join(rng.choices(letters, k=rng.randint(10, 40))),
-            round(rng.uniform(0.5, 5000.0), 2),
-            rng.randbytes(rng.randint(32, 160)),
-            rng.randint(0, 10_000),
-        )
-        for _ in range(count)
-    ]
 
 
 # -- the webhook receiver (runs in its own process) ---------------------------------------------
@@ -298,25 +288,7 @@ class Receiver:
 # -- CPU accounting -----------------------------------------------------------------------------
 def thread_cpu_seconds(native_id: int | None) -> float | None:
     """user+system CPU seconds of one thread of this process (Linux /proc), or None."""
-    if native_id is None:
-        return None
-    try:
-        stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def process_cpu_seconds(pid: int | None) -> float | None:
-    """user+system CPU seconds of a process (Linux /proc), or None elsewhere."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return None if native_id is None else stat_cpu_seconds(f"/proc/self/task/{native_id}/stat")
 
 
 def cdc_thread_id() -> int | None:
@@ -324,36 +296,6 @@ def cdc_thread_id() -> int | None:
         if thread.name == "litecdc-cdc":
             return thread.native_id
     return None
-
-
-def machine_busy_idle() -> tuple[int, int] | None:
-    """(busy, idle) jiffies over all CPUs since boot (Linux /proc/stat), or None."""
-    try:
-        first = Path("/proc/stat").read_text().splitlines()[0].split()
-    except OSError:
-        return None
-    values = [int(v) for v in first[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return sum(values) - idle, idle
-
-
-def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    if before is None or after is None or after == before:
-        return None
-    busy = after[0] - before[0]
-    return busy / (busy + after[1] - before[1])
-
-
-def load_note(seconds: float = 0.5) -> str:
-    """How busy the machine is right now, warning when other processes use it."""
-    before = machine_busy_idle()
-    time.sleep(seconds)
-    busy = busy_share(before, machine_busy_idle())
-    if busy is None:
-        return "machine load unknown"
-    return f"machine CPU busy before the run: {busy:.0%}" + (
-        " (other processes are running: expect lower, noisier figures)" if busy > 0.15 else ""
-    )
 
 
 # -- the litecdc side ---------------------------------------------------------------------------
@@ -398,11 +340,7 @@ class Bench:
 
 
 def write_transaction(store: Store, statements: Sequence[Statement]) -> int:
-    outcome = store.execute(statements, transaction=True)
-    if outcome.cid is None:
-        errors = [r.error for r in outcome.results if r.error]
-        raise RuntimeError(f"write failed: {errors[:1]}")
-    return outcome.cid
+    return committed_cid(store.execute(statements, transaction=True), "write failed")
 
 
 @dataclass
@@ -624,10 +562,6 @@ class LatencyResult:
     check: Check
     queued_after_stop: int
     status: dict[str, Any] = field(default_factory=dict)
-
-
-def cpu_cores(before: float | None, after: float | None, seconds: float) -> float | None:
-    return None if before is None or after is None else (after - before) / seconds
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -942,7 +876,7 @@ def profile_drain(
     profiler = ProfiledCDCService.profiler
     if profiler is None:
         return {}
-    raw: dict[Any, Any] = pstats.Stats(profiler, stream=io.StringIO()).stats
+    raw = profile_entries(profiler)
     idle = sum(v[2] for k, v in raw.items() if k[2] == IDLE_FUNCTION)
     grand = sum(v[2] for v in raw.values()) - idle
     per = 1e6 / max(events, 1)
@@ -953,9 +887,9 @@ def profile_drain(
     )
     print(f"  {'own us/event':>12} {'share':>6} {'cum us/event':>12} {'calls/event':>11}  function")
     busy = [kv for kv in raw.items() if kv[0][2] != IDLE_FUNCTION]
-    ranked = sorted(busy, key=lambda kv: kv[1][2], reverse=True)[:top]
+    ranked = top_by_own_time(busy, top)
     for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in ranked:
-        where = f"{Path(filename).name}:{line}" if line else filename
+        where = function_place(filename, line)
         print(
             f"  {tottime * per:>12.2f} {tottime / grand:>6.1%} {cumtime * per:>12.2f} "
             f"{ncalls / max(events, 1):>11.3f}  {func} ({where})"
@@ -970,10 +904,6 @@ def profile_drain(
 
 
 # -- output -------------------------------------------------------------------------------------
-def cores(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def group_runs(results: Sequence[ThroughputResult]) -> list[list[ThroughputResult]]:
     """Runs of the same case together (in first-run order), each sorted by events/s."""
     groups: dict[tuple[str, int], list[ThroughputResult]] = {}
@@ -1086,7 +1016,7 @@ def print_latency(results: Sequence[LatencyResult], warmup: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = new_parser(__doc__)
     parser.add_argument(
         "--events", type=int, default=100_000, help="rows per throughput case (default 100000)"
     )
@@ -1125,15 +1055,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=30.0,
         help="longest wait for the last event of a case, in seconds (default 30)",
     )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="where the databases go (default: a temporary directory, removed afterwards); "
-        "must be empty or missing",
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="also print the figures as one JSON line at the end"
+    add_output_arguments(
+        parser,
+        data_dir="where the databases go",
+        json="also print the figures as one JSON line at the end",
     )
     parser.add_argument(
         "--profile",
@@ -1148,9 +1073,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "that the drain takes several POSTs)",
     )
     args = parser.parse_args(argv)
-    for name in ("events", "txn_rows", "repeats", "profile_batch_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least_one(parser, args, ("events", "txn_rows", "repeats", "profile_batch_size"))
     for name in ("rate", "duration", "timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be more than zero")
@@ -1165,23 +1088,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not batch_sizes or min(batch_sizes) < 1:
         parser.error("--batch-sizes must list at least one size, each at least 1")
 
-    if args.data_dir is None:
-        root = Path(tempfile.mkdtemp(prefix="litecdc-bench-cdc-"))
-        cleanup: Callable[[], None] = lambda: shutil.rmtree(root, ignore_errors=True)  # noqa: E731
-    else:
-        root = args.data_dir
-        root.mkdir(parents=True, exist_ok=True)
-        if any(root.iterdir()):
-            parser.error(f"--data-dir {root} is not empty")
-        cleanup = lambda: None  # noqa: E731
+    root, cleanup = data_root(parser, args.data_dir, prefix="litecdc-bench-cdc-")
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as `litecdc serve` runs the service
     started = time.perf_counter()
-    print(
-        f"litecdc CDC benchmark: Python {platform.python_version()}, "
-        f"APSW {apsw.apsw_version()}, SQLite {apsw.sqlite_lib_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.machine()}"
-    )
+    print(platform_line("litecdc CDC benchmark", sqlite_versions()))
     print(
         f"databases in {root} (WAL, synchronous=FULL, a fresh one per case); GIL switch "
         f"interval {GIL_SWITCH_INTERVAL_S * 1000:g} ms as in litecdc serve"
@@ -1251,10 +1162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.json:
             doc = {
-                "python": platform.python_version(),
-                "apsw": apsw.apsw_version(),
-                "sqlite": apsw.sqlite_lib_version(),
-                "cpus": os.cpu_count(),
+                **platform_json(sqlite_versions()),
                 "throughput_median_events_per_s": {
                     f"{runs[0].mode}_{runs[0].max_batch_size}": median_run(runs).events_per_s
                     for runs in group_runs(throughput)

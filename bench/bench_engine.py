@@ -28,36 +28,41 @@ each figure is the median. Ratios are against the plain loop measured in the sam
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import io
 import json
-import os
-import platform
-import pstats
-import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import apsw
 import msgspec
-
-from litecdc import NodeConfig, Statement, Store
-
-TABLE = "items"
-CREATE_TABLE = (
-    f"CREATE TABLE {TABLE}(id INTEGER PRIMARY KEY, name TEXT NOT NULL, price REAL NOT NULL, "
-    "payload BLOB, qty INTEGER NOT NULL)"
+from common import (
+    CREATE_TABLE,
+    INSERT,
+    TABLE,
+    Row,
+    add_output_arguments,
+    committed_cid,
+    data_root,
+    function_place,
+    load_note,
+    make_rows,
+    new_parser,
+    platform_json,
+    platform_line,
+    profile_entries,
+    require_at_least_one,
+    sqlite_versions,
+    top_by_own_time,
 )
+
+from litecdc import NodeConfig, Statement, Store, WriteOutcome
+
 COLUMNS = ("id", "name", "price", "payload", "qty")
-INSERT = f"INSERT INTO {TABLE}(name, price, payload, qty) VALUES (?, ?, ?, ?)"
 CHANGES_TABLE = "bench_changes"
 CREATE_CHANGES = (
     f"CREATE TABLE {CHANGES_TABLE}(id INTEGER PRIMARY KEY, seq INTEGER NOT NULL, "
@@ -76,25 +81,9 @@ CREATE TABLE floor_changes(id INTEGER PRIMARY KEY, cid INTEGER NOT NULL, seq INT
 CREATE TABLE floor_table_cids(name TEXT PRIMARY KEY, cid INTEGER NOT NULL) WITHOUT ROWID;
 """
 
-Row = tuple[str, float, bytes, int]
 Event = tuple[str, str, int, int, Any, Any]
 
 _encode = msgspec.msgpack.Encoder().encode
-
-
-def make_rows(count: int, seed: int) -> list[Row]:
-    """Rows of a realistic shape: short text, a price, a ~100-byte blob, a quantity."""
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz "
-    return [
-        (
-            "".join(rng.choices(letters, k=rng.randint(10, 40))),
-            round(rng.uniform(0.5, 5000.0), 2),
-            rng.randbytes(rng.randint(32, 160)),
-            rng.randint(0, 10_000),
-        )
-        for _ in range(count)
-    ]
 
 
 def sql_literal(value: object) -> str:
@@ -112,28 +101,6 @@ def as_int(value: object) -> int:
     if not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
     return value
-
-
-def load_note(seconds: float = 0.5) -> str:
-    """How busy the machine is right now (Linux /proc/stat), warning when others use it."""
-
-    def sample() -> tuple[int, int] | None:
-        try:
-            values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = values[3] + (values[4] if len(values) > 4 else 0)
-        return sum(values) - idle, idle
-
-    before = sample()
-    time.sleep(seconds)
-    after = sample()
-    if before is None or after is None or after == before:
-        return "machine load unknown"
-    busy = (after[0] - before[0]) / ((after[0] - before[0]) + (after[1] - before[1]))
-    return f"machine CPU busy before the run: {busy:.0%}" + (
-        " (other processes are running: expect lower, noisier figures)" if busy > 0.15 else ""
-    )
 
 
 def open_plain(path: Path) -> apsw.Connection:
@@ -365,10 +332,8 @@ class EngineCase(Case):
         self.store = Store(NodeConfig(data_dir=path))
         self._check(self.store.execute([Statement(CREATE_TABLE)]))
 
-    def _check(self, outcome: Any) -> None:
-        if outcome.cid is None:
-            errors = [r.error for r in outcome.results if r.error]
-            raise RuntimeError(f"engine write failed: {errors[:1]}")
+    def _check(self, outcome: WriteOutcome) -> None:
+        committed_cid(outcome, "engine write failed")
 
     def transaction(self, rows: Sequence[Row], statements: Sequence[Statement]) -> None:
         self._check(self.store.execute(statements, transaction=self.as_transaction))
@@ -523,17 +488,16 @@ def profile_engine(root: Path, rows_per_txn: int, transactions: int, top: int) -
     profiler.disable()
     case.close()
     total_rows = rows_per_txn * transactions
-    stats = pstats.Stats(profiler, stream=io.StringIO())
     print(
         f"\ncProfile of the engine, {transactions} x {rows_per_txn}-row transactions, top "
         f"{top} by own time (profiling slows Python code more than C: compare shares)"
     )
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
-    ranked = sorted(raw.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    raw = profile_entries(profiler)
+    ranked = top_by_own_time(raw.items(), top)
     grand = sum(v[2] for v in raw.values())
     print(f"  {'own us/row':>10} {'share':>6} {'calls/row':>9}  function")
     for (filename, line, func), (_cc, ncalls, tottime, _ct, _callers) in ranked:
-        where = f"{Path(filename).name}:{line}" if line else filename
+        where = function_place(filename, line)
         print(
             f"  {tottime / total_rows * 1e6:>10.2f} {tottime / grand:>6.1%} "
             f"{ncalls / total_rows:>9.2f}  {func} ({where})"
@@ -542,7 +506,7 @@ def profile_engine(root: Path, rows_per_txn: int, transactions: int, top: int) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = new_parser(__doc__)
     parser.add_argument(
         "--rows",
         type=int,
@@ -567,18 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=7,
         help="timed runs per case, interleaved; the median is reported (default 7)",
     )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="where the database files go (default: a temporary directory, "
-        "removed afterwards); must be empty or missing",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="also print the figures as one JSON object on the last line",
-    )
+    add_output_arguments(parser, data_dir="where the database files go")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -586,25 +539,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "top functions by own time per row",
     )
     args = parser.parse_args(argv)
-    for name in ("rows", "transactions", "single_transactions", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least_one(parser, args, ("rows", "transactions", "single_transactions", "repeats"))
+    root, cleanup = data_root(parser, args.data_dir, prefix="litecdc-bench-")
 
-    if args.data_dir is None:
-        root = Path(tempfile.mkdtemp(prefix="litecdc-bench-"))
-        cleanup: Callable[[], None] = lambda: shutil.rmtree(root, ignore_errors=True)  # noqa: E731
-    else:
-        root = args.data_dir
-        root.mkdir(parents=True, exist_ok=True)
-        if any(root.iterdir()):
-            parser.error(f"--data-dir {root} is not empty")
-        cleanup = lambda: None  # noqa: E731
-
-    print(
-        f"litecdc engine benchmark: Python {platform.python_version()}, "
-        f"APSW {apsw.apsw_version()}, SQLite {apsw.sqlite_lib_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.machine()}"
-    )
+    print(platform_line("litecdc engine benchmark", sqlite_versions()))
     print(f"database files in {root} (WAL, synchronous=FULL, one file per case)")
     print(load_note())
     started = time.perf_counter()
@@ -659,10 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.json:
             doc = {
-                "python": platform.python_version(),
-                "apsw": apsw.apsw_version(),
-                "sqlite": apsw.sqlite_lib_version(),
-                "cpus": os.cpu_count(),
+                **platform_json(sqlite_versions()),
                 "workloads": {
                     w.name: {
                         "unit": f"{w.unit}/s",

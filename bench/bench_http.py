@@ -22,16 +22,13 @@ The server is stopped at the end (SIGTERM, then SIGKILL), whatever happens.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,38 +43,38 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-
-HOST = "127.0.0.1"
-CREATE_TABLE = (
-    "CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT NOT NULL, price REAL NOT NULL, "
-    "payload BLOB, qty INTEGER NOT NULL)"
+from common import (
+    CREATE_TABLE,
+    TABLE,
+    add_output_arguments,
+    busy_share,
+    cores,
+    cpu_cores,
+    load_note,
+    machine_busy_idle,
+    make_rows,
+    new_parser,
+    platform_json,
+    platform_line,
+    process_cpu_seconds,
 )
-INSERT = "INSERT INTO items(name, price, payload, qty) VALUES (?, ?, unhex(?), ?)"
-SELECT = "SELECT id, name, price, payload, qty FROM items WHERE id = ?"
+
+from litecdc.demo import free_port
+
+HOST = "127.0.0.1"  # litecdc.demo.free_port finds a free port on this address
+INSERT = f"INSERT INTO {TABLE}(name, price, payload, qty) VALUES (?, ?, unhex(?), ?)"
+SELECT = f"SELECT id, name, price, payload, qty FROM {TABLE} WHERE id = ?"
 READY_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
 BODY_POOL = 2000
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 # -- request bodies ---------------------------------------------------------------------------
 def write_bodies(count: int, seed: int) -> list[bytes]:
-    """One-statement /db/execute bodies, rows shaped like bench_engine.py's."""
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz "
+    """One-statement /db/execute bodies, the rows of bench_engine.py (blob as hex)."""
     return [
-        json.dumps(
-            [
-                [
-                    INSERT,
-                    "".join(rng.choices(letters, k=rng.randint(10, 40))),
-                    round(rng.uniform(0.5, 5000.0), 2),
-                    rng.randbytes(rng.randint(32, 160)).hex(),
-                    rng.randint(0, 10_000),
-                ]
-            ]
-        ).encode()
-        for _ in range(count)
+        json.dumps([[INSERT, name, price, payload.hex(), qty]]).encode()
+        for name, price, payload, qty in make_rows(count, seed)
     ]
 
 
@@ -219,27 +216,6 @@ def worker(
     results.put(out)
 
 
-# -- CPU accounting ----------------------------------------------------------------------------
-def process_cpu_seconds(pid: int) -> float | None:
-    """user+system CPU seconds of a process (Linux /proc), or None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def machine_busy_idle() -> tuple[int, int] | None:
-    """(busy, idle) jiffies over all CPUs since boot (Linux /proc/stat), or None."""
-    try:
-        first = Path("/proc/stat").read_text().splitlines()[0].split()
-    except OSError:
-        return None
-    values = [int(v) for v in first[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return sum(values) - idle, idle
-
-
 # -- cases -------------------------------------------------------------------------------------
 @dataclass
 class CaseResult:
@@ -316,16 +292,6 @@ def run_case(
             else float("nan")
         )
 
-    server_cores = (
-        (server_after - server_before) / duration
-        if server_before is not None and server_after is not None
-        else None
-    )
-    machine_busy = None
-    if machine_before is not None and machine_after is not None:
-        busy = machine_after[0] - machine_before[0]
-        idle = machine_after[1] - machine_before[1]
-        machine_busy = busy / (busy + idle) if busy + idle else None
     return CaseResult(
         name=name,
         clients=clients,
@@ -336,33 +302,16 @@ def run_case(
         first_error=next((out.first_error for out in outs if out.first_error), ""),
         p50_ms=statistics.median(latencies) * 1e3 if latencies else float("nan"),
         p99_ms=pct(0.99),
-        server_cores=server_cores,
+        server_cores=cpu_cores(server_before, server_after, duration),
         loadgen_cores=sum(out.cpu_seconds for out in outs) / duration,
-        machine_busy=machine_busy,
+        machine_busy=busy_share(machine_before, machine_after),
     )
 
 
 # -- the server --------------------------------------------------------------------------------
-def load_note(seconds: float = 0.5) -> str:
-    """How busy the machine is right now (Linux /proc/stat), warning when others use it."""
-    sample = machine_busy_idle
-    before = sample()
-    time.sleep(seconds)
-    after = sample()
-    if before is None or after is None or after == before:
-        return "machine load unknown"
-    busy = (after[0] - before[0]) / ((after[0] - before[0]) + (after[1] - before[1]))
-    return f"machine CPU busy before the run: {busy:.0%}" + (
-        " (other processes are running: expect lower, noisier figures)" if busy > 0.15 else ""
-    )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
+# Not litecdc.demo.running_node: that yields only the base URL, and the benchmark needs the
+# server's pid (for its CPU use), the time it took to get ready, and its whole output in a file
+# whose tail goes into the error message (running_node keeps stderr in an unread pipe).
 def start_server(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     log = log_path.open("wb")
     try:
@@ -428,9 +377,6 @@ def post_json(client: httpx.Client, url: str, doc: Any) -> Any:
 
 # -- output ------------------------------------------------------------------------------------
 def print_results(cases: Sequence[CaseResult]) -> None:
-    def cores(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.2f}"
-
     print(
         f"\n  {'case':<30}{'clients':>8}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
         f"{'server CPU':>12}{'loadgen CPU':>13}{'machine busy':>14}"
@@ -465,7 +411,7 @@ def print_results(cases: Sequence[CaseResult]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = new_parser(__doc__)
     parser.add_argument(
         "--duration", type=float, default=5.0, help="measured seconds per case (default 5)"
     )
@@ -499,18 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--port", type=int, default=0, help="port for the server on 127.0.0.1 (default: a free one)"
     )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="the server's data directory (default: a temporary directory, "
-        "removed afterwards); must be empty or missing",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="also print the figures as one JSON object on the last line",
-    )
+    add_output_arguments(parser, data_dir="the server's data directory")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0 or args.clients < 1 or args.processes < 1:
         parser.error("--duration must be > 0, --warmup >= 0, --clients and --processes >= 1")
@@ -525,10 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = f"http://{HOST}:{port}"
     log_path = scratch / "server.log"
 
-    print(
-        f"litecdc HTTP benchmark: Python {platform.python_version()}, httpx "
-        f"{httpx.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
-    )
+    print(platform_line("litecdc HTTP benchmark", {"httpx": httpx.__version__}))
     print(load_note())
     server = start_server(data_dir, port, log_path)
     try:
@@ -576,8 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 json.dumps(
                     {
-                        "python": platform.python_version(),
-                        "cpus": os.cpu_count(),
+                        **platform_json({}),
                         "client": args.client,
                         "duration_s": args.duration,
                         "warmup_s": args.warmup,
