@@ -1,0 +1,263 @@
+"""Leader election against real etcd: one winner, failover, fencing, listeners."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from etcd_cluster import EtcdCluster
+
+from litecdc.cluster import (
+    Compare,
+    Election,
+    EtcdClient,
+    EtcdSettings,
+    Put,
+    leader_key,
+)
+from litecdc.errors import ConfigError
+
+CANDIDATE_SCRIPT = Path(__file__).with_name("etcd_cluster.py")
+
+
+class Candidate:
+    """An in-process election candidate with its own client and a record of its listener."""
+
+    def __init__(self, endpoints: list[str], cluster: str, node_id: str) -> None:
+        self.client = EtcdClient(EtcdSettings(endpoints=endpoints, request_timeout=1.0))
+        self.election = Election(
+            self.client, cluster, node_id, f"http://127.0.0.1:400{node_id[-1]}", ttl=2
+        )
+        self.heard: list[bool] = []
+        self.election.add_listener(self.heard.append)
+
+    def close(self) -> None:
+        self.election.close()
+        self.client.close()
+
+
+def wait_for(condition: object, timeout: float) -> float:
+    """Seconds until ``condition()`` was true; fails after ``timeout``."""
+    started = time.monotonic()
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not true within {timeout}s")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def leaders(candidates: list[Candidate]) -> list[Candidate]:
+    return [c for c in candidates if c.election.is_leader()]
+
+
+@pytest.fixture
+def candidates(etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Candidate]]:
+    made = [Candidate(etcd.endpoints, cluster_name, f"n{i}") for i in range(1, 4)]
+    yield made
+    for c in made:
+        c.close()
+
+
+def test_one_of_three_candidates_wins_and_all_agree(
+    candidates: list[Candidate], client: EtcdClient, cluster_name: str
+) -> None:
+    for c in candidates:
+        assert c.heard == [False]  # add_listener reports the current state
+        c.election.start()
+    wait_for(lambda: len(leaders(candidates)) == 1, 5)
+    time.sleep(1.0)  # a few keepalive rounds later: still exactly one
+    (winner,) = leaders(candidates)
+    assert winner.heard == [False, True]
+    fence = winner.election.fence_revision
+    kv = client.get(leader_key(cluster_name))
+    assert kv is not None and kv.create_revision == fence
+    for c in candidates:
+        wait_for(lambda c=c: c.election.leader() is not None, 5)
+        info = c.election.leader()
+        assert info is not None
+        assert (info.node_id, info.fence_revision) == (winner.election.node_id, fence)
+        assert info.address == winner.election.address
+        if c is not winner:
+            assert c.heard == [False] and c.election.fence_revision is None
+
+
+def test_resigning_leader_hands_over_at_once_and_is_fenced(
+    candidates: list[Candidate], client: EtcdClient, cluster_name: str
+) -> None:
+    for c in candidates:
+        c.election.start()
+    wait_for(lambda: len(leaders(candidates)) == 1, 5)
+    (old,) = leaders(candidates)
+    old_fence = old.election.fence_revision
+    assert old_fence is not None
+    old.close()
+    assert old.heard == [False, True, False]
+    assert not old.election.is_leader()
+    rest = [c for c in candidates if c is not old]
+    took = wait_for(lambda: len(leaders(rest)) == 1, 3)
+    assert took < 1.5  # the key is deleted by the revoke: no TTL to wait for
+    (new,) = leaders(rest)
+    assert new.election.fence_revision is not None and new.election.fence_revision > old_fence
+    for c in rest:
+        wait_for(lambda c=c: c.election.leader() == new.election.leader(), 3)
+
+    # fencing: an append guarded by the old leader's create_revision fails
+    log_key = f"/litecdc/{cluster_name}/log/1"
+    key = leader_key(cluster_name)
+    stale = client.txn([Compare.created_at(key, old_fence)], [Put(log_key, b"from old")])
+    assert not stale.succeeded and client.get(log_key) is None
+    fresh = client.txn(
+        [Compare.created_at(key, new.election.fence_revision)], [Put(log_key, b"from new")]
+    )
+    assert fresh.succeeded
+
+
+def test_step_down_is_immediate_and_listeners_hear_it(
+    candidates: list[Candidate],
+) -> None:
+    c = candidates[0]
+    c.election.start()
+    wait_for(c.election.is_leader, 5)
+    c.election.step_down("a guarded append failed")
+    assert not c.election.is_leader()
+    assert c.heard[:3] == [False, True, False]
+    wait_for(c.election.is_leader, 5)  # nobody else campaigns: it wins again
+    assert c.heard == [False, True, False, True]
+
+
+def test_a_deleted_leader_key_deposes_the_leader(
+    candidates: list[Candidate], client: EtcdClient, cluster_name: str
+) -> None:
+    a, b = candidates[0], candidates[1]
+    a.election.start()
+    wait_for(a.election.is_leader, 5)
+    b.election.start()
+    wait_for(lambda: b.election.leader() is not None, 5)
+    client.delete(leader_key(cluster_name))
+    wait_for(lambda: False in a.heard[2:], 3)
+    wait_for(lambda: len(leaders([a, b])) == 1, 3)
+
+
+def test_invalid_settings(client: EtcdClient) -> None:
+    with pytest.raises(ConfigError, match="at least 2 seconds"):
+        Election(client, "c", "n1", "http://x", ttl=1)
+    with pytest.raises(ConfigError, match="cluster name"):
+        Election(client, "a/b", "n1", "http://x")
+
+
+# --- leaders in processes of their own: kill -9 and SIGSTOP ---------------------------------
+
+
+class CandidateProcess:
+    def __init__(self, endpoints: list[str], cluster: str, node_id: str) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable, str(CANDIDATE_SCRIPT), "candidate",
+                "--endpoints", ",".join(endpoints), "--cluster", cluster, "--node-id", node_id,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+
+    def next_line(self, timeout: float) -> str:
+        return self.lines.get(timeout=timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(5)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_leader_process_moves_leadership(
+    etcd: EtcdCluster, candidates: list[Candidate], client: EtcdClient, cluster_name: str
+) -> None:
+    proc = CandidateProcess(etcd.endpoints, cluster_name, "p1")
+    try:
+        assert proc.next_line(10) == "follower"
+        line = proc.next_line(10)
+        assert line.startswith("leader ")
+        old_fence = int(line.split()[1])
+        for c in candidates:
+            c.election.start()
+        wait_for(lambda: all(c.election.leader() is not None for c in candidates), 5)
+        assert not leaders(candidates)
+        proc.process.kill()
+        took = wait_for(lambda: len(leaders(candidates)) == 1, 6)
+        assert took < 4  # TTL 2 s, then a campaign
+        stale = client.txn(
+            [Compare.created_at(leader_key(cluster_name), old_fence)],
+            [Put(f"/litecdc/{cluster_name}/log/1", b"x")],
+        )
+        assert not stale.succeeded
+    finally:
+        proc.close()
+
+
+@pytest.mark.slow
+def test_a_paused_leader_process_is_fenced_and_steps_down_on_resume(
+    etcd: EtcdCluster, candidates: list[Candidate], client: EtcdClient, cluster_name: str
+) -> None:
+    proc = CandidateProcess(etcd.endpoints, cluster_name, "p1")
+    try:
+        assert proc.next_line(10) == "follower"
+        old_fence = int(proc.next_line(10).split()[1])
+        for c in candidates:
+            c.election.start()
+        proc.process.send_signal(19)  # SIGSTOP
+        wait_for(lambda: len(leaders(candidates)) == 1, 6)
+        stale = client.txn(
+            [Compare.created_at(leader_key(cluster_name), old_fence)],
+            [Put(f"/litecdc/{cluster_name}/log/1", b"x")],
+        )
+        assert not stale.succeeded
+        proc.process.send_signal(18)  # SIGCONT
+        assert proc.next_line(5) == "follower"  # it finds its lease gone and steps down
+        time.sleep(0.5)
+        assert len(leaders(candidates)) == 1
+    finally:
+        proc.close()
+
+
+@pytest.mark.slow
+def test_a_paused_etcd_member_moves_leadership_to_a_reachable_candidate(
+    etcd3: EtcdCluster, cluster_name: str
+) -> None:
+    # each candidate reaches etcd through one member only: pausing a member partitions it
+    made = [
+        Candidate([member.endpoint], cluster_name, f"n{i}")
+        for i, member in enumerate(etcd3.members, start=1)
+    ]
+    try:
+        made[0].election.start()
+        wait_for(made[0].election.is_leader, 5)
+        for c in made[1:]:
+            c.election.start()
+        wait_for(lambda: all(c.election.leader() is not None for c in made), 5)
+        etcd3.members[0].pause()
+        stepped = wait_for(lambda: not made[0].election.is_leader(), 3)
+        assert stepped < 2  # a keepalive times out at TTL/3
+        assert made[0].heard[-1] is False
+        took = wait_for(lambda: len(leaders(made[1:])) == 1, 8)
+        assert took < 6  # lease expiry (2 s) after etcd elected a new raft leader
+        etcd3.members[0].resume()
+        etcd3.wait_healthy()
+        wait_for(lambda: made[0].election.leader() == leaders(made[1:])[0].election.leader(), 8)
+        assert len(leaders(made)) == 1
+    finally:
+        etcd3.members[0].resume()
+        for c in made:
+            c.close()
