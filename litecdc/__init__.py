@@ -3,13 +3,21 @@
 from litecdc.config import NodeConfig
 from litecdc.errors import LitecdcError
 from litecdc.journal import Journal, Mode
-from litecdc.results import JournalEntry, RowChange, Statement, StatementResult, WriteOutcome
+from litecdc.results import (
+    JournalEntry,
+    LogEntry,
+    RowChange,
+    Statement,
+    StatementResult,
+    WriteOutcome,
+)
 from litecdc.store import Store
 
 __all__ = [
     "Journal",
     "JournalEntry",
     "LitecdcError",
+    "LogEntry",
     "Mode",
     "NodeConfig",
     "RowChange",

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+import msgspec
+
 #: cids and per-transaction sequence numbers share one 63-bit change id (cid << 24 | seq)
 MAX_CID = (1 << 39) - 1
 MAX_SEQ = (1 << 24) - 1
@@ -82,6 +84,32 @@ class JournalEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class LogEntry:
+    """A write as a cluster's log carries it (etcd), before any node has run it.
+
+    ``statements`` are self-contained SQL texts (parameters already written as exact
+    literals), run one by one — each alone, or all-or-nothing with ``transaction`` —
+    exactly as the leader's client asked; every node gets the same results.
+    ``internal`` marks litecdc's own entries (CDC state, pruning).
+    """
+
+    cid: int
+    snapshot: int
+    timestamp_ms: int
+    seed: int
+    statements: tuple[str, ...]
+    transaction: bool = False
+    internal: bool = False
+
+    def encode(self) -> bytes:
+        return _log_encoder.encode(self)
+
+    @staticmethod
+    def decode(data: bytes) -> LogEntry:
+        return _log_decoder.decode(data)
+
+
+@dataclass(frozen=True, slots=True)
 class RowChange:
     """One captured row change from ``_litecdc_changes``.
 
@@ -125,3 +153,7 @@ class NodeStatus:
     sqlite_version: str
     tables: int
     extra: dict[str, object] = field(default_factory=dict)
+
+
+_log_encoder = msgspec.msgpack.Encoder()
+_log_decoder = msgspec.msgpack.Decoder(LogEntry)

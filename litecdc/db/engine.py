@@ -27,6 +27,7 @@ from litecdc.db.schema import (
     CHANGES_TABLE,
     CREATE_INTERNAL,
     JOURNAL_TABLE,
+    NODE_STATE_TABLE,
     SCHEMA_OBJECT,
     SEQ_BITS,
     TABLE_CIDS_TABLE,
@@ -236,6 +237,7 @@ class Engine:
         timestamp_ms: int,
         seed: int,
         decide: Callable[[Access], Decision],
+        state: Mapping[str, int] | None = None,
     ) -> WriteRun:
         """Run client statements as one transaction; journal and capture them on success.
 
@@ -303,7 +305,7 @@ class Engine:
                 entry = JournalEntry(
                     decision.cid, "\n".join(rendered), decision.snapshot, timestamp_ms, seed
                 )
-                self._append(entry, combined)
+                self._append(entry, combined, state)
                 self._internal("COMMIT")
             except BaseException:
                 self._rollback()
@@ -464,8 +466,11 @@ class Engine:
             result.rows_affected = writer.total_changes() - changes_before
         return result, text, False
 
-    def _append(self, entry: JournalEntry, access: Access) -> None:
-        """Write the journal entry, captured changes and table cids (inside the transaction)."""
+    def _append(
+        self, entry: JournalEntry, access: Access, state: Mapping[str, int] | None = None
+    ) -> None:
+        """Write the journal entry, captured changes, table cids and node state (inside the
+        transaction, so a crash can neither skip nor repeat an entry)."""
         self._authorizer.internal = True
         writer = self._writer
         writer.preupdate_hook(None)
@@ -500,9 +505,24 @@ class Engine:
                     "ON CONFLICT(name) DO UPDATE SET read_cid = max(read_cid, excluded.read_cid)",
                     [(name, entry.cid) for name in sorted(access.reads)],
                 )
+            if state:
+                self._write_state(state)
         finally:
             writer.preupdate_hook(self._buffer.hook)
             self._authorizer.internal = False
+
+    def _write_state(self, state: Mapping[str, int]) -> None:
+        self._writer.executemany(
+            f"INSERT INTO {NODE_STATE_TABLE}(name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            sorted(state.items()),
+        )
+
+    def node_state(self, name: str) -> int | None:
+        """A value of this node's own state (``_litecdc_node_state``), None if unset."""
+        with self._write_lock:
+            rows = self._internal(f"SELECT value FROM {NODE_STATE_TABLE} WHERE name = ?", (name,))
+            return int(rows[0][0]) if rows else None
 
     def apply_entry(self, entry: JournalEntry) -> tuple[bool, Access]:
         """Re-execute a journal entry (follower apply / replay) and record it.
@@ -561,7 +581,13 @@ class Engine:
             self._writer.preupdate_hook(self._buffer.hook)
 
     def run_internal(
-        self, query: str, *, timestamp_ms: int, seed: int, decide: Callable[[Access], Decision]
+        self,
+        query: str,
+        *,
+        timestamp_ms: int,
+        seed: int,
+        decide: Callable[[Access], Decision],
+        state: Mapping[str, int] | None = None,
     ) -> JournalEntry:
         """Commit litecdc's own SQL (CDC state, pruning) as an internal journal entry.
 
@@ -579,7 +605,7 @@ class Engine:
                 entry = JournalEntry(
                     decision.cid, query, decision.snapshot, timestamp_ms, seed, internal=True
                 )
-                self._append(entry, Access())
+                self._append(entry, Access(), state)
                 self._internal("COMMIT")
             except BaseException:
                 self._rollback()
@@ -589,14 +615,32 @@ class Engine:
             self._schema_changed()
             return entry
 
-    def write_empty_entry(self, cid: int, timestamp_ms: int = 0, seed: int = 0) -> None:
+    def write_empty_entry(
+        self,
+        cid: int,
+        timestamp_ms: int = 0,
+        seed: int = 0,
+        state: Mapping[str, int] | None = None,
+    ) -> None:
         """Record ``cid`` as an empty entry: it was allocated, but its transaction failed."""
         with self._write_lock:
-            self._internal(
-                f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed) "
-                "VALUES (?, NULL, 0, ?, ?)",
-                (cid, timestamp_ms, seed),
-            )
+            self._internal("BEGIN IMMEDIATE")
+            try:
+                self._internal(
+                    f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed) "
+                    "VALUES (?, NULL, 0, ?, ?)",
+                    (cid, timestamp_ms, seed),
+                )
+                if state:
+                    was, self._authorizer.internal = self._authorizer.internal, True
+                    try:
+                        self._write_state(state)
+                    finally:
+                        self._authorizer.internal = was
+                self._internal("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
 
     # -- journal storage ----------------------------------------------------------------
     def journal_entries(self, after: int, limit: int) -> list[JournalEntry]:

@@ -7,6 +7,7 @@ INTERNAL_PREFIX = "_litecdc_"
 JOURNAL_TABLE = "_litecdc_journal"
 CHANGES_TABLE = "_litecdc_changes"
 TABLE_CIDS_TABLE = "_litecdc_table_cids"
+NODE_STATE_TABLE = "_litecdc_node_state"
 
 CREATE_INTERNAL = f"""
 CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE}(
@@ -31,6 +32,10 @@ CREATE TABLE IF NOT EXISTS {CHANGES_TABLE}(
     after BLOB,                -- MessagePack map of the full row after (insert, update)
     ts INTEGER NOT NULL        -- commit timestamp, Unix ms
 );
+CREATE TABLE IF NOT EXISTS {NODE_STATE_TABLE}(
+    name TEXT PRIMARY KEY,     -- e.g. 'applied_revision': this node's progress in the log
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS {TABLE_CIDS_TABLE}(
     name TEXT PRIMARY KEY,     -- table, view or index name; 'sqlite_schema' = the schema
     cid INTEGER NOT NULL,      -- last cid that wrote it (for dependencies)

@@ -29,11 +29,14 @@ from dataclasses import dataclass
 from litecdc.db.access import Access
 from litecdc.db.engine import Decision, Engine
 from litecdc.db.schema import SCHEMA_OBJECT
+from litecdc.db.sqltext import parse_template, render
 from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
-from litecdc.results import JournalEntry, Statement, WriteOutcome
+from litecdc.results import JournalEntry, LogEntry, Statement, WriteOutcome
 
 #: cid of the journal's initial record (1, '', 0): "the database before any entry".
 INITIAL_CID = 1
+#: node state key: the log position (etcd revision) of the last applied entry
+APPLIED_REVISION = "applied_revision"
 
 
 class Mode(enum.Enum):
@@ -71,6 +74,8 @@ class Journal:
         self._schema_cid = self._written.pop(SCHEMA_OBJECT, INITIAL_CID)
         #: notified after every commit, for readers that follow the journal (CDC)
         self._committed = threading.Condition()
+        #: highest cid handed out by prepare_entry (a leader's entries in flight)
+        self._allocated = self._last
 
     # -- facts ------------------------------------------------------------------------
     def available_snapshot(self) -> int:
@@ -228,6 +233,103 @@ class Journal:
             )
             self._record(cid, Access())
             return entry
+
+    # -- the cluster's log (LogEntry): the leader prepares, every node applies ---------------
+    def prepare_entry(
+        self, statements: Sequence[Statement], *, transaction: bool = False
+    ) -> LogEntry:
+        """LEADER mode: allocate the next cid for a write and describe it for the log.
+
+        Nothing runs here: the entry goes to the log, and every node (this one too)
+        runs it with :meth:`apply_log_entry`. Parameters are written into each
+        statement's text as exact literals. The snapshot is ``cid - 1``: entries are
+        applied in log order, and read/write sets of statements that depend on earlier
+        statements of the same request cannot be known before they run.
+        """
+        texts = tuple(
+            render(s.sql, s.params).rstrip() + parse_template(s.sql).terminator for s in statements
+        )
+        return self._allocate(texts, transaction=transaction, internal=False)
+
+    def prepare_internal(self, query: str) -> LogEntry:
+        """LEADER mode: allocate the next cid for litecdc's own write (CDC state, pruning)."""
+        return self._allocate((query,), transaction=True, internal=True)
+
+    def _allocate(self, texts: tuple[str, ...], *, transaction: bool, internal: bool) -> LogEntry:
+        with self._lock:
+            if self.mode is not Mode.LEADER:
+                raise ModeError(
+                    f"only the leader prepares log entries; the journal is in "
+                    f"{self.mode.value.upper()} mode"
+                )
+            self._allocated = max(self._allocated, self._last) + 1
+            cid = self._allocated
+            return LogEntry(
+                cid,
+                cid - 1,
+                time.time_ns() // 1_000_000,
+                secrets.randbits(63),
+                texts,
+                transaction,
+                internal,
+            )
+
+    def forget_allocations(self) -> None:
+        """A leader whose appends failed (or a new leader) allocates again from the journal."""
+        with self._lock:
+            self._allocated = self._last
+
+    def apply_log_entry(self, entry: LogEntry, *, revision: int | None = None) -> WriteOutcome:
+        """Run a log entry at its cid (LEADER or FOLLOWER mode), as every node does.
+
+        Like follower_commit: refuses a cid the journal has and an unavailable snapshot.
+        A request that commits nothing still uses its cid: the journal records the empty
+        entry. ``revision`` (the log position) is stored as ``applied_revision`` in the
+        same SQLite transaction, so a restart neither skips nor repeats an entry.
+        """
+        with self._lock:
+            if self.mode is Mode.NORMAL:
+                raise ModeError("log entries are applied in LEADER or FOLLOWER mode")
+            if entry.cid <= self._available or entry.cid in self._pending:
+                raise DuplicateCidError(f"the journal already has cid {entry.cid}")
+            if entry.snapshot > self._available:
+                raise SnapshotUnavailableError(entry.snapshot, self._available)
+            state = {APPLIED_REVISION: revision} if revision is not None else None
+            if entry.internal:
+                query = "\n".join(entry.statements)
+
+                def fixed(access: Access) -> Decision:
+                    return Decision(entry.cid, entry.snapshot)
+
+                self._engine.run_internal(
+                    query,
+                    timestamp_ms=entry.timestamp_ms,
+                    seed=entry.seed,
+                    decide=fixed,
+                    state=state,
+                )
+                self._record(entry.cid, Access())
+                return WriteOutcome([], entry.cid, entry.snapshot)
+            run = self._engine.run_write(
+                [Statement(text) for text in entry.statements],
+                transaction=entry.transaction,
+                timestamp_ms=entry.timestamp_ms,
+                seed=entry.seed,
+                decide=lambda access: Decision(entry.cid, entry.snapshot),
+                state=state,
+            )
+            if run.entry is None:
+                self._engine.write_empty_entry(
+                    entry.cid, entry.timestamp_ms, entry.seed, state=state
+                )
+                self._record(entry.cid, Access())
+                return WriteOutcome(run.results, None, None)
+            self._record(entry.cid, run.access)
+            return WriteOutcome(run.results, entry.cid, entry.snapshot)
+
+    def applied_revision(self) -> int:
+        """The log position of the last entry applied (0 before any)."""
+        return self._engine.node_state(APPLIED_REVISION) or 0
 
     def follower_commit(self, entry: JournalEntry) -> bool:
         """FOLLOWER mode: apply the leader's entry at its cid. Returns whether its SQL ran.

@@ -313,8 +313,9 @@ def test_user_and_password(tmp_path: Path) -> None:
         wrong = EtcdSettings(endpoints=cluster.endpoints, user="root", password="nope")
         with EtcdClient(wrong) as c, pytest.raises(EtcdAuthError):
             c.get("/auth")
-        with EtcdClient(EtcdSettings(endpoints=cluster.endpoints)) as c, pytest.raises(
-            EtcdAuthError
+        with (
+            EtcdClient(EtcdSettings(endpoints=cluster.endpoints)) as c,
+            pytest.raises(EtcdAuthError),
         ):
             c.put("/auth", b"2")
         assert "s3cret" not in repr(good)

@@ -296,3 +296,60 @@ def test_inserts_past_the_largest_rowid_are_refused(store: Store, transaction: b
     assert out.cid is None
     assert "holds rowid 9223372036854775807" in (out.results[0].error or "")
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(1,)]
+
+
+def test_log_entries_prepared_by_the_leader_apply_identically_everywhere(tmp_path: Path) -> None:
+    from litecdc import LogEntry
+
+    nodes = [Store(NodeConfig(data_dir=tmp_path / f"n{i}")) for i in range(2)]
+    leader, follower = nodes
+    leader.journal.set_mode(Mode.LEADER)
+    follower.journal.set_mode(Mode.FOLLOWER)
+    requests = [
+        ([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v, r)")], False),
+        ([S("INSERT INTO t(v, r) VALUES(?, random())", (x,)) for x in (1.5, "a'b", b"\x00")], True),
+        (
+            [S("INSERT INTO t(id) VALUES(1)"), S("UPDATE t SET v = ? WHERE id = 2", (None,))],
+            False,
+        ),  # first fails (duplicate id), second commits: each alone
+        ([S("INSERT INTO missing VALUES(1)")], True),  # fails: the cid becomes empty
+    ]
+    entries = [leader.journal.prepare_entry(stmts, transaction=tx) for stmts, tx in requests]
+    assert [e.cid for e in entries] == [2, 3, 4, 5]
+    entries.append(
+        leader.journal.prepare_internal(
+            "CREATE TABLE IF NOT EXISTS _litecdc_cdc_state(name TEXT PRIMARY KEY, value);"
+        )
+    )
+    outcomes: list[list[object]] = [[], []]
+    for revision, entry in enumerate(entries, 100):
+        wire = LogEntry.decode(entry.encode())  # through the log's encoding
+        assert wire == entry
+        for i, node in enumerate(nodes):
+            outcome = node.journal.apply_log_entry(wire, revision=revision)
+            outcomes[i].append(
+                [(r.error, r.last_insert_id, r.rows_affected) for r in outcome.results]
+            )
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][2] == [("UNIQUE constraint failed: t.id", None, None), (None, 0, 1)]
+    for node in nodes:
+        journal = [(e.cid, e.query is None, e.internal) for e in node.journal_page(1, 10).entries]
+        assert journal == [
+            (2, False, False),
+            (3, False, False),
+            (4, False, False),
+            (5, True, False),
+            (6, False, True),
+        ]
+        assert node.journal.applied_revision() == 104
+        assert (
+            node.query([S("SELECT * FROM t ORDER BY id")])[0].rows
+            == leader.query([S("SELECT * FROM t ORDER BY id")])[0].rows
+        )
+    assert follower.changes(0, 100) == leader.changes(0, 100)
+    with pytest.raises(DuplicateCidError):
+        follower.journal.apply_log_entry(entries[0], revision=99)
+    with pytest.raises(ModeError, match="only the leader prepares"):
+        follower.journal.prepare_entry([S("SELECT 1")])
+    for node in nodes:
+        node.close()
