@@ -7,6 +7,7 @@ The CLI (``litecdc serve``) and the environment (``LITECDC_*``) both feed
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,24 @@ class NodeConfig:
     foreign_keys: bool = False
     #: The CDC push service (``--cdc-config``); None = no webhook delivery.
     cdc: CDCConfig | None = None
+    #: etcd endpoints (host:port) for cluster mode; empty = standalone (the default).
+    etcd_endpoints: tuple[str, ...] = ()
+    #: the cluster's name: its keys live under /litecdc/<cluster>/ in etcd. Default "litecdc".
+    cluster: str = "litecdc"
+    #: etcd TLS (CA, client certificate and key) and user/password; default none.
+    etcd_ca_cert: Path | None = None
+    etcd_cert: Path | None = None
+    etcd_key: Path | None = None
+    etcd_user: str | None = None
+    etcd_password: str | None = None
+    #: seconds the leader's lease lives without keepalives (failover time); default 2.
+    lease_ttl: int = 2
+    #: URL other nodes and redirected clients use to reach this node; default
+    #: http(s)://<http-addr>.
+    advertise_url: str = ""
+    #: CA that signed the other nodes' HTTPS certificates, for forwarding writes to the
+    #: leader; default the system's CAs.
+    node_ca_cert: Path | None = None
 
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS_LEVELS:
@@ -61,10 +80,37 @@ class NodeConfig:
         ):
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
+        if not self.advertise_url:
+            scheme = "https" if self.http_cert else "http"
+            object.__setattr__(self, "advertise_url", f"{scheme}://{self.http_addr}")
+        for endpoint in self.etcd_endpoints:
+            split_host_port(endpoint.split("://", 1)[-1])
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.cluster):
+            raise ConfigError(
+                f"cluster name may hold letters, digits, '.', '_' and '-', got {self.cluster!r}"
+            )
+        if self.lease_ttl < 2:
+            raise ConfigError(
+                f"lease TTL must be at least 2 seconds (etcd's minimum), got {self.lease_ttl}"
+            )
+        if (self.etcd_cert is None) != (self.etcd_key is None):
+            raise ConfigError("--etcd-cert and --etcd-key must be given together")
+        for name, path in (
+            ("etcd-ca-cert", self.etcd_ca_cert),
+            ("etcd-cert", self.etcd_cert),
+            ("etcd-key", self.etcd_key),
+            ("node-ca-cert", self.node_ca_cert),
+        ):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
         if self.max_body_bytes < 1024:
             raise ConfigError(
                 f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"
             )
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.etcd_endpoints)
 
     @property
     def db_path(self) -> Path:

@@ -3,7 +3,8 @@
 LitecdcError
 ├── ConfigError                 invalid configuration (CLI, file, environment)
 ├── RequestError                malformed client input: bad JSON, wrong types, unknown parameters
-│   └── BodyTooLargeError
+│   ├── BodyTooLargeError
+│   └── LoadError               /db/load got something that is neither SQLite nor SQL text
 ├── AuthError                   missing or wrong credentials
 │   └── PermissionDeniedError   authenticated, but the user lacks the permission
 ├── StatementError              one SQL statement failed (reported per statement, like rqlite)
@@ -14,7 +15,9 @@ LitecdcError
 │   ├── SnapshotUnavailableError  follower_commit before its dependency is applied
 │   ├── DuplicateCidError       follower_commit of a cid the journal already has
 │   └── TruncateError           truncation that would break cid order or empty the journal
-└── LoadError                   /db/load got something that is neither SQLite nor SQL text
+└── NotLeaderError              a write reached a node that does not lead (the HTTP layer
+                                forwards it to the leader, or redirects); the cluster's
+                                errors (litecdc.cluster) are LitecdcErrors too
 """
 
 from __future__ import annotations
@@ -86,6 +89,20 @@ class TruncateError(JournalError):
 
 class LoadError(RequestError):
     pass
+
+
+class NotLeaderError(LitecdcError):
+    """The operation needs the leader; this node is not it. ``leader_address`` is the
+    leader's HTTP base URL when one is known."""
+
+    http_status = 503
+
+    def __init__(
+        self, message: str, *, leader_id: str | None = None, leader_address: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.leader_address = leader_address
 
 
 def http_status_for(error: BaseException) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from litecdc.config import NodeConfig
@@ -47,6 +47,7 @@ class Store:
         self.journal = Journal(self.engine)
         self._closed = False
         self._lock = threading.Lock()
+        self._writer: Callable[[Sequence[Statement], bool], WriteOutcome] = self._commit_locally
 
     # -- writes ---------------------------------------------------------------
     def execute(
@@ -58,6 +59,14 @@ class Store:
         failures are reported per statement; with it, the first failure rolls back
         the whole request. A read statement in the list returns its rows.
         """
+        return self._writer(statements, transaction)
+
+    def route_writes(self, writer: Callable[[Sequence[Statement], bool], WriteOutcome]) -> None:
+        """Send writes somewhere else than this node's journal: a cluster node appends them
+        to the log and answers once they are applied here (or raises NotLeaderError)."""
+        self._writer = writer
+
+    def _commit_locally(self, statements: Sequence[Statement], transaction: bool) -> WriteOutcome:
         return self.journal.commit(statements, transaction=transaction)
 
     def request(
@@ -79,7 +88,7 @@ class Store:
         (captured as delete changes), the dump's statements (captured as inserts).
         """
         statements = self.engine.load_statements(data)
-        outcome = self.journal.commit(statements, transaction=True)
+        outcome = self.execute(statements, transaction=True)
         failed = [r.error for r in outcome.results if r.error]
         if failed:
             raise RequestError(f"load failed: {failed[0]}")

@@ -39,9 +39,16 @@ from starlette.routing import Route
 
 from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
-from litecdc.errors import BodyTooLargeError, LitecdcError, RequestError, http_status_for
+from litecdc.errors import (
+    BodyTooLargeError,
+    LitecdcError,
+    NotLeaderError,
+    RequestError,
+    http_status_for,
+)
 from litecdc.http import rqlite
 from litecdc.http.auth import CredentialStore, parse_basic_auth
+from litecdc.http.forward import LeaderForwarder
 from litecdc.http.metrics import NodeMetrics
 from litecdc.results import MAX_CID, MAX_SEQ, Statement
 from litecdc.store import Store
@@ -456,14 +463,21 @@ _CORS = {
 }
 
 
-def _guard(handler: Handler, *, json_errors: bool) -> Handler:
-    """Turn litecdc errors into HTTP answers (text for rqlite endpoints, JSON for ours)."""
+def _guard(
+    handler: Handler, *, json_errors: bool, forwarder: LeaderForwarder | None = None
+) -> Handler:
+    """Turn litecdc errors into HTTP answers (text for rqlite endpoints, JSON for ours);
+    a write that needs the leader goes to it."""
 
     async def guarded(request: Request) -> Response:
         if request.method == "OPTIONS":  # CORS preflight: rqlite answers 200 to any path
             return Response(status_code=200, headers=_CORS)
         try:
             return await handler(request)
+        except NotLeaderError as exc:
+            if forwarder is None:
+                raise
+            return await forwarder.answer(request, exc)
         except LitecdcError as exc:
             status = http_status_for(exc)
             if status >= 500:
@@ -493,8 +507,11 @@ def create_app(store: Store, config: NodeConfig, *, cdc: CDCService | None = Non
     """The Starlette app serving ``store`` (and ``cdc``'s status). Raises ConfigError for a
     bad auth file."""
     api = _Api(store, config, cdc)
-    rq = dict(json_errors=False)
-    own = dict(json_errors=True)
+    forwarder = LeaderForwarder(
+        config.node_id, ca_cert=str(config.node_ca_cert) if config.node_ca_cert else None
+    )
+    rq: dict[str, Any] = dict(json_errors=False, forwarder=forwarder)
+    own: dict[str, Any] = dict(json_errors=True, forwarder=forwarder)
     routes = [
         Route("/", api.root),
         Route("/db/execute", _guard(api.execute, **rq), methods=_ALL_METHODS),

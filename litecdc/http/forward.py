@@ -1,0 +1,68 @@
+"""Writes that reach a follower go to the leader, as the client sent them.
+
+rqlite's behaviour: a follower forwards the request to the leader and relays the answer;
+with the ``redirect`` URL parameter it answers 301 with the leader's URL instead. The
+forwarded request keeps the client's ``Authorization`` header (the leader checks it
+again) and is marked so it is never forwarded twice. HTTPS leaders are verified with
+the CA given by ``--node-ca-cert`` (default: the system's CAs).
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from litecdc.errors import NotLeaderError
+
+#: set on a forwarded request: a node that receives it and does not lead refuses it
+FORWARDED_HEADER = "x-litecdc-forwarded-by"
+_KEPT_HEADERS = ("authorization", "content-type", "accept")
+_RELAYED_HEADERS = ("content-type", "location", "www-authenticate")
+
+
+class LeaderForwarder:
+    def __init__(self, node_id: str, *, ca_cert: str | None = None, timeout: float = 30.0) -> None:
+        self._node_id = node_id
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=ca_cert) if ca_cert else True
+        )
+        self._client = httpx.AsyncClient(verify=verify, timeout=timeout)
+
+    async def answer(self, request: Request, error: NotLeaderError) -> Response:
+        """Forward ``request`` to the leader (or redirect to it); 503 when none is known."""
+        leader = error.leader_address
+        if not leader or request.headers.get(FORWARDED_HEADER):
+            reason = "no leader is known" if not leader else "the request was forwarded once"
+            return Response(
+                f"not leader: {error}; {reason}, try again shortly\n",
+                status_code=503,
+                media_type="text/plain; charset=utf-8",
+                headers={"Retry-After": "1"},
+            )
+        target = leader.rstrip("/") + request.url.path
+        if request.url.query:
+            target += "?" + request.url.query
+        if "redirect" in request.query_params:
+            return RedirectResponse(target, status_code=301)
+        headers = {k: v for k in _KEPT_HEADERS if (v := request.headers.get(k)) is not None}
+        headers[FORWARDED_HEADER] = self._node_id
+        try:
+            answer = await self._client.request(
+                request.method, target, content=await request.body(), headers=headers
+            )
+        except httpx.HTTPError as exc:
+            return Response(
+                f"not leader, and forwarding to the leader at {leader} failed: "
+                f"{exc.__class__.__name__}: {exc}\n",
+                status_code=503,
+                media_type="text/plain; charset=utf-8",
+                headers={"Retry-After": "1"},
+            )
+        relayed = {k: v for k in _RELAYED_HEADERS if (v := answer.headers.get(k)) is not None}
+        return Response(answer.content, status_code=answer.status_code, headers=relayed)
+
+    async def close(self) -> None:
+        await self._client.aclose()
