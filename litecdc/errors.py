@@ -15,6 +15,7 @@ LitecdcError
 │   ├── SnapshotUnavailableError  follower_commit before its dependency is applied
 │   ├── DuplicateCidError       follower_commit of a cid the journal already has
 │   └── TruncateError           truncation that would break cid order or empty the journal
+├── NotReadyError               the node cannot answer yet (e.g. min_cid not applied): 503
 └── NotLeaderError              a write reached a node that does not lead (the HTTP layer
                                 forwards it to the leader, or redirects); the cluster's
                                 errors (litecdc.cluster) are LitecdcErrors too
@@ -89,6 +90,10 @@ class TruncateError(JournalError):
 
 class LoadError(RequestError):
     pass
+
+
+class NotReadyError(LitecdcError):
+    http_status = 503
 
 
 class NotLeaderError(LitecdcError):

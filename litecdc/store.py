@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class Store:
         self._closed = False
         self._lock = threading.Lock()
         self._writer: Callable[[Sequence[Statement], bool], WriteOutcome] = self._commit_locally
+        self._read_gate: Callable[[ReadLevel], None] | None = None
 
     # -- writes ---------------------------------------------------------------
     def execute(
@@ -104,10 +106,29 @@ class Store:
     ) -> list[StatementResult]:
         """Run read-only statements on a reader connection (rqlite's /db/query).
 
-        A standalone node is always the leader, so every level reads local data
-        that includes every acknowledged write.
+        A standalone node is always the leader, so every level reads local data that
+        includes every acknowledged write. In a cluster, the read gate decides first:
+        ``none`` reads locally anywhere, other levels need the leader (a follower raises
+        NotLeaderError and the HTTP layer forwards), and ``linearizable`` has the leader
+        confirm its leadership before reading.
         """
+        if self._read_gate is not None:
+            self._read_gate(level)
         return self.engine.query(statements, transaction=transaction)
+
+    def route_reads(self, gate: Callable[[ReadLevel], None]) -> None:
+        """Check every read's consistency level first (a cluster node's leadership rules)."""
+        self._read_gate = gate
+
+    def wait_for_cid(self, cid: int, timeout: float) -> bool:
+        """Block until this node has applied ``cid`` (read-your-writes on a follower)."""
+        deadline = time.monotonic() + timeout
+        while self.journal.available_snapshot() < cid:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.journal.wait_for_commit_after(self.journal.last_cid(), min(remaining, 0.5))
+        return True
 
     def journal_page(self, after: int = 0, limit: int = 1000) -> JournalPage:
         """Journal entries with cid > ``after``, in cid order, plus the available snapshot."""

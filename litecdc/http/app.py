@@ -43,6 +43,7 @@ from litecdc.errors import (
     BodyTooLargeError,
     LitecdcError,
     NotLeaderError,
+    NotReadyError,
     RequestError,
     http_status_for,
 )
@@ -58,6 +59,8 @@ __all__ = ["JOURNAL_PAGE_DEFAULT", "create_app"]
 log = logging.getLogger("litecdc.http")
 
 JOURNAL_PAGE_DEFAULT = 1000
+#: longest a read with min_cid waits for this node to apply that cid, in seconds
+MIN_CID_WAIT = 10.0
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 _encoder = msgspec.json.Encoder()
@@ -201,6 +204,14 @@ class _Api:
             statements = [Statement(sql)]
         else:
             statements = await self._statements(request)
+        if opts.min_cid is not None:
+            min_cid = opts.min_cid
+            if not await to_thread.run_sync(lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT)):
+                raise NotReadyError(
+                    f"this node has not applied cid {min_cid} within {MIN_CID_WAIT:g} s "
+                    f"(it has {self.store.journal.available_snapshot()}); retry, or read with "
+                    "a stronger level"
+                )
         results = await to_thread.run_sync(
             lambda: self.store.query(statements, level=opts.level, transaction=opts.transaction)
         )

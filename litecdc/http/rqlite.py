@@ -189,6 +189,9 @@ class QueryOptions:
     queue: bool = False
     raft_index: bool = False
     level: ReadLevel = "weak"
+    #: litecdc: wait until this node has applied this cid before reading (read-your-writes
+    #: on a follower; the cid is the raft_index a write returned)
+    min_cid: int | None = None
 
 
 def parse_options(params: Mapping[str, str]) -> QueryOptions:
@@ -210,7 +213,16 @@ def parse_options(params: Mapping[str, str]) -> QueryOptions:
         queue="queue" in params,
         raft_index="raft_index" in params,
         level=_LEVELS.get(params.get("level", "weak").lower(), "weak"),
+        min_cid=_min_cid(params.get("min_cid")),
     )
+
+
+def _min_cid(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise RequestError(f"min_cid must be a non-negative integer, got {text!r}")
+    return int(text)
 
 
 # -- values ------------------------------------------------------------------------------

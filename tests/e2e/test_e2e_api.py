@@ -405,3 +405,15 @@ def test_load_sql_text_then_sqlite_file(fresh_node: Node, tmp_path: Path) -> Non
         # the load is captured like any write
         changes = c.get("/cdc/changes", params={"limit": 10000}).json()["changes"]
         assert any(ch["table"] == "fromfile" and ch["op"] == "insert" for ch in changes)
+
+
+def test_min_cid_reads_wait_for_the_write(fresh_node: Node) -> None:
+    with fresh_node.client() as c:
+        body = fresh_node.execute(
+            c, ["CREATE TABLE m(x)", "INSERT INTO m VALUES(1)"], raft_index=""
+        )
+        cid = body["raft_index"]
+        r = c.get("/db/query", params={"q": "SELECT x FROM m", "min_cid": cid, "level": "none"})
+        assert r.status_code == 200 and r.json()["results"][0]["values"] == [[1]]
+        bad = c.get("/db/query", params={"q": "SELECT 1", "min_cid": "soon"})
+        assert bad.status_code == 400 and "min_cid must be" in bad.text
