@@ -161,7 +161,9 @@ class _Api:
                     f"request body too large: more than {limit} bytes, the limit is {limit} bytes"
                 )
             chunks.append(chunk)
-        return b"".join(chunks)
+        body = b"".join(chunks)
+        request.state.body = body  # kept for forwarding to the leader
+        return body
 
     async def _statements(self, request: Request) -> list[Statement]:
         body = await self._body(request)

@@ -49,9 +49,12 @@ class LeaderForwarder:
             return RedirectResponse(target, status_code=301)
         headers = {k: v for k in _KEPT_HEADERS if (v := request.headers.get(k)) is not None}
         headers[FORWARDED_HEADER] = self._node_id
+        body = getattr(request.state, "body", None)  # the handler read it already
+        if body is None:
+            body = await request.body()
         try:
             answer = await self._client.request(
-                request.method, target, content=await request.body(), headers=headers
+                request.method, target, content=body, headers=headers
             )
         except httpx.HTTPError as exc:
             return Response(

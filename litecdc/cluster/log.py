@@ -1,0 +1,622 @@
+"""The cluster's log in etcd: the leader's group commit and every node's apply loop.
+
+Each write is one key, ``/litecdc/<cluster>/log/<cid, 20 digits>``, whose value is the
+:class:`~litecdc.results.LogEntry` (msgpack). Keys sort in cid order.
+
+* :class:`LogAppender` (the leader only) takes whatever callers queued while the previous
+  etcd txn was in flight and appends it in ONE txn (at most 127 entries — etcd allows 128
+  compares and every key has one, plus the fence — and less than 1.5 MiB), guarded by
+  ``Compare.created_at(leader_key, fence_revision)`` and by every key being absent. A
+  failed guard means another leader exists: the node steps down and the waiting writes
+  fail with :class:`~litecdc.errors.NotLeaderError`. A timed-out txn is ambiguous: the
+  appender sends the *same* txn again until etcd answers — its guards make it succeed at
+  most once, and the failure branch reads the first key back, so "already appended by the
+  earlier attempt" is recognised by the entry's bytes (each entry carries its own seed
+  and timestamp).
+* :class:`ApplyLoop` (every node, the leader too) watches the log prefix from the
+  journal's applied revision and applies entries in cid order with
+  :meth:`Journal.apply_log_entry`, which stores the entry's etcd revision in the same
+  SQLite transaction. All entries of one group commit share one revision, so after a
+  restart the loop watches *from* the applied revision (not after it) and skips the cids
+  the journal already has.
+
+Usage (what :class:`litecdc.cluster.node.ClusterNode` does)::
+
+    appender = LogAppender(client, journal, "c1", step_down=election.step_down).start()
+    loop = ApplyLoop(client, journal, "c1").start()
+    appender.open(election.fence_revision, journal.last_cid() + 1)   # after catching up
+
+    def prepare() -> LogEntry:                  # runs under the appender's lock, so
+        entry = journal.prepare_entry(stmts)     # entries enter the log in cid order
+        loop.expect(entry)
+        return entry
+
+    submission = appender.submit(prepare)
+    revision = submission.result(timeout=10)      # committed in etcd
+    outcome = loop.wait_applied(submission.entry.cid, timeout=10)   # applied here
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import msgspec
+
+from litecdc.cluster.election import leader_key
+from litecdc.cluster.etcd import (
+    ClusterError,
+    CompactedError,
+    Compare,
+    EtcdClient,
+    EtcdUnavailableError,
+    Get,
+    KeyValue,
+    Put,
+)
+from litecdc.errors import (
+    DuplicateCidError,
+    LitecdcError,
+    NotLeaderError,
+    RequestError,
+    SnapshotUnavailableError,
+)
+from litecdc.journal.journal import Journal
+from litecdc.results import LogEntry, WriteOutcome
+
+log = logging.getLogger("litecdc.cluster")
+
+#: etcd's default limit of operations (and of compares) in one txn (--max-txn-ops)
+MAX_TXN_OPS = 128
+#: etcd's default limit of one request's size (--max-request-bytes), 1.5 MiB
+MAX_REQUEST_BYTES = 1536 * 1024
+#: bytes of each txn kept for the request's framing and the fence compare
+TXN_BYTES_MARGIN = 16 * 1024
+#: default seconds the appender keeps re-sending a txn whose outcome is unknown
+DEFAULT_AMBIGUOUS_TIMEOUT = 30.0
+#: default pause between attempts after an etcd error, seconds
+DEFAULT_RETRY_INTERVAL = 0.5
+#: default seconds of silence on the log watch before asking etcd for a progress report
+#: (and, if that goes unanswered as long, watching again — possibly through another member)
+DEFAULT_QUIET_INTERVAL = 5.0
+#: default pause before the apply loop tries again after it could not apply an entry
+DEFAULT_STALL_RETRY_INTERVAL = 2.0
+
+
+def log_prefix(cluster: str) -> str:
+    return f"/litecdc/{cluster}/log/"
+
+
+def log_key(cluster: str, cid: int) -> str:
+    """The etcd key of the entry with ``cid``: the cid zero-padded to 20 digits."""
+    return f"{log_prefix(cluster)}{cid:020d}"
+
+
+def _txn_cost(key: str, data: bytes) -> int:
+    """Bytes one entry adds to a txn: its put and its "absent" compare, with some framing."""
+    return len(data) + 2 * len(key) + 32
+
+
+@dataclass(slots=True)
+class LogWriteOutcome(WriteOutcome):
+    """A write's outcome on a cluster node: the journal's results plus where it is in the log.
+
+    ``cid`` keeps the journal's meaning (None when nothing was committed); ``log_cid`` is the
+    cid the entry used in the log either way (an entry that committed nothing is recorded
+    as the empty entry for it), and ``revision`` the etcd revision of its log key.
+    """
+
+    log_cid: int = 0
+    revision: int = 0
+
+
+# --- the leader's group commit -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Submission:
+    """One entry queued for the log. :meth:`result` is its etcd revision once appended."""
+
+    entry: LogEntry
+    data: bytes
+    future: Future[int] = field(default_factory=Future)
+    #: set when the entry could not go to the log as asked (too large): the empty entry
+    #: took its cid, and the caller gets this error once that is appended
+    refused: LitecdcError | None = None
+
+    def result(self, timeout: float | None = None) -> int:
+        """The etcd revision of the entry's key. Raises NotLeaderError when it was not
+        appended (safe to retry elsewhere), EtcdUnavailableError when its fate is unknown,
+        ``concurrent.futures.TimeoutError`` after ``timeout``."""
+        return self.future.result(timeout)
+
+
+class LogAppender:
+    """The leader's group commit: queued entries go to etcd in as few txns as possible.
+
+    ``step_down(reason)`` is called when a guarded append proves another leader exists, or
+    when the outcome of an append stays unknown (Election.step_down).
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        journal: Journal,
+        cluster: str,
+        *,
+        step_down: Callable[[str], None],
+        max_entries: int = MAX_TXN_OPS - 1,
+        max_bytes: int = MAX_REQUEST_BYTES - TXN_BYTES_MARGIN,
+        ambiguous_timeout: float = DEFAULT_AMBIGUOUS_TIMEOUT,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL,
+    ) -> None:
+        self.client = client
+        self.journal = journal
+        self.cluster = cluster
+        self.max_entries = max(1, min(max_entries, MAX_TXN_OPS - 1))
+        self.max_bytes = max_bytes
+        self.ambiguous_timeout = ambiguous_timeout
+        self.retry_interval = retry_interval
+        self._step_down = step_down
+        self._leader_key = leader_key(cluster)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: deque[Submission] = deque()
+        self._fence: int | None = None
+        self._next_cid = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        #: etcd txns that appended entries, entries appended, appends refused by the fence
+        self.txns = 0
+        self.entries = 0
+        self.fenced = 0
+
+    # -- leadership ---------------------------------------------------------------------------
+
+    def open(self, fence_revision: int, next_cid: int) -> None:
+        """Start accepting entries, guarded by ``fence_revision``; the first must be ``next_cid``."""
+        with self._lock:
+            if self._closed:
+                raise NotLeaderError("the log appender is closed")
+            self._fence = fence_revision
+            self._next_cid = next_cid
+
+    def close_leadership(self, reason: str) -> None:
+        """Stop accepting entries; queued ones fail with NotLeaderError. A txn already sent
+        completes (its guard decides), and its entries are applied like any other."""
+        with self._lock:
+            self._fence = None
+            dropped = list(self._queue)
+            self._queue.clear()
+        _fail(dropped, NotLeaderError(f"not appended to the log: {reason}"))
+
+    @property
+    def accepting(self) -> bool:
+        with self._lock:
+            return self._fence is not None and not self._closed
+
+    # -- callers ------------------------------------------------------------------------------
+
+    def submit(self, prepare: Callable[[], LogEntry]) -> Submission:
+        """Queue the entry ``prepare()`` returns (it is called under the appender's lock,
+        so cids are allocated in the order entries enter the log).
+
+        Raises NotLeaderError when this node does not lead. An entry larger than etcd takes
+        in one request is replaced by the empty entry for its cid (the cid is already
+        allocated) and its submission fails with RequestError once that is appended.
+        """
+        with self._lock:
+            if self._closed or self._fence is None:
+                raise NotLeaderError("this node is not the leader")
+            entry = prepare()
+            if entry.cid != self._next_cid:
+                raise ClusterError(
+                    f"log entry for cid {entry.cid} submitted out of order (expected cid "
+                    f"{self._next_cid}): entries must be prepared through submit()"
+                )
+            key = log_key(self.cluster, entry.cid)
+            data = entry.encode()
+            submission = Submission(entry, data)
+            if _txn_cost(key, data) > self.max_bytes:
+                empty = LogEntry(entry.cid, entry.snapshot, entry.timestamp_ms, entry.seed, ())
+                submission = Submission(
+                    empty,
+                    empty.encode(),
+                    refused=RequestError(
+                        f"the write is too large for the cluster's log ({len(data)} bytes "
+                        f"encoded; etcd takes at most {self.max_bytes} per request): split it"
+                    ),
+                )
+            self._next_cid += 1
+            self._queue.append(submission)
+            self._wake.notify()
+            return submission
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> LogAppender:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"litecdc-log-appender {self.cluster}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._closed = True
+            self._fence = None
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._wake.notify_all()
+        _fail(dropped, NotLeaderError("not appended to the log: the node is closing"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # -- the appender thread -------------------------------------------------------------------
+
+    def _take(self) -> tuple[list[Submission], int | None] | None:
+        """The next batch (≤ max_entries, < max_bytes) and the fence; None once closed."""
+        with self._wake:
+            while not self._queue and not self._closed:
+                self._wake.wait()
+            if self._closed:
+                return None
+            batch: list[Submission] = []
+            size = 0
+            while self._queue and len(batch) < self.max_entries:
+                head = self._queue[0]
+                cost = _txn_cost(log_key(self.cluster, head.entry.cid), head.data)
+                if batch and size + cost > self.max_bytes:
+                    break
+                batch.append(self._queue.popleft())
+                size += cost
+            return batch, self._fence
+
+    def _run(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            batch, fence = taken
+            if fence is None:  # leadership went between submit and here
+                _fail(batch, NotLeaderError("not appended to the log: leadership lost"))
+                continue
+            try:
+                self._append(batch, fence)
+            except Exception as exc:
+                log.exception("log append failed unexpectedly")
+                self._lost(batch, f"log append failed: {exc}", unknown=True)
+
+    def _append(self, batch: list[Submission], fence: int) -> None:
+        keys = [log_key(self.cluster, s.entry.cid) for s in batch]
+        compare = [Compare.created_at(self._leader_key, fence)]
+        compare += [Compare.absent(key) for key in keys]
+        success = [Put(key, s.data) for key, s in zip(keys, batch, strict=True)]
+        failure = [Get(self._leader_key), Get(keys[0])]
+        deadline = time.monotonic() + self.ambiguous_timeout
+        while True:
+            try:
+                result = self.client.txn(compare, success, failure)
+                break
+            except EtcdUnavailableError as exc:
+                # Ambiguous: the txn may have been applied. Sending it again is safe: its
+                # guards let at most one attempt succeed, and the failure branch reads the
+                # first key back, so an earlier success is recognised below.
+                if time.monotonic() >= deadline or self._is_closed():
+                    self._lost(batch, f"the outcome of a log append is unknown: {exc}",
+                               unknown=True)  # fmt: skip
+                    return
+                log.warning("log append of cids %d-%d: %s; sending it again",
+                            batch[0].entry.cid, batch[-1].entry.cid, exc)  # fmt: skip
+                time.sleep(self.retry_interval)
+            except ClusterError as exc:  # refused (NOSPACE, permissions…): nothing appended
+                self._lost(batch, f"etcd refused the log append: {exc}", error=exc)
+                return
+        if result.succeeded:
+            self._appended(batch, result.revision)
+            return
+        leader = result.ranges[0] if result.ranges else []
+        first = result.ranges[1] if len(result.ranges) > 1 else []
+        if first and first[0].value == batch[0].data:
+            self._appended(batch, first[0].mod_revision)  # an earlier attempt went through
+            return
+        if first:
+            reason = f"the log already holds another entry for cid {batch[0].entry.cid}"
+        elif not leader:
+            reason = "the leader key is gone (lease lost)"
+        else:
+            reason = (
+                f"the leader key was created again at revision {leader[0].create_revision} "
+                f"(this node's fence is {fence})"
+            )
+        with self._lock:
+            self.fenced += 1
+        self._lost(batch, f"log append refused: {reason}")
+
+    def _is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def _appended(self, batch: list[Submission], revision: int) -> None:
+        with self._lock:
+            self.txns += 1
+            self.entries += len(batch)
+        for submission in batch:
+            if submission.refused is not None:
+                submission.future.set_exception(submission.refused)
+            else:
+                submission.future.set_result(revision)
+
+    def _lost(
+        self,
+        batch: list[Submission],
+        reason: str,
+        *,
+        unknown: bool = False,
+        error: LitecdcError | None = None,
+    ) -> None:
+        """The batch is not (known to be) in the log: this node stops leading.
+
+        Everything queued behind it has higher cids, so it fails too; a new term (this
+        node's or another's) allocates cids again from what the log holds.
+        """
+        with self._lock:
+            self._fence = None
+            queued = list(self._queue)
+            self._queue.clear()
+        log.warning("%s; stepping down", reason)
+        if unknown:
+            _fail(batch, EtcdUnavailableError(reason))
+        else:
+            _fail(batch, error or NotLeaderError(reason))
+        _fail(queued, NotLeaderError(f"not appended to the log: {reason}"))
+        self.journal.forget_allocations()
+        self._step_down(reason)
+
+
+def _fail(submissions: list[Submission], error: Exception) -> None:
+    for submission in submissions:
+        if not submission.future.done():
+            submission.future.set_exception(error)
+
+
+# --- every node's apply loop -------------------------------------------------------------
+
+
+class ApplyStalledError(ClusterError):
+    """The apply loop met an entry it cannot apply (a gap, a corrupt entry, a diverged
+    journal); it retries, and reports the reason in the node's status meanwhile."""
+
+
+@dataclass(slots=True)
+class _Applied:
+    same: bool
+    outcome: WriteOutcome
+    revision: int
+
+
+class ApplyLoop:
+    """Watches the log and applies every entry, in order, on this node.
+
+    ``expect(entry)`` before an entry is appended keeps its results for
+    :meth:`wait_applied` (only entries submitted on this node keep results).
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        journal: Journal,
+        cluster: str,
+        *,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL,
+        quiet_interval: float = DEFAULT_QUIET_INTERVAL,
+        stall_retry_interval: float = DEFAULT_STALL_RETRY_INTERVAL,
+    ) -> None:
+        self.client = client
+        self.journal = journal
+        self.cluster = cluster
+        self.prefix = log_prefix(cluster)
+        self.retry_interval = retry_interval
+        self.quiet_interval = quiet_interval
+        self.stall_retry_interval = stall_retry_interval
+        self._revision = journal.applied_revision()
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._expected: dict[int, LogEntry] = {}
+        self._results: dict[int, _Applied] = {}
+        self._thread: threading.Thread | None = None
+        self._watch_lock = threading.Lock()
+        self._watch: object | None = None
+        #: the reason the loop cannot apply right now (None while healthy)
+        self.last_error: str | None = None
+        #: the log was compacted past this node's position: it needs a snapshot
+        self.needs_snapshot = False
+        #: entries applied, and entries skipped because the journal already had them
+        self.applied = 0
+        self.skipped = 0
+        #: highest etcd revision any watch response reported
+        self.seen_revision = 0
+
+    def applied_revision(self) -> int:
+        """The etcd revision of the last entry applied on this node (0 before any)."""
+        with self._changed:
+            return self._revision
+
+    # -- waiting for entries --------------------------------------------------------------------
+
+    def expect(self, entry: LogEntry) -> None:
+        """Keep the results of ``entry`` when it is applied (call before appending it)."""
+        with self._changed:
+            self._expected[entry.cid] = entry
+
+    def forget(self, cid: int) -> None:
+        with self._changed:
+            self._expected.pop(cid, None)
+            self._results.pop(cid, None)
+
+    def wait_applied(self, cid: int, timeout: float) -> LogWriteOutcome | None:
+        """The results of the expected entry at ``cid`` once applied here; None after
+        ``timeout`` (or when the loop closes).
+
+        Raises NotLeaderError when the log's entry at ``cid`` is not the one expected (a
+        write whose append failed, superseded by another leader's): it was not committed.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while cid not in self._results and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            applied = self._results.pop(cid, None)
+            if applied is not None or self._stop.is_set():
+                self._expected.pop(cid, None)
+        if applied is None:
+            return None
+        if not applied.same:
+            raise NotLeaderError(
+                f"the log's entry for cid {cid} came from another leader: this write was "
+                "not committed; send it again"
+            )
+        o = applied.outcome
+        return LogWriteOutcome(o.results, o.cid, o.snapshot, log_cid=cid, revision=applied.revision)
+
+    def wait_for_cid(self, cid: int, timeout: float) -> bool:
+        """True once the journal holds ``cid`` (applied here), False after ``timeout``."""
+        return cid <= self.journal.last_cid() or self.journal.wait_for_commit_after(
+            cid - 1, timeout
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> ApplyLoop:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"litecdc-apply {self.cluster}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        with self._watch_lock:
+            watch = self._watch
+        if watch is not None:
+            watch.cancel()  # type: ignore[attr-defined]
+        with self._changed:
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # -- the apply thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # From the applied revision itself, not after it: a group commit's entries share
+            # one revision, and a restart may have come between two of them.
+            start = max(self.applied_revision(), 1)
+            try:
+                watch = self.client.watch(self.prefix, prefix=True, start_revision=start)
+            except ClusterError as exc:
+                self._error(f"cannot watch the log: {exc}", logging.INFO)
+                self._stop.wait(self.retry_interval)
+                continue
+            with self._watch_lock:
+                self._watch = watch
+            try:
+                self._follow(watch)
+            except CompactedError as exc:
+                self.needs_snapshot = True
+                self._error(
+                    f"the log was compacted past this node's position (applied revision "
+                    f"{self.applied_revision()}): it needs a snapshot to catch up ({exc})",
+                    logging.ERROR,
+                )
+                self._stop.wait(self.stall_retry_interval)
+            except ApplyStalledError as exc:
+                self._error(str(exc), logging.ERROR)
+                self._stop.wait(self.stall_retry_interval)
+            except ClusterError as exc:  # the stream broke: watch again from the last entry
+                self._error(f"log watch: {exc}; watching again", logging.INFO)
+                self._stop.wait(self.retry_interval)
+            except Exception as exc:  # SQLite failure…: retry from the last applied entry
+                log.exception("applying the log failed")
+                self._error(f"applying the log failed: {exc}", logging.DEBUG)
+                self._stop.wait(self.stall_retry_interval)
+            finally:
+                with self._watch_lock:
+                    self._watch = None
+                watch.cancel()
+
+    def _error(self, message: str, level: int) -> None:
+        self.last_error = message
+        log.log(level, "%s", message)
+
+    def _follow(self, watch: object) -> None:
+        from litecdc.cluster.etcd import Watch
+
+        assert isinstance(watch, Watch)
+        quiet_since = time.monotonic()
+        asked = False
+        while not self._stop.is_set():
+            batch = watch.get(timeout=min(0.5, self.quiet_interval))
+            if batch is None:
+                if self._stop.is_set():
+                    return
+                if time.monotonic() - quiet_since >= self.quiet_interval:
+                    if asked:  # no progress report either: the member may hang
+                        raise EtcdUnavailableError("the log watch went quiet")
+                    watch.request_progress()
+                    asked, quiet_since = True, time.monotonic()
+                continue
+            quiet_since, asked = time.monotonic(), False
+            self.seen_revision = max(self.seen_revision, batch.revision)
+            puts = sorted((e.kv for e in batch.events if e.type == "put"), key=lambda kv: kv.key)
+            for kv in puts:
+                self._apply(kv)
+            if self.last_error is not None and not self.needs_snapshot:
+                self.last_error = None
+            self.needs_snapshot = False
+
+    def _apply(self, kv: KeyValue) -> None:
+        try:
+            cid = int(kv.key[len(self.prefix) :])
+            entry = LogEntry.decode(kv.value)
+        except (ValueError, msgspec.DecodeError) as exc:
+            raise ApplyStalledError(f"unreadable log entry {kv.key}: {exc}") from exc
+        if entry.cid != cid:
+            raise ApplyStalledError(f"log entry {kv.key} holds cid {entry.cid}")
+        applied_revision = self.applied_revision()
+        if cid <= self.journal.last_cid():
+            if kv.mod_revision > applied_revision:
+                raise ApplyStalledError(
+                    f"the journal already has cid {cid}, but the log's entry for it (revision "
+                    f"{kv.mod_revision}) is newer than this node's applied revision "
+                    f"{applied_revision}: this database did not come from this cluster's log"
+                )
+            self.skipped += 1
+            return
+        try:
+            outcome = self.journal.apply_log_entry(entry, revision=kv.mod_revision)
+        except DuplicateCidError:
+            self.skipped += 1
+            return
+        except SnapshotUnavailableError as exc:
+            raise ApplyStalledError(
+                f"log entry for cid {cid} cannot be applied: {exc} (the log misses an entry)"
+            ) from exc
+        with self._changed:
+            self._revision = kv.mod_revision
+            self.applied += 1
+            expected = self._expected.get(cid)
+            if expected is not None:
+                self._results[cid] = _Applied(expected == entry, outcome, kv.mod_revision)
+            self._changed.notify_all()

@@ -1,0 +1,99 @@
+"""A follower's writes reach the leader: forwarded, redirected, or refused with 503.
+
+The "leader" is a real `litecdc serve` process; the "follower" is the same HTTP app
+in-process, over a store whose writes say another node leads (as a cluster follower's
+do), so forwarding is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+from litecdc_node import Node
+
+from litecdc import NodeConfig, Statement, Store, WriteOutcome
+from litecdc.errors import NotLeaderError
+from litecdc.http.app import create_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def leader(tmp_path: Path) -> Node:
+    node = Node(tmp_path / "leader").start()
+    yield node  # type: ignore[misc]
+    node.stop()
+
+
+def follower_app(tmp_path: Path, leader_url: str | None) -> tuple[Store, httpx.AsyncClient]:
+    store = Store(NodeConfig(data_dir=tmp_path / "follower", node_id="follower"))
+
+    def not_here(statements: Sequence[Statement], transaction: bool) -> WriteOutcome:
+        raise NotLeaderError(
+            "node follower is not the leader", leader_id="leader", leader_address=leader_url
+        )
+
+    store.route_writes(not_here)
+    app = create_app(store, store.config)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://follower")
+    return store, client
+
+
+@pytest.fixture
+async def follower(tmp_path: Path, leader: Node) -> AsyncIterator[httpx.AsyncClient]:
+    store, client = follower_app(tmp_path, leader.url)
+    async with client:
+        yield client
+    store.close()
+
+
+async def test_writes_are_forwarded_to_the_leader(
+    follower: httpx.AsyncClient, leader: Node
+) -> None:
+    r = await follower.post(
+        "/db/execute",
+        params={"raft_index": ""},
+        json=["CREATE TABLE f(x)", ["INSERT INTO f VALUES(?)", 7]],
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["results"][1] == {"last_insert_id": 1, "rows_affected": 1}
+    with leader.client() as c:  # it happened on the leader
+        assert leader.query(c, "SELECT x FROM f")["results"][0]["values"] == [[7]]
+    r = await follower.post("/db/request", json=[["INSERT INTO f VALUES(?)", 8]])
+    assert r.status_code == 200 and r.json()["results"][0]["rows_affected"] == 1
+
+
+async def test_redirect_parameter_answers_301_to_the_leader(
+    follower: httpx.AsyncClient, leader: Node
+) -> None:
+    r = await follower.post("/db/execute", params={"redirect": ""}, json=["SELECT 1"])
+    assert r.status_code == 301
+    assert r.headers["location"] == f"{leader.url}/db/execute?redirect="
+
+
+async def test_no_known_leader_is_503_and_a_forwarded_request_is_not_forwarded_again(
+    tmp_path: Path,
+) -> None:
+    store, client = follower_app(tmp_path, None)
+    async with client:
+        r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "no leader is known" in r.text
+    store.close()
+    store, client = follower_app(tmp_path, "http://127.0.0.1:9")
+    async with client:
+        r = await client.post(
+            "/db/execute", json=["CREATE TABLE g(x)"], headers={"x-litecdc-forwarded-by": "other"}
+        )
+        assert r.status_code == 503 and "forwarded once" in r.text
+        r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])  # leader down
+        assert r.status_code == 503 and "forwarding to the leader" in r.text
+    store.close()
