@@ -1,7 +1,9 @@
 """Cluster mode: etcd holds the log, the leader key and member state (see docs/cluster.md).
 
-Only this package talks to etcd. Today it has the etcd client (:mod:`.etcd`) and leader
-election (:mod:`.election`); the log, the apply loop and forwarding build on them.
+Only this package talks to etcd: the client (:mod:`.etcd`), leader election
+(:mod:`.election`), the log's group commit and apply loop (:mod:`.log`) and the node that
+runs them for a store (:mod:`.node`). ``NotLeaderError`` here is
+:class:`litecdc.errors.NotLeaderError` (it carries the leader's id and address).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from litecdc.cluster.etcd import (
     KeyValue,
     Lease,
     LeaseNotFoundError,
-    NotLeaderError,
     Put,
     RangeResult,
     TxnResult,
@@ -30,9 +31,23 @@ from litecdc.cluster.etcd import (
     WatchBatch,
     WatchEvent,
 )
+from litecdc.cluster.log import (
+    ApplyLoop,
+    ApplyStalledError,
+    LogAppender,
+    LogWriteOutcome,
+    Submission,
+    log_key,
+    log_prefix,
+)
+from litecdc.cluster.node import ClusterNode, Member, members_prefix
+from litecdc.errors import NotLeaderError
 
 __all__ = [
+    "ApplyLoop",
+    "ApplyStalledError",
     "ClusterError",
+    "ClusterNode",
     "CompactedError",
     "Compare",
     "Delete",
@@ -48,12 +63,19 @@ __all__ = [
     "LeaderInfo",
     "Lease",
     "LeaseNotFoundError",
+    "LogAppender",
+    "LogWriteOutcome",
+    "Member",
     "NotLeaderError",
     "Put",
     "RangeResult",
+    "Submission",
     "TxnResult",
     "Watch",
     "WatchBatch",
     "WatchEvent",
     "leader_key",
+    "log_key",
+    "log_prefix",
+    "members_prefix",
 ]

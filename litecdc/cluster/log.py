@@ -58,6 +58,7 @@ from litecdc.cluster.etcd import (
     Get,
     KeyValue,
     Put,
+    Watch,
 )
 from litecdc.errors import (
     DuplicateCidError,
@@ -179,7 +180,7 @@ class LogAppender:
     # -- leadership ---------------------------------------------------------------------------
 
     def open(self, fence_revision: int, next_cid: int) -> None:
-        """Start accepting entries, guarded by ``fence_revision``; the first must be ``next_cid``."""
+        """Accept entries, guarded by ``fence_revision``; the first must be ``next_cid``."""
         with self._lock:
             if self._closed:
                 raise NotLeaderError("the log appender is closed")
@@ -433,7 +434,7 @@ class ApplyLoop:
         self._results: dict[int, _Applied] = {}
         self._thread: threading.Thread | None = None
         self._watch_lock = threading.Lock()
-        self._watch: object | None = None
+        self._watch: Watch | None = None
         #: the reason the loop cannot apply right now (None while healthy)
         self.last_error: str | None = None
         #: the log was compacted past this node's position: it needs a snapshot
@@ -509,7 +510,7 @@ class ApplyLoop:
         with self._watch_lock:
             watch = self._watch
         if watch is not None:
-            watch.cancel()  # type: ignore[attr-defined]
+            watch.cancel()
         with self._changed:
             self._changed.notify_all()
         if self._thread is not None:
@@ -560,10 +561,7 @@ class ApplyLoop:
         self.last_error = message
         log.log(level, "%s", message)
 
-    def _follow(self, watch: object) -> None:
-        from litecdc.cluster.etcd import Watch
-
-        assert isinstance(watch, Watch)
+    def _follow(self, watch: Watch) -> None:
         quiet_since = time.monotonic()
         asked = False
         while not self._stop.is_set():
@@ -582,9 +580,7 @@ class ApplyLoop:
             puts = sorted((e.kv for e in batch.events if e.type == "put"), key=lambda kv: kv.key)
             for kv in puts:
                 self._apply(kv)
-            if self.last_error is not None and not self.needs_snapshot:
-                self.last_error = None
-            self.needs_snapshot = False
+            self.last_error, self.needs_snapshot = None, False
 
     def _apply(self, kv: KeyValue) -> None:
         try:

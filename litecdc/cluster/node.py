@@ -1,0 +1,437 @@
+"""A cluster node: one store, replicated through the etcd log, led by the etcd election.
+
+Usage::
+
+    store = Store(NodeConfig(data_dir="d1"))
+    node = ClusterNode(store, "n1", "http://10.0.0.1:4001",
+                       EtcdSettings(endpoints=["127.0.0.1:2379"]), "c1")
+    node.wait_until_ready(10)        # some node leads and this one has caught up
+    outcome = node.execute([Statement("INSERT INTO t VALUES(1)")])   # on the leader
+    outcome.cid, outcome.revision    # journal cid, etcd revision of the log entry
+    node.close(); store.close()
+
+Life of a write on the leader: ``journal.prepare_entry`` allocates the cid (under the
+appender's lock, so cids enter the log in order) → :class:`LogAppender` appends it in a
+group commit guarded by the leader key's create_revision → the :class:`ApplyLoop`, which
+runs on every node, applies it here → the caller gets the results of that apply. A
+follower's ``execute`` raises :class:`~litecdc.errors.NotLeaderError` naming the leader.
+
+Leadership: the node's journal is in FOLLOWER mode unless it leads. On winning the
+election it waits until it has applied every entry already in the log (no key for the
+cid after its last one), then forgets stale cid allocations, switches to LEADER mode and
+opens the appender. On losing it, writes not yet sent fail with NotLeaderError at once
+and the journal goes back to FOLLOWER mode. Entries already sent are decided by their
+guard; if they made it into the log they are applied like any other.
+
+``is_leader``, ``add_listener`` and ``write_internal`` make a ClusterNode the CDC
+service's ``Leadership``: it is the leader only once it can write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+
+from litecdc.cluster.election import DEFAULT_TTL, Election
+from litecdc.cluster.etcd import (
+    ClusterError,
+    EtcdClient,
+    EtcdSettings,
+    EtcdUnavailableError,
+    LeaseNotFoundError,
+)
+from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key
+from litecdc.errors import ConfigError, ModeError, NotLeaderError
+from litecdc.journal.journal import Mode
+from litecdc.results import LogEntry, Statement
+from litecdc.store import Store
+
+log = logging.getLogger("litecdc.cluster")
+
+#: default seconds a write may take from submission until applied on the leader
+DEFAULT_WRITE_TIMEOUT = 10.0
+#: default seconds a new leader may take to apply what the log already holds before it
+#: gives leadership up
+DEFAULT_CATCH_UP_TIMEOUT = 30.0
+#: default seconds between updates of this node's member record
+DEFAULT_MEMBER_INTERVAL = 2.0
+#: default TTL of the member record's lease, seconds
+DEFAULT_MEMBER_TTL = 10
+
+
+def members_prefix(cluster: str) -> str:
+    return f"/litecdc/{cluster}/members/"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node as it registered itself under ``/litecdc/<cluster>/members/<id>``."""
+
+    node_id: str
+    address: str
+    mode: str
+    applied_cid: int
+    applied_revision: int
+    #: the log was compacted past the member's position: it needs a snapshot
+    needs_snapshot: bool = False
+
+
+class ClusterNode:
+    """Runs the election, the log appender, the apply loop and the member record for a store.
+
+    The constructor starts everything; :meth:`close` resigns and stops it but leaves the
+    store open (the caller closes it).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        node_id: str,
+        address: str,
+        etcd_settings: EtcdSettings,
+        cluster_name: str,
+        lease_ttl: int = DEFAULT_TTL,
+        *,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        catch_up_timeout: float = DEFAULT_CATCH_UP_TIMEOUT,
+        member_interval: float = DEFAULT_MEMBER_INTERVAL,
+        member_ttl: int = DEFAULT_MEMBER_TTL,
+    ) -> None:
+        if not cluster_name or "/" in cluster_name:
+            raise ConfigError(f"cluster: invalid cluster name {cluster_name!r}")
+        if not node_id or "/" in node_id:
+            raise ConfigError(f"cluster: invalid node id {node_id!r}")
+        self.store = store
+        self.journal = store.journal
+        self.node_id = node_id
+        self.address = address
+        self.cluster = cluster_name
+        self.write_timeout = write_timeout
+        self.catch_up_timeout = catch_up_timeout
+        self.member_interval = member_interval
+        self.member_ttl = max(member_ttl, 2)
+        self.client = EtcdClient(etcd_settings)
+        self.election = Election(self.client, cluster_name, node_id, address, ttl=lease_ttl)
+        self.apply_loop = ApplyLoop(self.client, self.journal, cluster_name)
+        self.appender = LogAppender(
+            self.client, self.journal, cluster_name, step_down=self.election.step_down
+        )
+
+        self._stop = threading.Event()
+        self._state_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._notify_lock = threading.RLock()
+        self._listeners: list[Callable[[bool], None]] = []
+        self._accepting = False  # leads, caught up, appender open
+        self._reported = False  # what listeners last heard
+        self._member_key = members_prefix(cluster_name) + node_id
+        self.last_error: str | None = None
+
+        self.journal.set_mode(Mode.FOLLOWER)
+        try:
+            self.apply_loop.start()
+            self.appender.start()
+            self._control = threading.Thread(
+                target=self._run_control, name=f"litecdc-node {node_id}", daemon=True
+            )
+            self._control.start()
+            self._member = threading.Thread(
+                target=self._run_member, name=f"litecdc-member {node_id}", daemon=True
+            )
+            self._member.start()
+            self.election.add_listener(self._on_election)
+            self.election.start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def execute(
+        self, statements: Sequence[Statement], *, transaction: bool = False
+    ) -> LogWriteOutcome:
+        """Write through the log (leader only) and return the results of applying it here.
+
+        The outcome is a :class:`LogWriteOutcome`: ``cid`` as the journal reports it,
+        ``log_cid`` and ``revision`` (the etcd revision of the entry's key). Raises
+        NotLeaderError (with the leader's id and address when known) on a follower;
+        EtcdUnavailableError when etcd did not answer and the write's fate is unknown.
+        """
+        return self._write(lambda: self.journal.prepare_entry(statements, transaction=transaction))
+
+    def write_internal(self, query: str) -> None:
+        """litecdc's own write (CDC state, high watermark) through the log; leader only."""
+        self._write(lambda: self.journal.prepare_internal(query))
+
+    def _write(self, prepare: Callable[[], LogEntry]) -> LogWriteOutcome:
+        if not self.is_leader():
+            raise self._not_leader()
+
+        def prepare_and_expect() -> LogEntry:
+            entry = prepare()
+            self.apply_loop.expect(entry)
+            return entry
+
+        try:
+            submission = self.appender.submit(prepare_and_expect)
+        except (NotLeaderError, ModeError) as exc:
+            raise self._not_leader(str(exc)) from exc
+        cid = submission.entry.cid
+        deadline = time.monotonic() + self.write_timeout
+        unknown: EtcdUnavailableError | None = None
+        try:
+            submission.result(self.write_timeout)
+        except NotLeaderError as exc:
+            self.apply_loop.forget(cid)
+            raise self._not_leader(str(exc)) from exc
+        except EtcdUnavailableError as exc:
+            unknown = exc  # the entry may be in the log: applying it tells
+        except FutureTimeoutError as exc:
+            self.apply_loop.forget(cid)
+            raise EtcdUnavailableError(
+                f"the write (cid {cid}) was not appended to the log within "
+                f"{self.write_timeout}s; its outcome is unknown"
+            ) from exc
+        except BaseException:
+            self.apply_loop.forget(cid)
+            raise
+        outcome = self.apply_loop.wait_applied(cid, max(deadline - time.monotonic(), 0.1))
+        if outcome is None:
+            if unknown is not None:
+                raise unknown
+            raise ClusterError(
+                f"the write (cid {cid}) is in the log but was not applied on this node within "
+                f"{self.write_timeout}s: {self.apply_loop.last_error or 'still applying'}"
+            )
+        return outcome
+
+    def _not_leader(self, reason: str | None = None) -> NotLeaderError:
+        leader = self.leader()
+        detail = f" ({reason})" if reason else ""
+        if leader is None or leader[0] == self.node_id:
+            what = "is becoming the leader" if leader else "knows no leader right now"
+            return NotLeaderError(
+                f"node {self.node_id} is not the leader: it {what}{detail}; try again shortly"
+            )
+        return NotLeaderError(
+            f"node {self.node_id} is not the leader; the leader is {leader[0]} at "
+            f"{leader[1]}{detail}",
+            leader_id=leader[0],
+            leader_address=leader[1],
+        )
+
+    # -- leadership (the CDC service's Leadership protocol) ----------------------------------------
+
+    def is_leader(self) -> bool:
+        """True while this node leads, has caught up with the log and accepts writes."""
+        with self._state_lock:
+            accepting = self._accepting
+        return accepting and self.election.is_leader()
+
+    def add_listener(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(leading)`` now, then whenever :meth:`is_leader` changes."""
+        with self._notify_lock:
+            self._listeners.append(callback)
+            callback(self._reported)
+
+    def leader(self) -> tuple[str, str] | None:
+        """(node id, address) of the current leader as last seen, or None."""
+        info = self.election.leader()
+        return (info.node_id, info.address) if info is not None else None
+
+    def wait_until_ready(self, timeout: float) -> bool:
+        """Wait until some node accepts writes (this one, or a leader this one knows) and
+        this node has applied everything that leader had appended when asked."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_leader():
+                return True
+            leader = self.leader()
+            if leader is not None and leader[0] != self.node_id:
+                try:
+                    if self.client.get(log_key(self.cluster, self.journal.last_cid() + 1)) is None:
+                        return True
+                except ClusterError:
+                    pass
+            time.sleep(0.05)
+        return False
+
+    def _on_election(self, leading: bool) -> None:
+        """Election listener (runs on the election's thread: must not block)."""
+        if not leading:
+            with self._state_lock:
+                self._accepting = False
+            self.appender.close_leadership("this node lost leadership")
+        self._wake.set()
+
+    def _run_control(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                if self.election.is_leader():
+                    if not self.is_leader():
+                        self._take_over()
+                else:
+                    self._become_follower()
+            except Exception as exc:
+                log.exception("leadership change failed")
+                self.last_error = f"leadership change failed: {exc}"
+            self._report()
+
+    def _take_over(self) -> None:
+        """Newly elected: apply everything the log holds, then accept writes."""
+        fence = self.election.fence_revision
+        if fence is None:
+            return
+        deadline = time.monotonic() + self.catch_up_timeout
+        while True:
+            if self._stop.is_set() or self.election.fence_revision != fence:
+                return
+            last = self.journal.last_cid()
+            try:
+                if self.client.get(log_key(self.cluster, last + 1)) is None:
+                    break  # no entry after ours: caught up (only this fenced leader appends now)
+            except ClusterError as exc:
+                log.info("new leader %s: reading the log tail failed: %s", self.node_id, exc)
+            if time.monotonic() >= deadline:
+                reason = (
+                    f"could not apply the log up to its end within {self.catch_up_timeout}s "
+                    f"({self.apply_loop.last_error or 'still applying'})"
+                )
+                self.last_error = reason
+                self.election.step_down(reason)
+                return
+            self.journal.wait_for_commit_after(last, 0.2)
+        with self._state_lock:
+            if self.election.fence_revision != fence or self._stop.is_set():
+                return
+            self.journal.forget_allocations()
+            self.journal.set_mode(Mode.LEADER)
+            self.appender.open(fence, self.journal.last_cid() + 1)
+            self._accepting = True
+        log.info("%s accepts writes as leader of %s from cid %d", self.node_id, self.cluster,
+                 self.journal.last_cid() + 1)  # fmt: skip
+
+    def _become_follower(self) -> None:
+        with self._state_lock:
+            self._accepting = False
+            if self.journal.mode is not Mode.FOLLOWER:
+                self.journal.set_mode(Mode.FOLLOWER)
+        self.appender.close_leadership("this node does not lead")
+
+    def _report(self) -> None:
+        leading = self.is_leader()
+        with self._notify_lock:
+            if leading == self._reported:
+                return
+            self._reported = leading
+            for callback in list(self._listeners):
+                try:
+                    callback(leading)
+                except Exception:
+                    log.exception("leadership listener failed")
+
+    # -- status and members ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        leader = self.leader()
+        return {
+            "node_id": self.node_id,
+            "address": self.address,
+            "cluster": self.cluster,
+            "mode": self.journal.mode.value,
+            "is_leader": self.is_leader(),
+            "leader": {"id": leader[0], "address": leader[1]} if leader else None,
+            "applied_cid": self.journal.last_cid(),
+            "applied_revision": self.apply_loop.applied_revision(),
+            "needs_snapshot": self.apply_loop.needs_snapshot,
+            "last_error": self.apply_loop.last_error or self.last_error,
+            "log": {
+                "entries_applied": self.apply_loop.applied,
+                "entries_skipped": self.apply_loop.skipped,
+                "append_txns": self.appender.txns,
+                "entries_appended": self.appender.entries,
+                "appends_fenced": self.appender.fenced,
+            },
+        }
+
+    def members(self) -> list[Member]:
+        """Every node whose member record is alive, sorted by id."""
+        found = []
+        for kv in self.client.range(members_prefix(self.cluster), prefix=True).kvs:
+            try:
+                value = json.loads(kv.value)
+                found.append(
+                    Member(
+                        node_id=str(value["id"]),
+                        address=str(value.get("address", "")),
+                        mode=str(value.get("mode", "")),
+                        applied_cid=int(value.get("applied_cid", 0)),
+                        applied_revision=int(value.get("applied_revision", 0)),
+                        needs_snapshot=bool(value.get("needs_snapshot", False)),
+                    )
+                )
+            except (ValueError, KeyError, TypeError):
+                log.warning("member record %s is unreadable", kv.key)
+        return sorted(found, key=lambda m: m.node_id)
+
+    def _member_value(self) -> bytes:
+        return json.dumps(
+            {
+                "id": self.node_id,
+                "address": self.address,
+                "mode": self.journal.mode.value,
+                "applied_cid": self.journal.last_cid(),
+                "applied_revision": self.apply_loop.applied_revision(),
+                "needs_snapshot": self.apply_loop.needs_snapshot,
+            }
+        ).encode()
+
+    def _run_member(self) -> None:
+        """Keep this node's member record (own lease) up to date every member_interval."""
+        lease = 0
+        wait = 0.0
+        while not self._stop.wait(wait):
+            wait = self.member_interval
+            try:
+                if lease and self.client.keepalive(lease) <= 0:
+                    lease = 0
+                if not lease:
+                    lease = self.client.grant_lease(self.member_ttl).id
+                self.client.put(self._member_key, self._member_value(), lease=lease)
+            except LeaseNotFoundError:
+                lease, wait = 0, 0.0
+            except ClusterError as exc:
+                log.info("member record of %s: %s", self.node_id, exc)
+                wait = min(self.member_interval, 0.5)
+        if lease:
+            try:
+                self.client.revoke_lease(lease, timeout=1.0)
+            except ClusterError as exc:
+                log.info("member record of %s: %s (it expires by itself)", self.node_id, exc)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Resign, stop the loops and leave the cluster; the store stays open."""
+        self._stop.set()
+        self._wake.set()
+        self.election.close()  # listeners hear False: the appender stops accepting
+        with self._state_lock:
+            self._accepting = False
+        self.appender.close()
+        self.apply_loop.close()
+        for thread in (getattr(self, "_control", None), getattr(self, "_member", None)):
+            if thread is not None:
+                thread.join(10)
+        self._report()
+        self.journal.set_mode(Mode.FOLLOWER)
+        self.client.close()
