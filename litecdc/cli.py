@@ -3,6 +3,9 @@
     litecdc serve --data-dir DIR [--http-addr HOST:PORT] [--node-id ID] [--auth FILE]
                   [--http-cert FILE --http-key FILE] [--synchronous full|normal|off|extra]
                   [--max-body-bytes N] [--fk] [--cdc-config URL|stdout|FILE]
+                  [--etcd HOST:PORT[,…] --cluster NAME [--etcd-ca-cert F --etcd-cert F
+                   --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
+                   [--advertise-url URL] [--node-ca-cert F]]
     litecdc demo [--data-dir DIR]
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
@@ -90,6 +93,44 @@ def cli() -> None:
     help="Enforce foreign key constraints (rqlite's -fk). Every node must use the same setting.",
 )
 @click.option(
+    "--etcd",
+    "etcd",
+    envvar="LITECDC_ETCD",
+    default="",
+    help="Cluster mode: etcd endpoints, host:port[,host:port…]. Default: standalone.",
+)
+@click.option(
+    "--cluster",
+    "cluster",
+    envvar="LITECDC_CLUSTER",
+    default="litecdc",
+    show_default=True,
+    help="Cluster name (its keys live under /litecdc/<name>/ in etcd).",
+)
+@click.option("--etcd-ca-cert", envvar="LITECDC_ETCD_CA_CERT", help="CA of etcd's certificates.")
+@click.option("--etcd-cert", envvar="LITECDC_ETCD_CERT", help="Client certificate for etcd.")
+@click.option("--etcd-key", envvar="LITECDC_ETCD_KEY", help="Client key for etcd.")
+@click.option("--etcd-user", envvar="LITECDC_ETCD_USER", help="etcd user name.")
+@click.option("--etcd-password", envvar="LITECDC_ETCD_PASSWORD", help="etcd password.")
+@click.option(
+    "--lease-ttl",
+    envvar="LITECDC_LEASE_TTL",
+    default="2",
+    show_default=True,
+    help="Seconds the leader's lease lives without keepalives (bounds failover time).",
+)
+@click.option(
+    "--advertise-url",
+    envvar="LITECDC_ADVERTISE_URL",
+    default="",
+    help="URL other nodes use to reach this one. Default: http(s)://<http-addr>.",
+)
+@click.option(
+    "--node-ca-cert",
+    envvar="LITECDC_NODE_CA_CERT",
+    help="CA of the other nodes' HTTPS certificates, for forwarding writes to the leader.",
+)
+@click.option(
     "--cdc-config",
     envvar="LITECDC_CDC_CONFIG",
     default=None,
@@ -106,6 +147,16 @@ def serve(
     synchronous: str,
     max_body_bytes: str,
     foreign_keys: bool,
+    etcd: str,
+    cluster: str,
+    etcd_ca_cert: str | None,
+    etcd_cert: str | None,
+    etcd_key: str | None,
+    etcd_user: str | None,
+    etcd_password: str | None,
+    lease_ttl: str,
+    advertise_url: str,
+    node_ca_cert: str | None,
     cdc_config: str | None,
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
@@ -129,6 +180,16 @@ def serve(
             http_key=Path(http_key) if http_key else None,
             max_body_bytes=max_body,
             foreign_keys=foreign_keys,
+            etcd_endpoints=tuple(e.strip() for e in etcd.split(",") if e.strip()),
+            cluster=cluster,
+            etcd_ca_cert=Path(etcd_ca_cert) if etcd_ca_cert else None,
+            etcd_cert=Path(etcd_cert) if etcd_cert else None,
+            etcd_key=Path(etcd_key) if etcd_key else None,
+            etcd_user=etcd_user or None,
+            etcd_password=etcd_password or None,
+            lease_ttl=_integer("--lease-ttl", lease_ttl),
+            advertise_url=advertise_url,
+            node_ca_cert=Path(node_ca_cert) if node_ca_cert else None,
             cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )
         from litecdc.http.server import serve as serve_http
@@ -158,6 +219,13 @@ def demo(data_dir: str | None) -> None:
     except RuntimeError as exc:
         _fail(str(exc), 1)
     sys.exit(code)
+
+
+def _integer(option: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{option} must be an integer, got {text!r}") from None
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""One node: its store, its leadership and (when configured) its CDC push service.
+"""One node: its store, its leadership, its cluster membership and (when configured) its
+CDC push service.
 
 ``litecdc serve`` builds a Node, serves its HTTP API and closes it on exit.
 """
@@ -6,29 +7,47 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from litecdc.cdc.service import CDCService
+from litecdc.cdc.service import CDCService, Leadership
 from litecdc.config import NodeConfig
 from litecdc.leadership import StandaloneLeadership
 from litecdc.store import Store
+
+if TYPE_CHECKING:
+    from litecdc.cluster import ClusterNode
 
 log = logging.getLogger("litecdc.node")
 
 
 class Node:
-    """A standalone node: always the leader, its journal is the log."""
+    """One node: standalone (always the leader, its journal is the log) or, with etcd
+    endpoints configured, a member of a cluster (writes go through the etcd log)."""
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.store = Store(config)
-        self.leadership = StandaloneLeadership(self.store.journal)
+        self.cluster: ClusterNode | None = None
         self.cdc: CDCService | None = None
         try:
-            if config.cdc is not None:
-                self.cdc = CDCService(
-                    config.cdc, self.store, self.leadership, node_id=config.node_id
+            leadership: Leadership
+            if config.clustered:
+                cluster = self.cluster = _cluster_node(config, self.store)
+                self.store.route_writes(
+                    lambda statements, transaction: cluster.execute(
+                        statements, transaction=transaction
+                    )
                 )
+                self.store.route_reads(cluster.read_gate)
+                leadership = cluster
+            else:
+                leadership = StandaloneLeadership(self.store.journal)
+            self.leadership = leadership
+            if config.cdc is not None:
+                self.cdc = CDCService(config.cdc, self.store, leadership, node_id=config.node_id)
         except BaseException:
+            if self.cluster is not None:
+                self.cluster.close()
             self.store.close()
             raise
 
@@ -37,9 +56,30 @@ class Node:
             self.cdc.start()
 
     def close(self) -> None:
-        """Stop CDC delivery (persisting its high watermark), then close the store."""
+        """Stop CDC delivery (persisting its high watermark), leave the cluster, then close
+        the store."""
         try:
             if self.cdc is not None:
                 self.cdc.stop()
         finally:
-            self.store.close()
+            try:
+                if self.cluster is not None:
+                    self.cluster.close()
+            finally:
+                self.store.close()
+
+
+def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:
+    from litecdc.cluster import ClusterNode, EtcdSettings
+
+    settings = EtcdSettings(
+        endpoints=list(config.etcd_endpoints),
+        ca_cert=config.etcd_ca_cert,
+        client_cert=config.etcd_cert,
+        client_key=config.etcd_key,
+        user=config.etcd_user,
+        password=config.etcd_password,
+    )
+    return ClusterNode(
+        store, config.node_id, config.advertise_url, settings, config.cluster, config.lease_ttl
+    )

@@ -29,7 +29,9 @@ Errors (every one a :class:`litecdc.errors.LitecdcError`)::
     │   ├── EtcdAuthError       missing or wrong user/password, or no permission
     │   ├── EtcdNoSpaceError    etcd's space quota is exhausted (NOSPACE alarm)
     │   └── LeaseNotFoundError  the lease expired or was revoked
-    └── NotLeaderError          (election) the call needs this node to be the leader
+
+(A write that needs the leader raises litecdc.errors.NotLeaderError, which the HTTP layer
+forwards.)
 """
 
 from __future__ import annotations
@@ -111,12 +113,6 @@ class EtcdNoSpaceError(EtcdRequestError):
 
 class LeaseNotFoundError(EtcdRequestError):
     pass
-
-
-class NotLeaderError(ClusterError):
-    """The operation needs this node to hold leadership, and it does not."""
-
-    http_status = 503
 
 
 # --- settings and values -----------------------------------------------------------------

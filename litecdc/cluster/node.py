@@ -48,7 +48,7 @@ from litecdc.cluster.etcd import (
 from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key
 from litecdc.errors import ConfigError, ModeError, NotLeaderError
 from litecdc.journal.journal import Mode
-from litecdc.results import LogEntry, Statement
+from litecdc.results import LogEntry, ReadLevel, Statement
 from litecdc.store import Store
 
 log = logging.getLogger("litecdc.cluster")
@@ -238,6 +238,29 @@ class ClusterNode:
         with self._notify_lock:
             self._listeners.append(callback)
             callback(self._reported)
+
+    def read_gate(self, level: ReadLevel) -> None:
+        """rqlite's read levels in a cluster: ``none`` reads this node's data as it is;
+        ``weak``, ``strong`` and ``auto`` read on the leader (a follower raises
+        NotLeaderError, and the HTTP layer forwards); ``linearizable`` has the leader first
+        confirm in etcd that its leader key is still the one it won."""
+        if level == "none":
+            return
+        if not self.is_leader():
+            raise self._not_leader(f"{level} reads are served by the leader")
+        if level == "linearizable" and not self.confirm_leadership():
+            raise self._not_leader("leadership could not be confirmed in etcd")
+
+    def confirm_leadership(self) -> bool:
+        """Whether etcd still holds this node's leader key (a linearizable read)."""
+        fence = self.election.fence_revision
+        if fence is None:
+            return False
+        try:
+            current = self.client.get(self.election.key)
+        except ClusterError:
+            return False
+        return current is not None and current.create_revision == fence
 
     def leader(self) -> tuple[str, str] | None:
         """(node id, address) of the current leader as last seen, or None."""

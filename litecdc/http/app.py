@@ -23,10 +23,10 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from anyio import to_thread
@@ -97,13 +97,38 @@ def _go_time(moment: datetime) -> str:
     return text.replace("+00:00", "Z")
 
 
+class ClusterMember(Protocol):
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def applied_cid(self) -> int: ...
+    @property
+    def applied_revision(self) -> int: ...
+
+
+class ClusterView(Protocol):
+    """What the API shows of a cluster node (litecdc.cluster.ClusterNode)."""
+
+    def is_leader(self) -> bool: ...
+    def leader(self) -> tuple[str, str] | None: ...
+    def status(self) -> dict[str, object]: ...
+    def members(self) -> Sequence[ClusterMember]: ...
+
+
 class _Api:
     """The handlers, bound to one store and configuration."""
 
-    def __init__(self, store: Store, config: NodeConfig, cdc: CDCService | None) -> None:
+    def __init__(
+        self, store: Store, config: NodeConfig, cdc: CDCService | None, cluster: ClusterView | None
+    ) -> None:
         self.store = store
         self.config = config
         self.cdc = cdc
+        self.cluster = cluster
         self.node_metrics = NodeMetrics(store, cdc)
         self.credentials = (
             CredentialStore.from_file(config.auth_file) if config.auth_file is not None else None
@@ -328,7 +353,7 @@ class _Api:
             "node": {
                 "id": node.node_id,
                 "mode": node.mode,
-                "leader": True,
+                "leader": self.cluster.is_leader() if self.cluster is not None else True,
                 "start_time": _go_time(self.started),
                 "current_time": _go_time(now),
                 "uptime": str(now - self.started),
@@ -350,6 +375,8 @@ class _Api:
         }
         if self.cdc is not None:
             doc["cdc"] = await to_thread.run_sync(self.cdc.status)
+        if self.cluster is not None:
+            doc["cluster"] = await to_thread.run_sync(self.cluster.status)
         if self.last_backup is not None:
             doc["last_backup_time"] = _go_time(self.last_backup)
         key = request.query_params.get("key")
@@ -360,24 +387,48 @@ class _Api:
     async def nodes(self, request: Request) -> Response:
         if r := self._gate(request, ("status",), ("GET",)):
             return r
-        node = {
-            "id": self.config.node_id,
-            "api_addr": f"{self.scheme}://{self.config.http_addr}",
-            "addr": self.config.http_addr,
-            "voter": True,
-            "reachable": True,
-            "leader": True,
-        }
+        nodes = [
+            {
+                "id": self.config.node_id,
+                "api_addr": self.config.advertise_url,
+                "addr": self.config.http_addr,
+                "voter": True,
+                "reachable": True,
+                "leader": True,
+            }
+        ]
+        if self.cluster is not None:
+            cluster = self.cluster
+            members = await to_thread.run_sync(cluster.members)
+            leader = cluster.leader()
+            nodes = [
+                {
+                    "id": m.node_id,
+                    "api_addr": m.address,
+                    "addr": m.address.split("://", 1)[-1],
+                    "voter": True,
+                    "reachable": True,
+                    "leader": leader is not None and leader[0] == m.node_id,
+                    "mode": m.mode,
+                    "applied_cid": m.applied_cid,
+                    "applied_revision": m.applied_revision,
+                }
+                for m in members
+            ]
         pretty = "pretty" in request.query_params
         if request.query_params.get("ver") == "2" or request.query_params.get("version") == "2":
-            return _json({"nodes": [node]}, pretty=pretty)
-        return _json({self.config.node_id: node}, pretty=pretty)
+            return _json({"nodes": nodes}, pretty=pretty)
+        return _json({n["id"]: n for n in nodes}, pretty=pretty)
 
     async def readyz(self, request: Request) -> Response:
         if r := self._gate(request, ("ready",), ("GET",)):
             return r
         if "noleader" in request.query_params:
             return Response("[+]node ok", media_type=_TEXT)
+        if self.cluster is not None and self.cluster.leader() is None:
+            return Response(
+                "[+]node ok\n[-]leader not ok\n[+]store ok", status_code=503, media_type=_TEXT
+            )
         return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
 
     async def root(self, request: Request) -> Response:
@@ -516,10 +567,16 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-def create_app(store: Store, config: NodeConfig, *, cdc: CDCService | None = None) -> Starlette:
+def create_app(
+    store: Store,
+    config: NodeConfig,
+    *,
+    cdc: CDCService | None = None,
+    cluster: ClusterView | None = None,
+) -> Starlette:
     """The Starlette app serving ``store`` (and ``cdc``'s status). Raises ConfigError for a
     bad auth file."""
-    api = _Api(store, config, cdc)
+    api = _Api(store, config, cdc, cluster)
     forwarder = LeaderForwarder(
         config.node_id, ca_cert=str(config.node_ca_cert) if config.node_ca_cert else None
     )

@@ -58,7 +58,7 @@ def serve(config: NodeConfig) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     node = Node(config)
     try:
-        app = create_app(node.store, config, cdc=node.cdc)
+        app = create_app(node.store, config, cdc=node.cdc, cluster=node.cluster)
         loop, http = _loop_and_http()
         server = _GracefulServer(
             uvicorn.Config(

@@ -1,0 +1,242 @@
+"""Three real `litecdc serve --etcd` processes over a real etcd: one replicated database.
+
+Writes to any node reach the leader (forwarded), every node ends with the same data,
+and killing the leader (kill -9) moves leadership to another node with no acknowledged
+write lost; the killed node restarts and catches up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e.litecdc_node import Node
+from etcd_cluster import EtcdCluster
+
+WAIT = 20.0
+
+
+def _status(node: Node) -> dict[str, Any]:
+    with node.client() as c:
+        doc: dict[str, Any] = c.get("/status").json()
+        return doc
+
+
+def _wait(predicate: Any, what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (httpx.HTTPError, KeyError, TypeError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def _leader(nodes: list[Node]) -> Node:
+    def find() -> Node | None:
+        leaders = [n for n in nodes if n.proc is not None and _status(n)["cluster"]["is_leader"]]
+        return leaders[0] if len(leaders) == 1 else None
+
+    node: Node = _wait(find, "exactly one leader")
+    return node
+
+
+def _rows(node: Node, cid: int) -> list[Any]:
+    with node.client() as c:
+        r = c.get(
+            "/db/query",
+            params={"q": "SELECT id, v FROM kv ORDER BY id", "level": "none", "min_cid": cid},
+        )
+        assert r.status_code == 200, r.text
+        values: list[Any] = r.json()["results"][0].get("values", [])
+        return values
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
+    started = [
+        Node(
+            tmp_path / f"n{i}",
+            "--etcd",
+            etcd.endpoints[0],
+            "--cluster",
+            cluster_name,
+            "--node-id",
+            f"n{i}",
+        ).start()
+        for i in range(3)
+    ]
+    yield started
+    for node in started:
+        node.stop()
+
+
+def test_three_nodes_one_database(nodes: list[Node]) -> None:
+    leader = _leader(nodes)
+    follower = next(n for n in nodes if n is not leader)
+    with follower.client() as c:  # a write on a follower is forwarded to the leader
+        r = c.post(
+            "/db/execute",
+            params={"raft_index": ""},
+            json=[
+                "CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)",
+                ["INSERT INTO kv(v) VALUES(?)", "one"],
+            ],
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][1] == {"last_insert_id": 1, "rows_affected": 1}
+        cid = r.json()["raft_index"]
+        redirect = c.post("/db/execute", params={"redirect": ""}, json=["SELECT 1"])
+        assert redirect.status_code == 301
+        assert redirect.headers["location"].startswith(leader.url)
+    for node in nodes:
+        assert _rows(node, cid) == [[1, "one"]]
+    with leader.client() as c:
+        nodes_doc = c.get("/nodes", params={"ver": "2"}).json()["nodes"]
+        assert sorted(n["id"] for n in nodes_doc) == ["n0", "n1", "n2"]
+        assert [n["id"] for n in nodes_doc if n["leader"]] == [_status(leader)["node"]["id"]]
+        assert c.get("/readyz").status_code == 200
+    # a weak read on a follower is served by the leader; none reads locally
+    with follower.client() as c:
+        assert c.get("/db/query", params={"q": "SELECT count(*) FROM kv"}).status_code == 200
+    journals = []
+    for node in nodes:
+        with node.client() as c:
+            journals.append(c.get("/journal", params={"after": 1}).json()["entries"])
+    assert journals[0] == journals[1] == journals[2]
+
+
+@pytest.mark.slow
+def test_leader_kill_moves_leadership_and_loses_no_acknowledged_write(
+    nodes: list[Node],
+) -> None:
+    leader = _leader(nodes)
+    with leader.client() as c:
+        r = c.post("/db/execute", json=["CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)"])
+        assert r.status_code == 200, r.text
+    acknowledged: list[str] = []
+    last_cid = 0
+    survivors = [n for n in nodes if n is not leader]
+
+    def write(node: Node, value: str) -> bool:
+        nonlocal last_cid
+        try:
+            with node.client() as c:
+                r = c.post(
+                    "/db/execute",
+                    params={"raft_index": ""},
+                    json=[["INSERT INTO kv(v) VALUES(?)", value]],
+                )
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 200 and "error" not in r.json()["results"][0]:
+            acknowledged.append(value)
+            last_cid = max(last_cid, r.json()["raft_index"])
+            return True
+        return False
+
+    for i in range(20):
+        assert write(survivors[i % 2], f"before-{i}")
+    assert leader.proc is not None
+    leader.proc.kill()  # kill -9
+    leader.proc.wait()
+    # writes resume on a new leader (how fast is measured by bench/, not asserted here)
+    _wait(lambda: write(survivors[0], "after-0"), "a write on the new leader", timeout=30)
+    for i in range(1, 10):
+        _wait(lambda i=i: write(survivors[i % 2], f"after-{i}"), "writes after failover")
+    new_leader = _leader(survivors)
+    assert new_leader is not leader
+    expected = sorted(acknowledged)
+    for node in survivors:
+        assert sorted(v for _, v in _rows(node, last_cid)) == expected
+    # the killed node restarts and catches up
+    leader.proc = None
+    restarted = Node(leader.data_dir, *leader.extra, port=leader.port).start()
+    nodes[nodes.index(leader)] = restarted
+    assert sorted(v for _, v in _rows(restarted, last_cid)) == expected
+
+
+@pytest.mark.slow
+def test_cdc_follows_the_leader_and_a_new_leader_resends(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    import json
+
+    from fakes import WebhookReceiver
+
+    with WebhookReceiver(fail_share=0.1, seed=3) as receiver:
+        config = tmp_path / "cdc.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "endpoint": receiver.url,
+                    "max_batch_delay": "20ms",
+                    "high_watermark_interval": "100ms",
+                    "transmit_min_backoff": "20ms",
+                }
+            )
+        )
+        started = [
+            Node(
+                tmp_path / f"n{i}",
+                "--etcd",
+                etcd.endpoints[0],
+                "--cluster",
+                cluster_name,
+                "--node-id",
+                f"n{i}",
+                "--cdc-config",
+                str(config),
+            ).start()
+            for i in range(3)
+        ]
+        try:
+            leader = _leader(started)
+            cids: list[int] = []
+            with leader.client() as c:
+                c.post("/db/execute", json=["CREATE TABLE kv(id INTEGER PRIMARY KEY, v)"])
+                for i in range(15):
+                    r = c.post(
+                        "/db/execute",
+                        params={"raft_index": ""},
+                        json=[["INSERT INTO kv(v) VALUES(?)", i]],
+                    )
+                    cids.append(r.json()["raft_index"])
+            assert leader.proc is not None
+            leader.proc.kill()
+            leader.proc.wait()
+            leader.proc = None
+            survivors = [n for n in started if n is not leader]
+            new_leader = _leader(survivors)
+            with new_leader.client() as c:
+
+                def insert(value: int) -> httpx.Response | None:
+                    r = c.post(
+                        "/db/execute",
+                        params={"raft_index": ""},
+                        json=[["INSERT INTO kv(v) VALUES(?)", value]],
+                    )
+                    return r if r.status_code == 200 else None
+
+                for i in range(15, 25):
+                    r = _wait(lambda i=i: insert(i), "a write on the new leader")
+                    cids.append(r.json()["raft_index"])
+
+            def delivered() -> set[int]:
+                return {p["index"] for b in receiver.batches for p in b["payload"]}
+
+            _wait(lambda: set(cids) <= delivered(), "every cid delivered", timeout=60)
+            # only leaders sent: every request came from n0/n1/n2 while it led
+            senders = {b["node_id"] for b in receiver.batches}
+            assert senders <= {"n0", "n1", "n2"}
+        finally:
+            for node in started:
+                node.stop()
