@@ -17,8 +17,8 @@ from pathlib import Path
 
 from litecdc.config import NodeConfig
 from litecdc.db.engine import Engine
-from litecdc.errors import RequestError
-from litecdc.journal.journal import Journal, Mode
+from litecdc.errors import LoadError, ModeError, RequestError
+from litecdc.journal.journal import APPLIED_REVISION, Journal, Mode
 from litecdc.results import (
     MAX_CID,
     MAX_SEQ,
@@ -178,6 +178,39 @@ class Store:
     def backup(self, destination: str | os.PathLike[str]) -> None:
         """Write a consistent copy of the SQLite file (journal and changes included)."""
         self.engine.backup(str(destination))
+
+    def restore_from(self, source: str | os.PathLike[str], *, min_applied_revision: int = 0) -> int:
+        """Install a snapshot — another node's ``/db/backup`` of the same cluster — in place
+        of this node's database, while it runs; returns the log revision it had applied.
+
+        FOLLOWER mode only (a cluster node catching up). The file must hold an applied
+        revision of at least ``min_applied_revision``; it is verified before anything
+        changes (Engine.restore_from) and the journal reloads its state from it.
+        """
+        if self.journal.mode is not Mode.FOLLOWER:
+            raise ModeError(
+                f"a snapshot is installed in FOLLOWER mode only, the journal is in "
+                f"{self.journal.mode.value.upper()} mode"
+            )
+
+        def acceptable(state: dict[str, int]) -> None:
+            revision = state.get(APPLIED_REVISION)
+            if revision is None:
+                raise LoadError(
+                    "snapshot: it records no applied log revision (not taken on a cluster node)"
+                )
+            if revision < min_applied_revision:
+                raise LoadError(
+                    f"snapshot: it has applied the log up to revision {revision}, "
+                    f"revision {min_applied_revision} at least is needed"
+                )
+
+        state = self.journal.reload_state(
+            lambda: self.engine.restore_from(str(source), check=acceptable)
+        )
+        log.info("installed a snapshot at log revision %d (cid %d)",
+                 state[APPLIED_REVISION], self.journal.last_cid())  # fmt: skip
+        return state[APPLIED_REVISION]
 
     def dump_sql(self) -> str:
         """The user tables as SQL text (rqlite's ``/db/backup?fmt=sql``)."""

@@ -1,9 +1,10 @@
 """Cluster mode: etcd holds the log, the leader key and member state (see docs/cluster.md).
 
 Only this package talks to etcd: the client (:mod:`.etcd`), leader election
-(:mod:`.election`), the log's group commit and apply loop (:mod:`.log`) and the node that
-runs them for a store (:mod:`.node`). ``NotLeaderError`` here is
-:class:`litecdc.errors.NotLeaderError` (it carries the leader's id and address).
+(:mod:`.election`), the log's group commit and apply loop (:mod:`.log`), snapshots and log
+compaction (:mod:`.snapshot`) and the node that runs them for a store (:mod:`.node`).
+``NotLeaderError`` here is :class:`litecdc.errors.NotLeaderError` (it carries the leader's
+id and address).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ from litecdc.cluster.log import (
     log_prefix,
 )
 from litecdc.cluster.node import ClusterNode, Member, members_prefix
+from litecdc.cluster.snapshot import (
+    Compaction,
+    LogCompactor,
+    SnapshotError,
+    SnapshotInstaller,
+    SnapshotSettings,
+)
 from litecdc.errors import NotLeaderError
 
 __all__ = [
@@ -49,6 +57,7 @@ __all__ = [
     "ClusterError",
     "ClusterNode",
     "CompactedError",
+    "Compaction",
     "Compare",
     "Delete",
     "Election",
@@ -64,11 +73,15 @@ __all__ = [
     "Lease",
     "LeaseNotFoundError",
     "LogAppender",
+    "LogCompactor",
     "LogWriteOutcome",
     "Member",
     "NotLeaderError",
     "Put",
     "RangeResult",
+    "SnapshotError",
+    "SnapshotInstaller",
+    "SnapshotSettings",
     "Submission",
     "TxnResult",
     "Watch",

@@ -382,6 +382,10 @@ class LogAppender:
         self._step_down(reason)
 
 
+def _cid_of(key: str, prefix: str) -> int:
+    return int(key[len(prefix) :])
+
+
 def _fail(submissions: list[Submission], error: Exception) -> None:
     for submission in submissions:
         if not submission.future.done():
@@ -419,6 +423,7 @@ class ApplyLoop:
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
         quiet_interval: float = DEFAULT_QUIET_INTERVAL,
         stall_retry_interval: float = DEFAULT_STALL_RETRY_INTERVAL,
+        restore: Callable[[int], int] | None = None,
     ) -> None:
         self.client = client
         self.journal = journal
@@ -428,6 +433,11 @@ class ApplyLoop:
         self.quiet_interval = quiet_interval
         self.stall_retry_interval = stall_retry_interval
         self._revision = journal.applied_revision()
+        #: after reading the log's keys at a revision (compacted position), watch from
+        #: the revision after it (kept in memory: a restart reads the keys again)
+        self._watch_from = 0
+        #: installs a snapshot whose applied revision is at least the argument, returns it
+        self._restore = restore
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._expected: dict[int, LogEntry] = {}
@@ -444,6 +454,9 @@ class ApplyLoop:
         self.skipped = 0
         #: highest etcd revision any watch response reported
         self.seen_revision = 0
+        #: catch-ups after compaction: by reading the log's keys, by installing a snapshot
+        self.log_reads = 0
+        self.snapshots_installed = 0
 
     def applied_revision(self) -> int:
         """The etcd revision of the last entry applied on this node (0 before any)."""
@@ -523,7 +536,7 @@ class ApplyLoop:
         while not self._stop.is_set():
             # From the applied revision itself, not after it: a group commit's entries share
             # one revision, and a restart may have come between two of them.
-            start = max(self.applied_revision(), 1)
+            start = max(self.applied_revision(), self._watch_from, 1)
             try:
                 watch = self.client.watch(self.prefix, prefix=True, start_revision=start)
             except ClusterError as exc:
@@ -535,13 +548,7 @@ class ApplyLoop:
             try:
                 self._follow(watch)
             except CompactedError as exc:
-                self.needs_snapshot = True
-                self._error(
-                    f"the log was compacted past this node's position (applied revision "
-                    f"{self.applied_revision()}): it needs a snapshot to catch up ({exc})",
-                    logging.ERROR,
-                )
-                self._stop.wait(self.stall_retry_interval)
+                self._catch_up(exc)
             except ApplyStalledError as exc:
                 self._error(str(exc), logging.ERROR)
                 self._stop.wait(self.stall_retry_interval)
@@ -556,6 +563,81 @@ class ApplyLoop:
                 with self._watch_lock:
                     self._watch = None
                 watch.cancel()
+
+    # -- catching up after compaction --------------------------------------------------------
+
+    def _catch_up(self, compacted: CompactedError) -> None:
+        """The watch's start revision was compacted (or the log's first entries are gone).
+
+        If every entry this node lacks is still a key, read them at one revision and watch
+        from the revision after it. Otherwise the entries are gone: install a snapshot from
+        a peer (``restore``) and watch from its applied revision.
+        """
+        try:
+            first = self.client.range(self.prefix, prefix=True, limit=1, keys_only=True)
+            if not first.kvs or _cid_of(first.kvs[0].key, self.prefix) <= (
+                self.journal.last_cid() + 1
+            ):
+                self._read_log(first.revision)
+                self.last_error, self.needs_snapshot = None, False
+                return
+            required = first.kvs[0].mod_revision
+            self.needs_snapshot = True
+            message = (
+                f"the log was compacted past this node's position (applied revision "
+                f"{self.applied_revision()}, cid {self.journal.last_cid()}; the log starts at "
+                f"cid {_cid_of(first.kvs[0].key, self.prefix)}); it needs a snapshot to catch "
+                f"up ({compacted})"
+            )
+            if self._restore is None:
+                self._error(f"{message}; no snapshot source configured", logging.ERROR)
+                self._stop.wait(self.stall_retry_interval)
+                return
+            self._error(f"{message}; installing a snapshot", logging.WARNING)
+            revision = self._restore(required)
+        except ApplyStalledError as exc:
+            self._error(str(exc), logging.ERROR)
+            self._stop.wait(self.stall_retry_interval)
+            return
+        except LitecdcError as exc:
+            self._error(f"catching up after compaction: {exc}; trying again", logging.WARNING)
+            self._stop.wait(self.stall_retry_interval)
+            return
+        except Exception as exc:
+            log.exception("catching up after compaction failed")
+            self._error(f"catching up after compaction failed: {exc}", logging.DEBUG)
+            self._stop.wait(self.stall_retry_interval)
+            return
+        with self._changed:
+            self._revision = revision
+            self._watch_from = 0
+            self.snapshots_installed += 1
+            self._changed.notify_all()
+        self.last_error, self.needs_snapshot = None, False
+        log.info("installed a snapshot at revision %d (cid %d); watching the log from there",
+                 revision, self.journal.last_cid())  # fmt: skip
+
+    def _read_log(self, revision: int) -> None:
+        """Apply every entry after the journal's last cid as the log held them at
+        ``revision``, then watch from ``revision + 1``. Reads blocks of 1,000 cids (the
+        keys sharing their first 17 digits), so no response is larger than that."""
+        cid = self.journal.last_cid() + 1
+        while not self._stop.is_set():
+            digits = f"{cid:020d}"
+            kvs = self.client.range(self.prefix + digits[:17], prefix=True, revision=revision).kvs
+            kvs = [kv for kv in kvs if kv.key >= self.prefix + digits]
+            if not kvs:
+                break
+            for kv in kvs:
+                self._apply(kv)
+            cid = (cid // 1000 + 1) * 1000
+        if self._stop.is_set():
+            return
+        self._watch_from = revision + 1
+        self.seen_revision = max(self.seen_revision, revision)
+        self.log_reads += 1
+        log.info("caught up by reading the log at revision %d (cid %d)", revision,
+                 self.journal.last_cid())  # fmt: skip
 
     def _error(self, message: str, level: int) -> None:
         self.last_error = message
@@ -606,6 +688,10 @@ class ApplyLoop:
             self.skipped += 1
             return
         except SnapshotUnavailableError as exc:
+            first = self.client.range(self.prefix, prefix=True, limit=1, keys_only=True).kvs
+            if first and _cid_of(first[0].key, self.prefix) > self.journal.last_cid() + 1:
+                # the entries this node lacks were deleted: only a snapshot has them
+                raise CompactedError(None, f"log entries before cid {cid}") from exc
             raise ApplyStalledError(
                 f"log entry for cid {cid} cannot be applied: {exc} (the log misses an entry)"
             ) from exc

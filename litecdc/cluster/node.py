@@ -45,7 +45,8 @@ from litecdc.cluster.etcd import (
     EtcdUnavailableError,
     LeaseNotFoundError,
 )
-from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key
+from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key, log_prefix
+from litecdc.cluster.snapshot import LogCompactor, SnapshotInstaller, SnapshotSettings
 from litecdc.errors import ConfigError, ModeError, NotLeaderError
 from litecdc.journal.journal import Mode
 from litecdc.results import LogEntry, ReadLevel, Statement
@@ -101,6 +102,7 @@ class ClusterNode:
         catch_up_timeout: float = DEFAULT_CATCH_UP_TIMEOUT,
         member_interval: float = DEFAULT_MEMBER_INTERVAL,
         member_ttl: int = DEFAULT_MEMBER_TTL,
+        snapshots: SnapshotSettings | None = None,
     ) -> None:
         if not cluster_name or "/" in cluster_name:
             raise ConfigError(f"cluster: invalid cluster name {cluster_name!r}")
@@ -117,12 +119,28 @@ class ClusterNode:
         self.member_ttl = max(member_ttl, 2)
         self.client = EtcdClient(etcd_settings)
         self.election = Election(self.client, cluster_name, node_id, address, ttl=lease_ttl)
-        self.apply_loop = ApplyLoop(self.client, self.journal, cluster_name)
+        self.snapshot_settings = snapshots or SnapshotSettings()
+        self._stop = threading.Event()
+        self.snapshots = SnapshotInstaller(
+            store, self.members, node_id, self.snapshot_settings, stopped=self._stop.is_set
+        )
+        self.apply_loop = ApplyLoop(
+            self.client, self.journal, cluster_name, restore=self._install_snapshot
+        )
+        self.compactor = LogCompactor(
+            self.client,
+            cluster_name,
+            node_id,
+            self.members,
+            self.is_leader,
+            self.journal.last_cid,
+            lambda: self.election.fence_revision,
+            self.snapshot_settings,
+        )
         self.appender = LogAppender(
             self.client, self.journal, cluster_name, step_down=self.election.step_down
         )
 
-        self._stop = threading.Event()
         self._state_lock = threading.Lock()
         self._wake = threading.Event()
         self._notify_lock = threading.RLock()
@@ -144,6 +162,7 @@ class ClusterNode:
                 target=self._run_member, name=f"litecdc-member {node_id}", daemon=True
             )
             self._member.start()
+            self.compactor.start()
             self.election.add_listener(self._on_election)
             self.election.start()
         except BaseException:
@@ -277,7 +296,10 @@ class ClusterNode:
             leader = self.leader()
             if leader is not None and leader[0] != self.node_id:
                 try:
-                    if self.client.get(log_key(self.cluster, self.journal.last_cid() + 1)) is None:
+                    if (
+                        self.client.get(log_key(self.cluster, self.journal.last_cid() + 1)) is None
+                        and not self._behind_compaction()
+                    ):
                         return True
                 except ClusterError:
                     pass
@@ -320,6 +342,12 @@ class ClusterNode:
                 return
             last = self.journal.last_cid()
             try:
+                if self._behind_compaction():
+                    self.election.step_down(
+                        "the log was compacted past this node's position: it must install a "
+                        "snapshot before it can lead"
+                    )
+                    return
                 if self.client.get(log_key(self.cluster, last + 1)) is None:
                     break  # no entry after ours: caught up (only this fenced leader appends now)
             except ClusterError as exc:
@@ -334,7 +362,11 @@ class ClusterNode:
                 return
             self.journal.wait_for_commit_after(last, 0.2)
         with self._state_lock:
-            if self.election.fence_revision != fence or self._stop.is_set():
+            if (
+                self.election.fence_revision != fence
+                or self._stop.is_set()
+                or self.apply_loop.needs_snapshot
+            ):
                 return
             self.journal.forget_allocations()
             self.journal.set_mode(Mode.LEADER)
@@ -342,6 +374,23 @@ class ClusterNode:
             self._accepting = True
         log.info("%s accepts writes as leader of %s from cid %d", self.node_id, self.cluster,
                  self.journal.last_cid() + 1)  # fmt: skip
+
+    def _behind_compaction(self) -> bool:
+        """Whether the log's first entry is past the cid after this node's last one: the
+        entries in between were compacted away (a snapshot has them, the log does not)."""
+        if self.apply_loop.needs_snapshot:
+            return True
+        prefix = log_prefix(self.cluster)
+        first = self.client.range(prefix, prefix=True, limit=1, keys_only=True).kvs
+        return bool(first) and int(first[0].key[len(prefix) :]) > self.journal.last_cid() + 1
+
+    def _install_snapshot(self, required_revision: int) -> int:
+        """The apply loop's catch-up when the log lacks entries this node needs (runs on
+        the apply thread, which is the only writer of a follower's journal)."""
+        if self.journal.mode is not Mode.FOLLOWER:
+            self.election.step_down("the log was compacted past this node's position")
+            raise ClusterError("a leader does not install snapshots: stepping down first")
+        return self.snapshots.install(required_revision)
 
     def _become_follower(self) -> None:
         with self._state_lock:
@@ -376,13 +425,20 @@ class ClusterNode:
             "applied_cid": self.journal.last_cid(),
             "applied_revision": self.apply_loop.applied_revision(),
             "needs_snapshot": self.apply_loop.needs_snapshot,
-            "last_error": self.apply_loop.last_error or self.last_error,
+            "last_error": (
+                self.apply_loop.last_error or self.last_error or self.compactor.last_error
+            ),
             "log": {
                 "entries_applied": self.apply_loop.applied,
                 "entries_skipped": self.apply_loop.skipped,
                 "append_txns": self.appender.txns,
                 "entries_appended": self.appender.entries,
                 "appends_fenced": self.appender.fenced,
+                "catch_up_log_reads": self.apply_loop.log_reads,
+                "snapshots_installed": self.apply_loop.snapshots_installed,
+                "compactions": self.compactor.runs,
+                "keys_compacted": self.compactor.keys_deleted,
+                "compacted_revision": self.compactor.compacted_revision,
             },
         }
 
@@ -451,6 +507,7 @@ class ClusterNode:
         with self._state_lock:
             self._accepting = False
         self.appender.close()
+        self.compactor.close()
         self.apply_loop.close()
         for thread in (getattr(self, "_control", None), getattr(self, "_member", None)):
             if thread is not None:

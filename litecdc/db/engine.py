@@ -863,6 +863,65 @@ class Engine:
         finally:
             dest.close()
 
+    def restore_from(
+        self, source: str, *, check: Callable[[dict[str, int]], None] | None = None
+    ) -> dict[str, int]:
+        """Replace the whole database with ``source``, a SQLite file made by another node's
+        :meth:`backup` (a snapshot), and return the node state it holds.
+
+        The file is verified first — SQLite's header, ``PRAGMA quick_check``, litecdc's
+        internal tables — and ``check(node_state)`` may refuse it by raising. It is then
+        copied *into* the live database with SQLite's backup API on the writer connection,
+        under the write lock: one ordinary WAL transaction, so a crash leaves the old or
+        the new database, never a mix, and readers move from the old contents to the new
+        at once (a read in progress keeps its snapshot). Swapping files instead would leave
+        reader connections on the old inode, and SQLite deletes a WAL *by name* when the
+        last connection to a database closes. Raises LoadError for an unusable file.
+        """
+        try:
+            with open(source, "rb") as file:
+                header = file.read(len(_SQLITE_HEADER))
+        except OSError as exc:
+            raise LoadError(f"snapshot: cannot read {source}: {exc}") from exc
+        if header != _SQLITE_HEADER:
+            raise LoadError("snapshot: the file is not a SQLite database")
+        snapshot = apsw.Connection(source)
+        try:
+            try:
+                check_result = snapshot.execute("PRAGMA quick_check").fetchall()
+                tables = {
+                    r[0] for r in snapshot.execute("SELECT name FROM sqlite_schema").fetchall()
+                }
+            except apsw.Error as exc:
+                raise LoadError(f"snapshot: the file is unreadable: {exc}") from exc
+            if check_result != [("ok",)]:
+                raise LoadError(f"snapshot: integrity check failed: {check_result[0][0]}")
+            missing = {JOURNAL_TABLE, CHANGES_TABLE, NODE_STATE_TABLE, TABLE_CIDS_TABLE} - tables
+            if missing:
+                raise LoadError(
+                    f"snapshot: not a litecdc database (no {', '.join(sorted(missing))})"
+                )
+            state = {
+                str(name): int(value)  # type: ignore[arg-type]
+                for name, value in snapshot.execute(
+                    f"SELECT name, value FROM {NODE_STATE_TABLE}"
+                ).fetchall()
+            }
+            if check is not None:
+                check(state)
+            with self._write_lock:
+                if self._closed:
+                    raise LoadError("snapshot: the database is closed")
+                try:
+                    with self._writer.backup("main", snapshot, "main") as copy:
+                        copy.step(-1)  # every page in one step: one write transaction
+                except apsw.Error as exc:
+                    raise LoadError(f"snapshot: installing it failed: {exc}") from exc
+                self._schema_changed()
+            return state
+        finally:
+            snapshot.close()
+
     def dump_sql(self) -> str:
         conn = self._reader()
         with self._readers.authorizer.trusted():  # the dump's own read transaction

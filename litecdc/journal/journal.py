@@ -23,8 +23,9 @@ import enum
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from litecdc.db.access import Access
 from litecdc.db.engine import Decision, Engine
@@ -37,6 +38,8 @@ from litecdc.results import JournalEntry, LogEntry, Statement, WriteOutcome
 INITIAL_CID = 1
 #: node state key: the log position (etcd revision) of the last applied entry
 APPLIED_REVISION = "applied_revision"
+
+T = TypeVar("T")
 
 
 class Mode(enum.Enum):
@@ -76,6 +79,24 @@ class Journal:
         self._committed = threading.Condition()
         #: highest cid handed out by prepare_entry (a leader's entries in flight)
         self._allocated = self._last
+
+    def reload_state(self, install: Callable[[], T]) -> T:
+        """Run ``install()`` (which replaced the database, e.g. Engine.restore_from) under
+        the journal's lock, then re-read everything this object keeps in memory from the
+        new database. The mode stays as it is. Returns what ``install`` returned."""
+        with self._lock:
+            result = install()
+            low, high, available = self._engine.journal_bounds()
+            self._min, self._last, self._available = low, high, available
+            self._pending = set(self._engine.journal_cids_above(available))
+            cids = self._engine.table_cids()
+            self._written = {name: written for name, (written, _) in cids.items() if written}
+            self._read = {name: read for name, (_, read) in cids.items() if read}
+            self._schema_cid = self._written.pop(SCHEMA_OBJECT, INITIAL_CID)
+            self._allocated = self._last
+        with self._committed:
+            self._committed.notify_all()
+        return result
 
     # -- facts ------------------------------------------------------------------------
     def available_snapshot(self) -> int:

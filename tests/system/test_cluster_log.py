@@ -15,7 +15,6 @@ from etcd_cluster import EtcdCluster
 
 from litecdc.cluster import (
     ApplyLoop,
-    Compare,
     EtcdClient,
     EtcdSettings,
     EtcdUnavailableError,
@@ -221,8 +220,10 @@ def test_a_compacted_position_is_reported_as_needing_a_snapshot(tmp_path: Path) 
         EtcdClient(EtcdSettings(endpoints=etcd.endpoints, request_timeout=2.0)) as client,
     ):
         revision = 0
-        for i in range(5):
-            revision = client.txn([Compare.absent(f"/x/{i}")], [Put(f"/x/{i}", b"1")]).revision
+        for cid in range(2, 7):  # the log's entries for cids 2-6, then 2 deleted: it is gone
+            entry = LogEntry(cid, cid - 1, 0, 0, ("SELECT 1",))
+            revision = client.put(log_key("c", cid), entry.encode())
+        client.delete(log_key("c", 2))
         client.compact(revision)
         store = Store(NodeConfig(data_dir=tmp_path / "n"))
         store.journal.set_mode(Mode.FOLLOWER)
