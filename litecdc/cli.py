@@ -209,13 +209,19 @@ def serve(
     default=None,
     help="Keep the demo node's data here. Default: a temporary directory, removed afterwards.",
 )
-def demo(data_dir: str | None) -> None:
+@click.option(
+    "--cluster",
+    is_flag=True,
+    help="Run a local 3-node cluster with its own etcd instead, write through a follower, "
+    "kill the leader and show the new one taking writes (needs Debian's etcd-server).",
+)
+def demo(data_dir: str | None, cluster: bool) -> None:
     """Start a standalone node, run a short workload over HTTP, and show the journal entries
     and captured row changes it produced (what `make run` runs)."""
     from litecdc.demo import run_demo
 
     try:
-        code = run_demo(click.echo, Path(data_dir) if data_dir else None)
+        code = run_demo(click.echo, Path(data_dir) if data_dir else None, cluster=cluster)
     except RuntimeError as exc:
         _fail(str(exc), 1)
     sys.exit(code)

@@ -59,8 +59,16 @@ class NodeConfig:
     #: http(s)://<http-addr>.
     advertise_url: str = ""
     #: CA that signed the other nodes' HTTPS certificates, for forwarding writes to the
-    #: leader; default the system's CAs.
+    #: leader and downloading snapshots; default the system's CAs.
     node_ca_cert: Path | None = None
+    #: user and password this node presents to a peer's /db/backup when it catches up by
+    #: snapshot (needed when the nodes use an auth file); default none.
+    node_user: str | None = None
+    node_password: str | None = None
+    #: seconds between the leader's etcd log compactions (0 = never); default 30.
+    compact_interval: float = 30.0
+    #: newest log entries compaction always keeps; default 1,000.
+    compact_keep: int = 1000
 
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS_LEVELS:
@@ -89,6 +97,12 @@ class NodeConfig:
             raise ConfigError(
                 f"cluster name may hold letters, digits, '.', '_' and '-', got {self.cluster!r}"
             )
+        if self.compact_interval < 0:
+            raise ConfigError(
+                f"compaction interval must not be negative, got {self.compact_interval}"
+            )
+        if self.compact_keep < 1:
+            raise ConfigError(f"compaction must keep at least 1 entry, got {self.compact_keep}")
         if self.lease_ttl < 2:
             raise ConfigError(
                 f"lease TTL must be at least 2 seconds (etcd's minimum), got {self.lease_ttl}"

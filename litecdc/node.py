@@ -71,6 +71,7 @@ class Node:
 
 def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:
     from litecdc.cluster import ClusterNode, EtcdSettings
+    from litecdc.cluster.snapshot import SnapshotSettings
 
     settings = EtcdSettings(
         endpoints=list(config.etcd_endpoints),
@@ -80,6 +81,19 @@ def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:
         user=config.etcd_user,
         password=config.etcd_password,
     )
+    snapshots = SnapshotSettings(
+        ca_cert=str(config.node_ca_cert) if config.node_ca_cert else None,
+        user=config.node_user,
+        password=config.node_password,
+        compact_interval=config.compact_interval,
+        keep_entries=config.compact_keep,
+    )
     return ClusterNode(
-        store, config.node_id, config.advertise_url, settings, config.cluster, config.lease_ttl
+        store,
+        config.node_id,
+        config.advertise_url,
+        settings,
+        config.cluster,
+        config.lease_ttl,
+        snapshots=snapshots,
     )
