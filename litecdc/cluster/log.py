@@ -660,11 +660,37 @@ class ApplyLoop:
             quiet_since, asked = time.monotonic(), False
             self.seen_revision = max(self.seen_revision, batch.revision)
             puts = sorted((e.kv for e in batch.events if e.type == "put"), key=lambda kv: kv.key)
-            for kv in puts:
-                self._apply(kv)
+            self._apply_batch(puts)
             self.last_error, self.needs_snapshot = None, False
 
+    def _apply_batch(self, kvs: list[KeyValue]) -> None:
+        """Apply one watch response's entries in ONE SQLite transaction (one fsync on this
+        node for a whole group commit); anything unusual goes entry by entry."""
+        ready = [(kv, entry) for kv in kvs if (entry := self._checked(kv)) is not None]
+        if len(ready) < 2:
+            for kv, entry in ready:
+                self._apply_one(kv, entry)
+            return
+        try:
+            outcomes = self.journal.apply_log_entries(
+                [entry for _, entry in ready], revision=ready[-1][0].mod_revision
+            )
+        except (DuplicateCidError, SnapshotUnavailableError):
+            outcomes = None
+        if outcomes is None:  # rolled back, or not applicable as a batch: one by one
+            for kv, entry in ready:
+                self._apply_one(kv, entry)
+            return
+        for (kv, entry), outcome in zip(ready, outcomes, strict=True):
+            self._applied(kv, entry, outcome)
+
     def _apply(self, kv: KeyValue) -> None:
+        entry = self._checked(kv)
+        if entry is not None:
+            self._apply_one(kv, entry)
+
+    def _checked(self, kv: KeyValue) -> LogEntry | None:
+        """The entry in ``kv``, or None when the journal has it already."""
         try:
             cid = int(kv.key[len(self.prefix) :])
             entry = LogEntry.decode(kv.value)
@@ -681,7 +707,11 @@ class ApplyLoop:
                     f"{applied_revision}: this database did not come from this cluster's log"
                 )
             self.skipped += 1
-            return
+            return None
+        return entry
+
+    def _apply_one(self, kv: KeyValue, entry: LogEntry) -> None:
+        cid = entry.cid
         try:
             outcome = self.journal.apply_log_entry(entry, revision=kv.mod_revision)
         except DuplicateCidError:
@@ -695,6 +725,10 @@ class ApplyLoop:
             raise ApplyStalledError(
                 f"log entry for cid {cid} cannot be applied: {exc} (the log misses an entry)"
             ) from exc
+        self._applied(kv, entry, outcome)
+
+    def _applied(self, kv: KeyValue, entry: LogEntry, outcome: WriteOutcome) -> None:
+        cid = entry.cid
         with self._changed:
             self._revision = kv.mod_revision
             self.applied += 1

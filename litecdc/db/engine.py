@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
@@ -39,6 +39,8 @@ from litecdc.errors import LoadError, StatementError
 from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
 
 log = logging.getLogger("litecdc.db")
+
+T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
 MAX_ROWID = 2**63 - 1
@@ -73,6 +75,10 @@ def _bindable(params: Any) -> Any:
     if isinstance(params, Mapping) and any(k[:1] in ":@$" for k in params):
         return {(k[1:] if k[:1] in ":@$" else k): v for k, v in params.items()}
     return params
+
+
+class _BatchRolledBack(Exception):
+    """A statement rolled back the whole transaction of in_one_transaction."""
 
 
 class _LastResult:
@@ -136,6 +142,8 @@ class Engine:
         self._reader_list: list[apsw.Connection] = []
         self._reader_lock = threading.Lock()
         self._closed = False
+        #: True while in_one_transaction runs: writes become savepoints of its transaction
+        self._nested = False
         self.sqlite_version = apsw.sqlite_lib_version()
 
     # -- connections ------------------------------------------------------------------
@@ -250,7 +258,7 @@ class Engine:
             writer = self._writer
             self._vfs.pin(timestamp_ms)
             self._random.start(seed)
-            self._internal("BEGIN IMMEDIATE")
+            self._begin()
             writer.set_last_insert_rowid(0)
             buffer = self._buffer
             buffer.clear()
@@ -306,7 +314,7 @@ class Engine:
                     decision.cid, "\n".join(rendered), decision.snapshot, timestamp_ms, seed
                 )
                 self._append(entry, combined, state)
-                self._internal("COMMIT")
+                self._commit()
             except BaseException:
                 self._rollback()
                 raise
@@ -385,9 +393,60 @@ class Engine:
         combined.merge(self._access_cache[sql])
         return True
 
+    # A write runs as its own SQLite transaction, or — inside in_one_transaction — as a
+    # savepoint of the batch's transaction.
+    def _begin(self) -> None:
+        if self._nested and not self._writer.in_transaction:
+            # the batch's transaction is gone: a SAVEPOINT now would start (and commit) one
+            raise _BatchRolledBack
+        self._internal("SAVEPOINT litecdc_entry" if self._nested else "BEGIN IMMEDIATE")
+
+    def _commit(self) -> None:
+        self._internal("RELEASE litecdc_entry" if self._nested else "COMMIT")
+
     def _rollback(self) -> None:
-        if self._writer.in_transaction:
+        if not self._writer.in_transaction:
+            return  # (a statement's OR ROLLBACK already ended it)
+        if self._nested:
+            self._internal("ROLLBACK TO litecdc_entry; RELEASE litecdc_entry")
+        else:
             self._internal("ROLLBACK")
+
+    def in_one_transaction(
+        self, steps: Sequence[Callable[[], T]], state: Mapping[str, int] | None = None
+    ) -> list[T] | None:
+        """Run several writes (each a savepoint) and ``state`` in ONE SQLite transaction.
+
+        Returns their results, or None with nothing committed when a statement rolled
+        the whole transaction back (ON CONFLICT ROLLBACK) — the caller runs them one by
+        one instead.
+        """
+        with self._write_lock:
+            self._internal("BEGIN IMMEDIATE")
+            self._nested = True
+            try:
+                done = []
+                for step in steps:
+                    done.append(step())
+                    if not self._writer.in_transaction:
+                        return None
+                if state:
+                    was, self._authorizer.internal = self._authorizer.internal, True
+                    try:
+                        self._write_state(state)
+                    finally:
+                        self._authorizer.internal = was
+                self._nested = False
+                self._internal("COMMIT")
+                return done
+            except _BatchRolledBack:
+                return None
+            except BaseException:
+                self._nested = False
+                self._rollback()
+                raise
+            finally:
+                self._nested = False
 
     def _run_statement(
         self, statement: Statement, transaction: bool, combined: Access
@@ -597,7 +656,7 @@ class Engine:
         """
         with self._write_lock:
             self._vfs.pin(timestamp_ms)
-            self._internal("BEGIN IMMEDIATE")
+            self._begin()
             try:
                 self._execute_internal_text(query)
                 access = Access(schema=True)
@@ -606,7 +665,7 @@ class Engine:
                     decision.cid, query, decision.snapshot, timestamp_ms, seed, internal=True
                 )
                 self._append(entry, Access(), state)
-                self._internal("COMMIT")
+                self._commit()
             except BaseException:
                 self._rollback()
                 raise
@@ -624,7 +683,7 @@ class Engine:
     ) -> None:
         """Record ``cid`` as an empty entry: it was allocated, but its transaction failed."""
         with self._write_lock:
-            self._internal("BEGIN IMMEDIATE")
+            self._begin()
             try:
                 self._internal(
                     f"INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot, ts, seed) "
@@ -637,7 +696,7 @@ class Engine:
                         self._write_state(state)
                     finally:
                         self._authorizer.internal = was
-                self._internal("COMMIT")
+                self._commit()
             except BaseException:
                 self._rollback()
                 raise

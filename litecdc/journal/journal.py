@@ -20,6 +20,7 @@ cids that starts at the smallest cid in the journal.
 from __future__ import annotations
 
 import enum
+import functools
 import secrets
 import threading
 import time
@@ -79,6 +80,7 @@ class Journal:
         self._committed = threading.Condition()
         #: highest cid handed out by prepare_entry (a leader's entries in flight)
         self._allocated = self._last
+        self._allocation_lock = threading.Lock()
 
     def reload_state(self, install: Callable[[], T]) -> T:
         """Run ``install()`` (which replaced the database, e.g. Engine.restore_from) under
@@ -277,7 +279,9 @@ class Journal:
         return self._allocate((query,), transaction=True, internal=True)
 
     def _allocate(self, texts: tuple[str, ...], *, transaction: bool, internal: bool) -> LogEntry:
-        with self._lock:
+        # its own lock: the journal lock is held while applied entries commit (an fsync),
+        # and new writes must not queue behind that
+        with self._allocation_lock:
             if self.mode is not Mode.LEADER:
                 raise ModeError(
                     f"only the leader prepares log entries; the journal is in "
@@ -297,7 +301,7 @@ class Journal:
 
     def forget_allocations(self) -> None:
         """A leader whose appends failed (or a new leader) allocates again from the journal."""
-        with self._lock:
+        with self._allocation_lock:
             self._allocated = self._last
 
     def apply_log_entry(self, entry: LogEntry, *, revision: int | None = None) -> WriteOutcome:
@@ -309,44 +313,76 @@ class Journal:
         same SQLite transaction, so a restart neither skips nor repeats an entry.
         """
         with self._lock:
-            if self.mode is Mode.NORMAL:
-                raise ModeError("log entries are applied in LEADER or FOLLOWER mode")
-            if entry.cid <= self._available or entry.cid in self._pending:
-                raise DuplicateCidError(f"the journal already has cid {entry.cid}")
-            if entry.snapshot > self._available:
-                raise SnapshotUnavailableError(entry.snapshot, self._available)
+            self._check_applicable([entry])
             state = {APPLIED_REVISION: revision} if revision is not None else None
-            if entry.internal:
-                query = "\n".join(entry.statements)
+            outcome, access = self._execute_entry(entry, state)
+            self._record(entry.cid, access)
+            return outcome
 
-                def fixed(access: Access) -> Decision:
-                    return Decision(entry.cid, entry.snapshot)
+    def apply_log_entries(
+        self, entries: Sequence[LogEntry], *, revision: int
+    ) -> list[WriteOutcome] | None:
+        """Apply consecutive log entries (one watch batch) in ONE SQLite transaction: one
+        fsync for the batch instead of one per entry, with ``revision`` stored once.
 
-                self._engine.run_internal(
-                    query,
-                    timestamp_ms=entry.timestamp_ms,
-                    seed=entry.seed,
-                    decide=fixed,
-                    state=state,
-                )
-                self._record(entry.cid, Access())
-                return WriteOutcome([], entry.cid, entry.snapshot)
-            run = self._engine.run_write(
-                [Statement(text) for text in entry.statements],
-                transaction=entry.transaction,
+        Each entry still runs alone (a savepoint each): its failure becomes its empty
+        entry and touches no other. Returns None, having changed nothing, when a statement
+        rolled the whole SQLite transaction back (``OR ROLLBACK``); the caller then applies
+        the entries one by one.
+        """
+        with self._lock:
+            self._check_applicable(entries)
+            steps = [functools.partial(self._execute_entry, entry, None) for entry in entries]
+            done = self._engine.in_one_transaction(steps, {APPLIED_REVISION: revision})
+            if done is None:
+                return None
+            for entry, (_, access) in zip(entries, done, strict=True):
+                self._record(entry.cid, access)
+            return [outcome for outcome, _ in done]
+
+    def _check_applicable(self, entries: Sequence[LogEntry]) -> None:
+        """Refuse entries the journal has, or whose snapshot is not available (counting the
+        entries before them in ``entries``)."""
+        if self.mode is Mode.NORMAL:
+            raise ModeError("log entries are applied in LEADER or FOLLOWER mode")
+        available = self._available
+        for entry in entries:
+            if entry.cid <= available or entry.cid in self._pending:
+                raise DuplicateCidError(f"the journal already has cid {entry.cid}")
+            if entry.snapshot > available:
+                raise SnapshotUnavailableError(entry.snapshot, available)
+            if entry.cid == available + 1:
+                available = entry.cid
+
+    def _execute_entry(
+        self, entry: LogEntry, state: dict[str, int] | None
+    ) -> tuple[WriteOutcome, Access]:
+        """Run one log entry at its cid; the caller records it once it is committed."""
+
+        def fixed(access: Access) -> Decision:
+            return Decision(entry.cid, entry.snapshot)
+
+        if entry.internal:
+            self._engine.run_internal(
+                "\n".join(entry.statements),
                 timestamp_ms=entry.timestamp_ms,
                 seed=entry.seed,
-                decide=lambda access: Decision(entry.cid, entry.snapshot),
+                decide=fixed,
                 state=state,
             )
-            if run.entry is None:
-                self._engine.write_empty_entry(
-                    entry.cid, entry.timestamp_ms, entry.seed, state=state
-                )
-                self._record(entry.cid, Access())
-                return WriteOutcome(run.results, None, None)
-            self._record(entry.cid, run.access)
-            return WriteOutcome(run.results, entry.cid, entry.snapshot)
+            return WriteOutcome([], entry.cid, entry.snapshot), Access()
+        run = self._engine.run_write(
+            [Statement(text) for text in entry.statements],
+            transaction=entry.transaction,
+            timestamp_ms=entry.timestamp_ms,
+            seed=entry.seed,
+            decide=fixed,
+            state=state,
+        )
+        if run.entry is None:
+            self._engine.write_empty_entry(entry.cid, entry.timestamp_ms, entry.seed, state=state)
+            return WriteOutcome(run.results, None, None), Access()
+        return WriteOutcome(run.results, entry.cid, entry.snapshot), run.access
 
     def applied_revision(self) -> int:
         """The log position of the last entry applied (0 before any)."""

@@ -353,3 +353,59 @@ def test_log_entries_prepared_by_the_leader_apply_identically_everywhere(tmp_pat
         follower.journal.prepare_entry([S("SELECT 1")])
     for node in nodes:
         node.close()
+
+
+def test_a_batch_of_log_entries_applies_in_one_transaction_like_one_by_one(
+    tmp_path: Path,
+) -> None:
+    nodes = [Store(NodeConfig(data_dir=tmp_path / f"n{i}")) for i in range(3)]
+    leader, one_by_one, batched = nodes
+    leader.journal.set_mode(Mode.LEADER)
+    for node in (one_by_one, batched):
+        node.journal.set_mode(Mode.FOLLOWER)
+    requests = [
+        ([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v UNIQUE, r)")], False),
+        ([S("INSERT INTO t(v, r) VALUES(?, random())", (i,)) for i in range(3)], True),
+        ([S("INSERT INTO t(v) VALUES(1)")], True),  # fails: an empty entry, alone
+        ([S("INSERT INTO t(v) VALUES(10)"), S("INSERT INTO nope VALUES(1)")], False),
+    ]
+    entries = [leader.journal.prepare_entry(stmts, transaction=tx) for stmts, tx in requests]
+    entries.append(
+        leader.journal.prepare_internal(
+            "CREATE TABLE IF NOT EXISTS _litecdc_cdc_state(name TEXT PRIMARY KEY, value);"
+        )
+    )
+    singles = [one_by_one.journal.apply_log_entry(e, revision=50) for e in entries]
+    outcomes = batched.journal.apply_log_entries(entries, revision=50)
+    assert outcomes is not None
+    assert [
+        [(r.error, r.last_insert_id, r.rows_affected) for r in o.results] for o in outcomes
+    ] == [[(r.error, r.last_insert_id, r.rows_affected) for r in o.results] for o in singles]
+    assert [o.cid for o in outcomes] == [2, 3, None, 5, 6]
+    for node in (one_by_one, batched):
+        assert node.journal_page(0, 10).entries == one_by_one.journal_page(0, 10).entries
+        assert node.changes(0, 100) == one_by_one.changes(0, 100)
+        assert node.journal.applied_revision() == 50
+    assert batched.journal.available_snapshot() == 6
+    for node in nodes:
+        node.close()
+
+
+def test_a_batch_rolled_back_by_a_statement_changes_nothing(tmp_path: Path) -> None:
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    follower = Store(NodeConfig(data_dir=tmp_path / "follower"))
+    leader.journal.set_mode(Mode.LEADER)
+    follower.journal.set_mode(Mode.FOLLOWER)
+    entries = [
+        leader.journal.prepare_entry([S("CREATE TABLE t(v UNIQUE ON CONFLICT ROLLBACK)")]),
+        leader.journal.prepare_entry([S("INSERT INTO t VALUES(1)")]),
+        leader.journal.prepare_entry([S("INSERT INTO t VALUES(1)")]),  # rolls back everything
+    ]
+    assert follower.journal.apply_log_entries(entries, revision=7) is None
+    assert follower.journal.last_cid() == 1 and follower.journal.applied_revision() == 0
+    for entry in entries:  # the caller's fallback: one by one
+        follower.journal.apply_log_entry(entry, revision=7)
+    assert follower.query([S("SELECT v FROM t")])[0].rows == [(1,)]
+    assert [e.query is None for e in follower.journal_page(1, 10).entries] == [False, False, True]
+    leader.close()
+    follower.close()
