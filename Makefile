@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup lint bench clean
+.PHONY: run run-cluster test setup lint bench clean
 
 # Set-up: system packages when missing, then the virtual environment with pinned packages.
 $(STAMP): pyproject.toml scripts/setup-system.sh
@@ -35,6 +35,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_engine.py
 	$(BIN)/python bench/bench_http.py
 	$(BIN)/python bench/bench_cdc.py
+	$(BIN)/python bench/bench_cluster.py
+
+## make run-cluster: set up, then a local 3-node cluster with its own etcd, and a failover.
+run-cluster: $(STAMP)
+	$(BIN)/python -m litecdc demo --cluster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

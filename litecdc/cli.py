@@ -6,7 +6,7 @@
                   [--etcd HOST:PORT[,…] --cluster NAME [--etcd-ca-cert F --etcd-cert F
                    --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
                    [--advertise-url URL] [--node-ca-cert F]]
-    litecdc demo [--data-dir DIR]
+    litecdc demo [--data-dir DIR] [--cluster]
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
 ``LITECDC_DATA_DIR``). A configuration error prints one line, ``error: ...``, and exits
