@@ -5,7 +5,8 @@
                   [--max-body-bytes N] [--fk] [--cdc-config URL|stdout|FILE]
                   [--etcd HOST:PORT[,…] --cluster NAME [--etcd-ca-cert F --etcd-cert F
                    --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
-                   [--advertise-url URL] [--node-ca-cert F]]
+                   [--advertise-url URL] [--node-ca-cert F] [--node-user U --node-password P]
+                   [--compact-interval S] [--compact-keep N]]
     litecdc demo [--data-dir DIR] [--cluster]
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
@@ -131,6 +132,26 @@ def cli() -> None:
     help="CA of the other nodes' HTTPS certificates, for forwarding writes to the leader.",
 )
 @click.option(
+    "--node-user",
+    envvar="LITECDC_NODE_USER",
+    help="User this node presents to a peer's /db/backup when catching up by snapshot.",
+)
+@click.option("--node-password", envvar="LITECDC_NODE_PASSWORD", help="Its password.")
+@click.option(
+    "--compact-interval",
+    envvar="LITECDC_COMPACT_INTERVAL",
+    default="30",
+    show_default=True,
+    help="Seconds between the leader's etcd log compactions (0 = never).",
+)
+@click.option(
+    "--compact-keep",
+    envvar="LITECDC_COMPACT_KEEP",
+    default="1000",
+    show_default=True,
+    help="Newest log entries a compaction always keeps.",
+)
+@click.option(
     "--cdc-config",
     envvar="LITECDC_CDC_CONFIG",
     default=None,
@@ -157,6 +178,10 @@ def serve(
     lease_ttl: str,
     advertise_url: str,
     node_ca_cert: str | None,
+    node_user: str | None,
+    node_password: str | None,
+    compact_interval: str,
+    compact_keep: str,
     cdc_config: str | None,
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
@@ -190,6 +215,10 @@ def serve(
             lease_ttl=_integer("--lease-ttl", lease_ttl),
             advertise_url=advertise_url,
             node_ca_cert=Path(node_ca_cert) if node_ca_cert else None,
+            node_user=node_user or None,
+            node_password=node_password or None,
+            compact_interval=_number("--compact-interval", compact_interval),
+            compact_keep=_integer("--compact-keep", compact_keep),
             cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )
         from litecdc.http.server import serve as serve_http
@@ -232,6 +261,13 @@ def _integer(option: str, text: str) -> int:
         return int(text)
     except ValueError:
         raise ConfigError(f"{option} must be an integer, got {text!r}") from None
+
+
+def _number(option: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{option} must be a number, got {text!r}") from None
 
 
 def main() -> None:
