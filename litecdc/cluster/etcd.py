@@ -65,6 +65,8 @@ DEFAULT_RETRY_AFTER = 2.0
 DEFAULT_MAX_RECEIVE_BYTES = 512 * 1024 * 1024
 #: default largest gRPC message sent (etcd itself takes requests up to 1.5 MiB)
 DEFAULT_MAX_SEND_BYTES = 16 * 1024 * 1024
+#: default seconds one member's defragmentation may take (it rewrites etcd's whole file)
+DEFAULT_DEFRAGMENT_TIMEOUT = 60.0
 #: HTTP/2 pings find dead connections under long watches; etcd refuses pings < 5 s apart
 GRPC_KEEPALIVE_MS = 10_000
 GRPC_KEEPALIVE_TIMEOUT_MS = 5_000
@@ -439,12 +441,19 @@ class EtcdClient:
         return EtcdRequestError(f"{what}: etcd refused the request ({code.name}: {details})")
 
     def _call(self, what: str, call: Callable[[_Endpoint, float], T], *, retry: bool,
-              timeout: float | None = None) -> T:  # fmt: skip
-        """Run ``call(endpoint, timeout)`` converting errors; reads retry on another member."""
-        attempts = min(2, len(self._endpoints)) if retry else 1
+              timeout: float | None = None, endpoint: _Endpoint | None = None) -> T:  # fmt: skip
+        """Run ``call(endpoint, timeout)`` converting errors; reads retry on another member.
+
+        With ``endpoint``, the request goes to that member only (no failover)."""
+        attempts = min(2, len(self._endpoints)) if retry and endpoint is None else 1
         reauthenticated = False
+        fixed = endpoint
         for attempt in range(attempts + 1):
-            endpoint = self._pick()
+            if fixed is not None:
+                with self._lock:
+                    if self._closed:
+                        raise ClusterError("the etcd client is closed")
+            endpoint = fixed or self._pick()
             try:
                 if self.settings.user is not None and self._token is None:
                     self._authenticate(endpoint)
@@ -599,6 +608,40 @@ class EtcdClient:
             self._call(f"compact to {revision}", call, retry=False)
         except CompactedError:
             log.debug("etcd already compacted at or above %d", revision)
+
+    def defragment(self, *, timeout: float = DEFAULT_DEFRAGMENT_TIMEOUT) -> list[str]:
+        """Defragment every listed member, one after the other; returns their addresses.
+
+        etcd 3.4 defragments only the member a request reaches, so each endpoint gets its
+        own request. Defragmenting returns the space compaction freed inside etcd's file
+        to the file system (etcd's quota counts the file's size). While a member
+        defragments it answers nothing else, so the members other than the one requests
+        go to now are done first. A member that fails is skipped; the first error is
+        raised once every member was tried. etcd with auth enabled requires the root role.
+        """
+        request = etcdrpc.DefragmentRequest()
+
+        def call(endpoint: _Endpoint, t: float) -> None:
+            etcdrpc.MaintenanceStub(endpoint.channel).Defragment(
+                request, timeout=t, metadata=self._metadata()
+            )
+
+        current = self.current_endpoint
+        order = sorted(self._endpoints, key=lambda e: e.address == current)
+        done: list[str] = []
+        first_error: ClusterError | None = None
+        for endpoint in order:
+            try:
+                self._call(f"defragment {endpoint.address}", call, retry=False,
+                           timeout=timeout, endpoint=endpoint)  # fmt: skip
+            except ClusterError as exc:
+                log.warning("etcd defragmentation of %s failed: %s", endpoint.address, exc)
+                first_error = first_error or exc
+                continue
+            done.append(endpoint.address)
+        if first_error is not None:
+            raise first_error
+        return done
 
     # -- leases -----------------------------------------------------------------------------
 

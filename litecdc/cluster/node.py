@@ -439,6 +439,7 @@ class ClusterNode:
                 "compactions": self.compactor.runs,
                 "keys_compacted": self.compactor.keys_deleted,
                 "compacted_revision": self.compactor.compacted_revision,
+                "etcd_defragmentations": self.compactor.defragmentations,
             },
         }
 

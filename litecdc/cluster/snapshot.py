@@ -32,10 +32,12 @@ Usage (what :class:`~litecdc.cluster.node.ClusterNode` does)::
                              store.journal.last_cid, lambda: election.fence_revision,
                              SnapshotSettings(compact_interval=30, keep_entries=1000)).start()
 
-etcd's ``defragment`` (which returns the space compaction freed to the file system) is
-not called: litecdc's etcd client has no maintenance API yet — run
-``etcdctl defrag`` from time to time, or etcd with ``--auto-compaction-*`` off and a
-defragmenting cron job.
+After a compaction the compactor occasionally defragments etcd — every member, one at a
+time (:meth:`EtcdClient.defragment`) — which returns the space compaction freed inside
+etcd's file to the file system (etcd's quota counts the file): once
+``defragment_every`` compactions, or ``defragment_keys`` deleted log keys, have
+accumulated since the last time. A member answers nothing else while it defragments, so
+this is rare by design.
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ log = logging.getLogger("litecdc.cluster")
 DEFAULT_COMPACT_INTERVAL = 30.0
 #: default number of newest log entries compaction always keeps
 DEFAULT_KEEP_ENTRIES = 1000
+#: default number of etcd compactions after which etcd is defragmented
+DEFAULT_DEFRAGMENT_EVERY = 20
+#: default number of deleted log keys after which etcd is defragmented (sooner)
+DEFAULT_DEFRAGMENT_KEYS = 10_000
 #: default seconds a snapshot download may take
 DEFAULT_DOWNLOAD_TIMEOUT = 300.0
 #: the file a snapshot is downloaded to, in the node's data directory
@@ -96,6 +102,13 @@ class SnapshotSettings:
     #: newest log entries compaction always keeps, so a node stopped for a short while
     #: catches up from the log rather than by snapshot. At least 1. Default 1,000.
     keep_entries: int = DEFAULT_KEEP_ENTRIES
+    #: defragment etcd after this many etcd compactions since the last defragmentation;
+    #: 0 = only by ``defragment_keys``. Default 20 (with the default interval, at most
+    #: every 10 minutes, and only while the log is being compacted).
+    defragment_every: int = DEFAULT_DEFRAGMENT_EVERY
+    #: defragment etcd once this many log keys were deleted since the last
+    #: defragmentation; 0 = only by ``defragment_every``. Default 10,000.
+    defragment_keys: int = DEFAULT_DEFRAGMENT_KEYS
 
 
 # --- catching up by snapshot ------------------------------------------------------------------
@@ -220,6 +233,8 @@ class Compaction:
     deleted: int
     #: etcd's history was compacted to this revision (0: not this time)
     compacted_revision: int
+    #: etcd was defragmented after this compaction
+    defragmented: bool = False
 
 
 class LogCompactor:
@@ -241,6 +256,8 @@ class LogCompactor:
         self.node_id = node_id
         self.interval = settings.compact_interval
         self.keep_entries = max(1, settings.keep_entries)
+        self.defragment_every = max(0, settings.defragment_every)
+        self.defragment_keys = max(0, settings.defragment_keys)
         self._members = members
         self._is_leader = is_leader
         self._last_cid = last_cid
@@ -253,6 +270,12 @@ class LogCompactor:
         self.runs = 0
         self.keys_deleted = 0
         self.compacted_revision = 0
+        #: etcd defragmentations done (every member each time), and what accumulated
+        #: since the last one
+        self.defragmentations = 0
+        self._compactions_since_defrag = 0
+        self._keys_since_defrag = 0
+        self._defragment_failed = False
         self.last_error: str | None = None
 
     def start(self) -> LogCompactor:
@@ -275,7 +298,8 @@ class LogCompactor:
                 continue
             try:
                 self.run_once()
-                self.last_error = None
+                if not self._defragment_failed:
+                    self.last_error = None
             except ClusterError as exc:
                 self.last_error = f"log compaction: {exc}"
                 log.info("%s", self.last_error)
@@ -330,4 +354,37 @@ class LogCompactor:
             self.keys_deleted += deleted
             log.info("log compaction: %d keys deleted below revision %d; etcd compacted to %d",
                      deleted, floor, compacted)  # fmt: skip
-        return Compaction(floor, deleted, compacted)
+        defragmented = self._maybe_defragment(deleted, compacted)
+        return Compaction(floor, deleted, compacted, defragmented)
+
+    def _maybe_defragment(self, deleted: int, compacted: int) -> bool:
+        """Defragment etcd when enough compactions or deleted keys have accumulated.
+
+        Only after a compaction of etcd's history (that is what frees space in its file).
+        A failure is logged and kept in ``last_error``; like a success it restarts the
+        count, so a member that cannot be defragmented (e.g. an etcd user without the root
+        role) is not asked again at every compaction.
+        """
+        self._defragment_failed = False
+        self._keys_since_defrag += deleted
+        if not compacted:
+            return False
+        self._compactions_since_defrag += 1
+        due = (
+            self.defragment_every > 0 and self._compactions_since_defrag >= self.defragment_every
+        ) or (self.defragment_keys > 0 and self._keys_since_defrag >= self.defragment_keys)
+        if not due or self._stop.is_set() or not self._is_leader():
+            return False
+        started = time.monotonic()
+        self._compactions_since_defrag = self._keys_since_defrag = 0
+        try:
+            members = self.client.defragment()
+        except ClusterError as exc:
+            self._defragment_failed = True
+            self.last_error = f"etcd defragmentation: {exc}"
+            log.warning("%s", self.last_error)
+            return False
+        self.defragmentations += 1
+        log.info("etcd defragmented (%s) in %.1fs", ", ".join(members),
+                 time.monotonic() - started)  # fmt: skip
+        return True

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
 import sys
 from types import FrameType
 
@@ -17,6 +20,8 @@ log = logging.getLogger("litecdc.http")
 __all__ = ["serve"]
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+#: seconds a closing connection may wait for its client at shutdown before it is aborted
+SHUTDOWN_LINGER_S = 1.0
 
 
 class _GracefulServer(uvicorn.Server):
@@ -27,6 +32,37 @@ class _GracefulServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn closes idle keep-alive connections and waits until every connection is
+        gone. Over TLS a close waits for the client's close_notify, which an idle pooled
+        client (another node's forwarder, any keep-alive HTTPS client) never sends, so the
+        node hung for about 30 s, until killed. Connections still closing after
+        ``SHUTDOWN_LINGER_S`` with nothing left to send are aborted instead; connections
+        with a request in progress are not closing and finish first."""
+        reaper = asyncio.ensure_future(self._abort_lingering())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+
+    async def _abort_lingering(self) -> None:
+        closing_since: dict[int, float] = {}
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.1)
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is None or not transport.is_closing():
+                    continue
+                since = closing_since.setdefault(id(connection), loop.time())
+                if (
+                    loop.time() - since >= SHUTDOWN_LINGER_S
+                    and transport.get_write_buffer_size() == 0
+                ):
+                    transport.abort()
 
 
 def _loop_and_http() -> tuple[str, str]:

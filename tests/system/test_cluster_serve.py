@@ -267,6 +267,7 @@ def test_a_paused_leader_cannot_append_once_another_leads(nodes: list[Node]) -> 
             cid = r.json()["raft_index"]
     finally:
         old.proc.send_signal(signal.SIGCONT)
+
     # woken up, the old leader's write must not land in the log: it is fenced and steps down
     def write_via_old() -> bool:
         with old.client() as c:

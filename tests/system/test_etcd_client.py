@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from etcd_cluster import EtcdCluster, free_port
+from etcd_cluster import EtcdCluster, EtcdMember, free_port
 from fakes import make_certs
 from pyetcd import etcdrpc
 
@@ -23,6 +23,10 @@ from litecdc.cluster import (
     Get,
     Put,
 )
+from litecdc.cluster.election import leader_key
+from litecdc.cluster.log import log_key
+from litecdc.cluster.node import Member
+from litecdc.cluster.snapshot import LogCompactor, SnapshotSettings
 from litecdc.errors import ConfigError
 
 
@@ -338,3 +342,106 @@ def test_concurrent_use_from_threads(client: EtcdClient, cluster_name: str) -> N
         t.join()
     assert errors == []
     assert len(client.range(f"/{cluster_name}/", prefix=True).kvs) == 80
+
+
+def _db_size(member: EtcdMember) -> int:
+    return (member.data_dir / "member" / "snap" / "db").stat().st_size
+
+
+def _fill_and_free(client: EtcdClient, prefix: str, megabytes: int) -> None:
+    """Write ``megabytes`` MiB under ``prefix``, delete it and compact etcd's history: the
+    space is free inside etcd's file, which keeps its size until defragmented."""
+    value = b"x" * 10_240
+    for block in range(megabytes * 1024 // 10 // 100):
+        client.txn([], [Put(f"{prefix}{block}/{i}", value) for i in range(100)])
+    client.delete(prefix, prefix=True)
+    client.compact(client.put(f"{prefix}done", b""), physical=True)
+
+
+@pytest.mark.slow
+def test_defragment_shrinks_every_members_file(tmp_path: Path) -> None:
+    with (
+        EtcdCluster(tmp_path / "etcd", size=3) as cluster,
+        EtcdClient(EtcdSettings(endpoints=cluster.endpoints, request_timeout=5.0)) as c,
+    ):
+        _fill_and_free(c, "/defrag/", 12)
+        before = [_db_size(m) for m in cluster.members]
+        assert min(before) > 10 * 1024 * 1024
+        current = c.current_endpoint  # defragmented last: requests go there meanwhile
+        others = [m.endpoint for m in cluster.members if m.endpoint != current]
+        assert c.defragment() == [*others, current]
+        after = [_db_size(m) for m in cluster.members]
+        assert all(a < b / 4 for a, b in zip(after, before, strict=True)), (before, after)
+        c.put("/defrag/after", b"still works")
+        assert (kv := c.get("/defrag/after")) is not None and kv.value == b"still works"
+
+
+def test_defragment_tries_every_member_and_reports_one_that_failed(etcd: EtcdCluster) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    settings = EtcdSettings(endpoints=[dead, etcd.endpoints[0]], request_timeout=2.0)
+    with EtcdClient(settings) as c:
+        with pytest.raises(EtcdUnavailableError, match=dead):
+            c.defragment()
+        assert c.get("/nothing") is None  # the live member was defragmented and still answers
+
+
+class CountingClient(EtcdClient):
+    """A real client that counts its defragmentations."""
+
+    defragments = 0
+
+    def defragment(self, *, timeout: float = 60.0) -> list[str]:
+        self.defragments += 1
+        return super().defragment(timeout=timeout)
+
+
+def test_the_compactor_defragments_occasionally(tmp_path: Path) -> None:
+    cluster = "defrag"
+    with (
+        EtcdCluster(tmp_path / "etcd", size=1) as etcd,
+        CountingClient(EtcdSettings(endpoints=etcd.endpoints, request_timeout=5.0)) as c,
+    ):
+        fence = c.put(leader_key(cluster), b"{}")
+        last_cid = 0
+
+        def append(n: int) -> None:
+            nonlocal last_cid
+            for _ in range(n):
+                last_cid += 1
+                c.put(log_key(cluster, last_cid), b"entry")
+
+        def members() -> list[Member]:
+            revision = c.range("/", limit=1, keys_only=True).revision
+            return [Member("n1", "", "leader", last_cid, revision + 1)]
+
+        def compactor(every: int, keys: int) -> LogCompactor:
+            settings = SnapshotSettings(keep_entries=2, defragment_every=every,
+                                        defragment_keys=keys)  # fmt: skip
+            return LogCompactor(c, cluster, "n1", members, lambda: True, lambda: last_cid,
+                                lambda: fence, settings)  # fmt: skip
+
+        by_count = compactor(every=3, keys=0)
+        results = []
+        for _ in range(7):
+            append(4)
+            results.append(by_count.run_once())
+        assert all(r is not None and r.deleted and r.compacted_revision for r in results)
+        assert [r.defragmented for r in results if r is not None] == [
+            False, False, True, False, False, True, False,
+        ]  # fmt: skip
+        assert by_count.defragmentations == c.defragments == 2
+
+        by_keys = compactor(every=0, keys=10)
+        c.defragments = 0
+        deleted = []
+        for _ in range(4):
+            append(4)
+            result = by_keys.run_once()
+            assert result is not None
+            deleted.append(result.deleted)
+            if result.defragmented:
+                break
+        assert sum(deleted) >= 10 and c.defragments == 1 == by_keys.defragmentations
+        append(4)
+        result = by_keys.run_once()
+        assert result is not None and result.deleted == 4 and not result.defragmented

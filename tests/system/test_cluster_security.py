@@ -1,0 +1,287 @@
+"""Cluster security with real `litecdc serve --etcd` processes: nodes serving HTTPS with an
+auth file forward writes to the leader with the client's credentials, catch up by
+downloading a peer's snapshot over HTTPS with their own credentials, and reach an etcd
+that serves TLS and requires client certificates.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e.litecdc_node import Node
+from etcd_cluster import EtcdCluster
+from fakes import CertFiles, make_certs
+
+pytestmark = pytest.mark.slow
+
+WAIT = 20.0
+ADMIN = ("admin", "admin-secret")
+READER = ("reader", "reader-secret")
+NODE = ("node", "node-secret")
+USERS = [
+    {"username": ADMIN[0], "password": ADMIN[1], "perms": ["all"]},
+    {"username": READER[0], "password": READER[1], "perms": ["query"]},
+    {"username": NODE[0], "password": NODE[1], "perms": ["backup"]},
+]
+
+
+def _local_user(i: int) -> tuple[str, str]:
+    """A user that only node ``i``'s auth file lets write (to see the leader check again)."""
+    return (f"local-n{i}", "local-secret")
+
+
+def _wait(predicate: Any, what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (httpx.HTTPError, KeyError, TypeError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def _status(node: Node) -> dict[str, Any]:
+    with node.client(auth=ADMIN) as c:
+        r = c.get("/status")
+        assert r.status_code == 200, r.text
+        doc: dict[str, Any] = r.json()["cluster"]
+        return doc
+
+
+def _leader(nodes: list[Node]) -> Node:
+    def find() -> Node | None:
+        leaders = [n for n in nodes if n.proc is not None and _status(n)["is_leader"]]
+        return leaders[0] if len(leaders) == 1 else None
+
+    node: Node = _wait(find, "exactly one leader")
+    return node
+
+
+def _rows(node: Node, cid: int) -> list[Any]:
+    with node.client(auth=ADMIN) as c:
+        r = c.get(
+            "/db/query",
+            params={"q": "SELECT id, v FROM kv ORDER BY id", "level": "none", "min_cid": cid},
+        )
+        assert r.status_code == 200, r.text
+        values: list[Any] = r.json()["results"][0].get("values", [])
+        return values
+
+
+def _journal(node: Node) -> list[Any]:
+    with node.client(auth=ADMIN) as c:
+        r = c.get("/journal", params={"after": 1})
+        assert r.status_code == 200, r.text
+        entries: list[Any] = r.json()["entries"]
+        return entries
+
+
+def _secure_node(base: Path, i: int, certs: CertFiles, etcd: EtcdCluster, cluster: str,
+                 *extra: str) -> Node:  # fmt: skip
+    auth = base / f"auth-n{i}.json"
+    local = _local_user(i)
+    users = [*USERS, {"username": local[0], "password": local[1], "perms": ["execute"]}]
+    auth.write_text(json.dumps(users))
+    return Node(
+        base / f"n{i}",
+        "--etcd", etcd.endpoints[0],
+        "--cluster", cluster,
+        "--node-id", f"n{i}",
+        "--http-cert", str(certs.server_cert),
+        "--http-key", str(certs.server_key),
+        "--node-ca-cert", str(certs.ca_cert),
+        "--auth", str(auth),
+        "--node-user", NODE[0],
+        "--node-password", NODE[1],
+        *extra,
+        https=True,
+        verify=ssl.create_default_context(cafile=str(certs.ca_cert)),
+    )  # fmt: skip
+
+
+def _start(nodes: list[Node]) -> list[Node]:
+    try:
+        for node in nodes:
+            node.start()
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> CertFiles:
+    return make_certs(tmp_path / "certs")
+
+
+@pytest.fixture
+def secure_nodes(
+    tmp_path: Path, certs: CertFiles, etcd: EtcdCluster, cluster_name: str
+) -> Iterator[list[Node]]:
+    extra = ("--compact-interval", "0.5", "--compact-keep", "5")
+    nodes = _start([_secure_node(tmp_path, i, certs, etcd, cluster_name, *extra) for i in range(3)])
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+def test_https_and_auth_forward_writes_with_the_clients_credentials(
+    secure_nodes: list[Node],
+) -> None:
+    nodes = secure_nodes
+    leader = _leader(nodes)
+    assert leader.url.startswith("https://")
+    assert _status(nodes[0])["leader"]["address"] == leader.url
+    index = nodes.index(next(n for n in nodes if n is not leader))
+    follower = nodes[index]
+    create = [
+        "CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)",
+        ["INSERT INTO kv(v) VALUES(?)", "by admin"],
+    ]
+    insert = [["INSERT INTO kv(v) VALUES(?)", "refused"]]
+
+    with follower.client() as c:  # no credentials: refused (by the follower, rqlite's order)
+        r = c.post("/db/execute", json=insert)
+        assert r.status_code == 401, r.text
+        assert "'execute' permission" in r.text
+        assert r.headers["www-authenticate"].startswith("Basic")
+    with follower.client(auth=READER) as c:  # query only: no write, on any node
+        r = c.post("/db/execute", json=insert)
+        assert r.status_code == 401, r.text
+        assert "'execute' permission" in r.text
+    # a user this follower lets write but the leader does not: the follower forwards, the
+    # leader checks the credentials again and refuses; the answer is relayed
+    with follower.client(auth=_local_user(index)) as c:
+        r = c.post("/db/execute", json=insert)
+        assert r.status_code == 401, r.text
+        assert "unauthorized: this request needs the 'execute' permission" in r.text
+        assert r.headers["www-authenticate"].startswith("Basic")
+    with follower.client(auth=ADMIN) as c:  # forwarded over HTTPS, credentials pass through
+        r = c.post("/db/execute", params={"raft_index": ""}, json=create)
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][1] == {"last_insert_id": 1, "rows_affected": 1}
+        cid = r.json()["raft_index"]
+        redirect = c.post("/db/execute", params={"redirect": ""}, json=insert)
+        assert redirect.status_code == 301
+        assert redirect.headers["location"].startswith(leader.url + "/db/execute")
+    with follower.client(auth=READER) as c:  # a weak read is forwarded to the leader too
+        r = c.get("/db/query", params={"q": "SELECT v FROM kv"})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["values"] == [["by admin"]]
+    for node in nodes:
+        assert _rows(node, cid) == [[1, "by admin"]]
+    with leader.client(auth=NODE) as c:  # the node user may download backups, not write
+        assert c.get("/db/backup").content.startswith(b"SQLite format 3\0")
+        assert c.post("/db/execute", json=insert).status_code == 401
+    # the leader holds idle keep-alive HTTPS connections (the followers' forwarders): it
+    # still shuts down cleanly, at once
+    started = time.monotonic()
+    assert leader.stop() == 0
+    assert time.monotonic() - started < 10
+
+
+def test_snapshot_catch_up_over_https_with_credentials(secure_nodes: list[Node]) -> None:
+    nodes = secure_nodes
+    leader = _leader(nodes)
+    with leader.client(auth=ADMIN) as c:
+        r = c.post("/db/execute", json=["CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)"])
+        assert r.status_code == 200, r.text
+    index = nodes.index(next(n for n in nodes if n is not leader))
+    stopped = nodes[index]
+    stopped_cid = _wait(lambda: _status(stopped)["applied_cid"], "the follower to apply")
+    assert stopped.stop() == 0
+    with leader.client(auth=ADMIN) as c:
+        for i in range(40):  # one log entry each
+            r = c.post("/db/execute", json=[["INSERT INTO kv(v) VALUES(?)", f"v{i}"]])
+            assert r.status_code == 200, r.text
+
+    def compacted_past() -> bool:  # the log's first entry is past the stopped node's last
+        log = _status(leader)["log"]
+        return bool(log["keys_compacted"] > stopped_cid and log["compacted_revision"] > 0)
+
+    _wait(compacted_past, "the leader to compact the log past the stopped follower")
+    last_cid = _status(leader)["applied_cid"]
+    restarted = Node(stopped.data_dir, *stopped.extra, https=True, verify=stopped.verify,
+                     port=stopped.port)  # fmt: skip
+    nodes[index] = restarted.start()
+    _wait(lambda: _status(restarted)["log"]["snapshots_installed"] >= 1, "a snapshot install")
+    _wait(lambda: _status(restarted)["applied_cid"] >= last_cid, "the restarted node to catch up")
+    status = _status(restarted)
+    assert status["last_error"] is None or "snapshot" not in status["last_error"], status
+    rows = [_rows(n, last_cid) for n in nodes]
+    assert len(rows[0]) == 40 and rows[0] == rows[1] == rows[2]
+    journals = [_journal(n) for n in nodes]
+    assert journals[0] == journals[1] == journals[2]
+    # and it keeps applying what comes after the snapshot
+    with restarted.client(auth=ADMIN) as c:
+        r = c.post("/db/execute", params={"raft_index": ""},
+                   json=[["INSERT INTO kv(v) VALUES(?)", "after"]])  # fmt: skip
+        assert r.status_code == 200, r.text
+        cid = r.json()["raft_index"]
+    assert all(_rows(n, cid)[-1] == [41, "after"] for n in nodes)
+
+
+def test_nodes_reach_an_etcd_with_tls_and_client_certificates(
+    tmp_path: Path, certs: CertFiles, cluster_name: str
+) -> None:
+    with EtcdCluster(tmp_path / "etcd", size=1, tls=certs) as etcd:
+        tls = (
+            "--etcd-ca-cert", str(certs.ca_cert),
+            "--etcd-cert", str(certs.client_cert),
+            "--etcd-key", str(certs.client_key),
+        )  # fmt: skip
+        nodes = _start([
+            Node(tmp_path / f"n{i}", "--etcd", etcd.endpoints[0], "--cluster", cluster_name,
+                 "--node-id", f"n{i}", *tls)
+            for i in range(3)
+        ])  # fmt: skip
+        try:
+            leader = _leader_plain(nodes)
+            follower = next(n for n in nodes if n is not leader)
+            with follower.client() as c:
+                r = c.post(
+                    "/db/execute",
+                    params={"raft_index": ""},
+                    json=[
+                        "CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)",
+                        ["INSERT INTO kv(v) VALUES(?)", "over tls"],
+                    ],
+                )
+                assert r.status_code == 200, r.text
+                cid = r.json()["raft_index"]
+            for node in nodes:
+                with node.client() as c:
+                    r = c.get(
+                        "/db/query",
+                        params={"q": "SELECT v FROM kv", "level": "none", "min_cid": cid},
+                    )
+                    assert r.status_code == 200, r.text
+                    assert r.json()["results"][0]["values"] == [["over tls"]]
+        finally:
+            for node in nodes:
+                node.stop()
+
+
+def _leader_plain(nodes: list[Node]) -> Node:
+    def find() -> Node | None:
+        leaders = []
+        for n in nodes:
+            with n.client() as c:
+                if c.get("/status").json()["cluster"]["is_leader"]:
+                    leaders.append(n)
+        return leaders[0] if len(leaders) == 1 else None
+
+    node: Node = _wait(find, "exactly one leader")
+    return node
