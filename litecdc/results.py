@@ -56,12 +56,14 @@ class WriteOutcome:
     """The result of one write request: per-statement results and the journal cid.
 
     ``cid`` is None when nothing was committed (every statement failed, or the
-    transaction was rolled back).
+    transaction was rolled back). In a cluster, ``log_revision`` is the etcd revision of
+    the write's log entry.
     """
 
     results: list[StatementResult]
     cid: int | None = None
     snapshot: int | None = None
+    log_revision: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

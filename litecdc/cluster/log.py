@@ -500,7 +500,9 @@ class ApplyLoop:
                 "not committed; send it again"
             )
         o = applied.outcome
-        return LogWriteOutcome(o.results, o.cid, o.snapshot, log_cid=cid, revision=applied.revision)
+        return LogWriteOutcome(
+            o.results, o.cid, o.snapshot, applied.revision, log_cid=cid, revision=applied.revision
+        )
 
     def wait_for_cid(self, cid: int, timeout: float) -> bool:
         """True once the journal holds ``cid`` (applied here), False after ``timeout``."""

@@ -214,7 +214,7 @@ class _Api:
                     outcome.results, timings=opts.timings, blob_array=opts.blob_array
                 )
             }
-        return self._finish(doc, opts, start, outcome.cid)
+        return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
 
     async def query(self, request: Request) -> Response:
         if r := self._gate(request, ("query",), ("GET", "POST")):
@@ -269,16 +269,22 @@ class _Api:
                 blob_array=opts.blob_array,
             )
         }
-        return self._finish(doc, opts, start, outcome.cid)
+        return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
 
     @staticmethod
     def _finish(
-        doc: dict[str, Any], opts: rqlite.QueryOptions, start: float, cid: int | None
+        doc: dict[str, Any],
+        opts: rqlite.QueryOptions,
+        start: float,
+        cid: int | None,
+        log_revision: int | None = None,
     ) -> Response:
         if opts.timings:
             doc["time"] = time.perf_counter() - start
-        if opts.raft_index and cid:
-            doc["raft_index"] = cid
+        if cid and (opts.raft_index or log_revision is not None):
+            doc["raft_index"] = cid  # in a cluster, always: the write's place in the log
+        if log_revision is not None:
+            doc["log_revision"] = log_revision
         return _json(doc, pretty=opts.pretty)
 
     async def backup(self, request: Request) -> Response:
@@ -335,7 +341,7 @@ class _Api:
         results = (
             [] if is_sqlite else rqlite.format_results(outcome.results[-1:], timings=opts.timings)
         )
-        return self._finish({"results": results}, opts, start, outcome.cid)
+        return self._finish({"results": results}, opts, start, outcome.cid, outcome.log_revision)
 
     async def status(self, request: Request) -> Response:
         if r := self._gate(request, ("status",), ("GET",)):

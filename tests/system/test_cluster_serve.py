@@ -94,11 +94,15 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["results"][1] == {"last_insert_id": 1, "rows_affected": 1}
         cid = r.json()["raft_index"]
+        assert r.json()["log_revision"] > 0  # acknowledged once committed in etcd
+        plain = c.post("/db/execute", json=[["INSERT INTO kv(v) VALUES(?)", "two"]]).json()
+        assert plain["raft_index"] == cid + 1 and plain["log_revision"] > r.json()["log_revision"]
+        cid = plain["raft_index"]
         redirect = c.post("/db/execute", params={"redirect": ""}, json=["SELECT 1"])
         assert redirect.status_code == 301
         assert redirect.headers["location"].startswith(leader.url)
     for node in nodes:
-        assert _rows(node, cid) == [[1, "one"]]
+        assert _rows(node, cid) == [[1, "one"], [2, "two"]]
     with leader.client() as c:
         nodes_doc = c.get("/nodes", params={"ver": "2"}).json()["nodes"]
         assert sorted(n["id"] for n in nodes_doc) == ["n0", "n1", "n2"]
