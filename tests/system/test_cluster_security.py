@@ -13,15 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from e2e.litecdc_node import Node
 from etcd_cluster import EtcdCluster
 from fakes import CertFiles, make_certs
+from serve_cluster import WAIT, cluster_status, journal, leader, rows, wait
 
 pytestmark = pytest.mark.slow
 
-WAIT = 20.0
 ADMIN = ("admin", "admin-secret")
 READER = ("reader", "reader-secret")
 NODE = ("node", "node-secret")
@@ -38,53 +37,23 @@ def _local_user(i: int) -> tuple[str, str]:
 
 
 def _wait(predicate: Any, what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (httpx.HTTPError, KeyError, TypeError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    return wait(predicate, what, timeout)
 
 
 def _status(node: Node) -> dict[str, Any]:
-    with node.client(auth=ADMIN) as c:
-        r = c.get("/status")
-        assert r.status_code == 200, r.text
-        doc: dict[str, Any] = r.json()["cluster"]
-        return doc
+    return cluster_status(node, ADMIN)
 
 
 def _leader(nodes: list[Node]) -> Node:
-    def find() -> Node | None:
-        leaders = [n for n in nodes if n.proc is not None and _status(n)["is_leader"]]
-        return leaders[0] if len(leaders) == 1 else None
-
-    node: Node = _wait(find, "exactly one leader")
-    return node
+    return leader(nodes, ADMIN)
 
 
 def _rows(node: Node, cid: int) -> list[Any]:
-    with node.client(auth=ADMIN) as c:
-        r = c.get(
-            "/db/query",
-            params={"q": "SELECT id, v FROM kv ORDER BY id", "level": "none", "min_cid": cid},
-        )
-        assert r.status_code == 200, r.text
-        values: list[Any] = r.json()["results"][0].get("values", [])
-        return values
+    return rows(node, cid, ADMIN)
 
 
 def _journal(node: Node) -> list[Any]:
-    with node.client(auth=ADMIN) as c:
-        r = c.get("/journal", params={"after": 1})
-        assert r.status_code == 200, r.text
-        entries: list[Any] = r.json()["entries"]
-        return entries
+    return journal(node, ADMIN)
 
 
 def _secure_node(base: Path, i: int, certs: CertFiles, etcd: EtcdCluster, cluster: str,

@@ -7,7 +7,6 @@ write lost; the killed node restarts and catches up.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,48 +15,15 @@ import httpx
 import pytest
 from e2e.litecdc_node import Node
 from etcd_cluster import EtcdCluster
-
-WAIT = 20.0
+from serve_cluster import leader as _leader
+from serve_cluster import rows as _rows
+from serve_cluster import wait as _wait
 
 
 def _status(node: Node) -> dict[str, Any]:
     with node.client() as c:
         doc: dict[str, Any] = c.get("/status").json()
         return doc
-
-
-def _wait(predicate: Any, what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (httpx.HTTPError, KeyError, TypeError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-def _leader(nodes: list[Node]) -> Node:
-    def find() -> Node | None:
-        leaders = [n for n in nodes if n.proc is not None and _status(n)["cluster"]["is_leader"]]
-        return leaders[0] if len(leaders) == 1 else None
-
-    node: Node = _wait(find, "exactly one leader")
-    return node
-
-
-def _rows(node: Node, cid: int) -> list[Any]:
-    with node.client() as c:
-        r = c.get(
-            "/db/query",
-            params={"q": "SELECT id, v FROM kv ORDER BY id", "level": "none", "min_cid": cid},
-        )
-        assert r.status_code == 200, r.text
-        values: list[Any] = r.json()["results"][0].get("values", [])
-        return values
 
 
 @pytest.fixture
