@@ -16,6 +16,8 @@ LitecdcError
 │   ├── DuplicateCidError       follower_commit of a cid the journal already has
 │   └── TruncateError           truncation that would break cid order or empty the journal
 ├── NotReadyError               the node cannot answer yet (e.g. min_cid not applied): 503
+├── OutcomeUnknownError         a write may or may not have been committed (do not blindly
+│                               retry: check with min_cid / the journal): 504
 └── NotLeaderError              a write reached a node that does not lead (the HTTP layer
                                 forwards it to the leader, or redirects); the cluster's
                                 errors (litecdc.cluster) are LitecdcErrors too
@@ -94,6 +96,12 @@ class LoadError(RequestError):
 
 class NotReadyError(LitecdcError):
     http_status = 503
+
+
+class OutcomeUnknownError(LitecdcError):
+    """A write may have been committed: retrying it blindly could apply it twice."""
+
+    http_status = 504
 
 
 class NotLeaderError(LitecdcError):

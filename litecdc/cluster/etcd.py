@@ -767,8 +767,11 @@ class Watch:
         self._requests.put(etcdrpc.WatchRequest(create_request=create))
         if client.settings.user is not None and client._token is None:
             client._call("authenticate", lambda endpoint, t: None, retry=False)
+        # hasleader: etcd cancels the watch when its member loses its Raft leader, instead
+        # of answering from a partitioned member's stale state (which would look healthy)
+        metadata = (*(client._metadata() or ()), ("hasleader", "true"))
         self._stream = etcdrpc.WatchStub(self._endpoint.channel).Watch(
-            iter(self._requests.get, None), metadata=client._metadata()
+            iter(self._requests.get, None), metadata=metadata
         )
         self._thread = threading.Thread(
             target=self._read, name=f"litecdc-etcd-watch {key}", daemon=True

@@ -47,7 +47,7 @@ from litecdc.cluster.etcd import (
 )
 from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key, log_prefix
 from litecdc.cluster.snapshot import LogCompactor, SnapshotInstaller, SnapshotSettings
-from litecdc.errors import ConfigError, ModeError, NotLeaderError
+from litecdc.errors import ConfigError, ModeError, NotLeaderError, OutcomeUnknownError
 from litecdc.journal.journal import Mode
 from litecdc.results import LogEntry, ReadLevel, Statement
 from litecdc.store import Store
@@ -179,7 +179,8 @@ class ClusterNode:
         The outcome is a :class:`LogWriteOutcome`: ``cid`` as the journal reports it,
         ``log_cid`` and ``revision`` (the etcd revision of the entry's key). Raises
         NotLeaderError (with the leader's id and address when known) on a follower;
-        EtcdUnavailableError when etcd did not answer and the write's fate is unknown.
+        OutcomeUnknownError (HTTP 504) when the write may have been committed but this node
+        cannot confirm it in time — a client must not retry it blindly.
         """
         return self._write(lambda: self.journal.prepare_entry(statements, transaction=transaction))
 
@@ -212,9 +213,10 @@ class ClusterNode:
             unknown = exc  # the entry may be in the log: applying it tells
         except FutureTimeoutError as exc:
             self.apply_loop.forget(cid)
-            raise EtcdUnavailableError(
-                f"the write (cid {cid}) was not appended to the log within "
-                f"{self.write_timeout}s; its outcome is unknown"
+            raise OutcomeUnknownError(
+                f"the write (cid {cid}) was not confirmed in the log within "
+                f"{self.write_timeout}s; it may still be committed: check with min_cid={cid} "
+                "before retrying"
             ) from exc
         except BaseException:
             self.apply_loop.forget(cid)
@@ -222,10 +224,14 @@ class ClusterNode:
         outcome = self.apply_loop.wait_applied(cid, max(deadline - time.monotonic(), 0.1))
         if outcome is None:
             if unknown is not None:
-                raise unknown
-            raise ClusterError(
+                raise OutcomeUnknownError(
+                    f"the write (cid {cid}) may or may not be in the log ({unknown}); check "
+                    f"with min_cid={cid} before retrying"
+                ) from unknown
+            raise OutcomeUnknownError(
                 f"the write (cid {cid}) is in the log but was not applied on this node within "
-                f"{self.write_timeout}s: {self.apply_loop.last_error or 'still applying'}"
+                f"{self.write_timeout}s ({self.apply_loop.last_error or 'still applying'}); it "
+                f"will be: do not retry it, read with min_cid={cid}"
             )
         return outcome
 

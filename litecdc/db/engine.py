@@ -43,6 +43,20 @@ log = logging.getLogger("litecdc.db")
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
+#: SQLite errors that come from this node's environment, not from the SQL: a write that
+#: meets one fails as a whole (and is retried), it is never recorded as a failed statement
+ENVIRONMENTAL_ERRORS: tuple[type[BaseException], ...] = (
+    apsw.FullError,
+    apsw.IOError,
+    apsw.NoMemError,
+    apsw.BusyError,
+    apsw.LockedError,
+    apsw.InterruptError,
+    apsw.CorruptError,
+    apsw.CantOpenError,
+    apsw.NotADBError,
+    apsw.ProtocolError,
+)
 MAX_ROWID = 2**63 - 1
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -201,6 +215,12 @@ class Engine:
         )
         return TableShape(table, columns, pk_positions, rowid_key, not without_rowid)
 
+    def _deferred_violations(self) -> bool:
+        """Whether the open transaction holds deferred foreign-key violations."""
+        if not self._foreign_keys:
+            return False
+        return bool(self._writer.status(apsw.SQLITE_DBSTATUS_DEFERRED_FKS)[0])
+
     def _check_rowid_space(self, mark: int) -> str | None:
         """Refuse inserts into a table whose largest rowid is 2**63-1: SQLite then picks
         random rowids, from a generator litecdc cannot seed, so replicas would differ."""
@@ -300,6 +320,12 @@ class Engine:
                     # whole transaction, taking earlier statements with it.
                     undone = "rolled back by a later statement in this request"
                 wrote = bool(combined.writes) or combined.schema
+                if not undone and wrote and self._deferred_violations():
+                    # checked here, not left to COMMIT: a savepoint's RELEASE inside a batch
+                    # does not check them, so batched and single applies would disagree, and
+                    # a failing COMMIT must not look like an environmental error
+                    undone = "FOREIGN KEY constraint failed"
+                    failed = True
                 if (failed and transaction) or undone or not wrote or not writer.in_transaction:
                     # nothing committed, or nothing to commit (reads, blanks, comments):
                     # no journal entry, no cid used
@@ -491,6 +517,12 @@ class Engine:
                 render(statement.sql, _bindable(statement.params)).rstrip()
                 + parse_template(statement.sql).terminator
             )
+        except ENVIRONMENTAL_ERRORS:
+            # this node's disk, memory or file — not the statement: the same SQL succeeds on
+            # other replicas, so recording a failed statement would make them differ. The
+            # whole write aborts (run_write rolls back and re-raises; the apply loop retries).
+            self._authorizer.recording = None
+            raise
         except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
             refused = access.refused if access is not None else None
             self._authorizer.recording = None

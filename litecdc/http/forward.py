@@ -57,6 +57,15 @@ class LeaderForwarder:
                 request.method, target, content=body, headers=headers
             )
         except httpx.HTTPError as exc:
+            if not isinstance(exc, httpx.ConnectError):
+                # the leader may have received it: a retry could apply the write twice
+                return Response(
+                    f"forwarded to the leader at {leader}, which did not answer "
+                    f"({exc.__class__.__name__}: {exc}); the write may have been applied: "
+                    "check before retrying\n",
+                    status_code=504,
+                    media_type="text/plain; charset=utf-8",
+                )
             return Response(
                 f"not leader, and forwarding to the leader at {leader} failed: "
                 f"{exc.__class__.__name__}: {exc}\n",

@@ -97,3 +97,29 @@ async def test_no_known_leader_is_503_and_a_forwarded_request_is_not_forwarded_a
         r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])  # leader down
         assert r.status_code == 503 and "forwarding to the leader" in r.text
     store.close()
+
+
+async def test_a_leader_that_drops_the_forwarded_request_is_504_not_retryable(
+    tmp_path: Path,
+) -> None:
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def accept_and_drop() -> None:  # takes the request, then hangs up without answering
+        for _ in range(2):
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.close()
+
+    threading.Thread(target=accept_and_drop, daemon=True).start()
+    store, client = follower_app(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}")
+    async with client:
+        r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])
+        assert r.status_code == 504 and "retry-after" not in r.headers
+        assert "may have been applied" in r.text
+    store.close()
+    server.close()

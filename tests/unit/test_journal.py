@@ -409,3 +409,71 @@ def test_a_batch_rolled_back_by_a_statement_changes_nothing(tmp_path: Path) -> N
     assert [e.query is None for e in follower.journal_page(1, 10).entries] == [False, False, True]
     leader.close()
     follower.close()
+
+
+def _fk_store(path: Path) -> Store:
+    store = Store(NodeConfig(data_dir=path, foreign_keys=True))
+    return store
+
+
+FK_SCHEMA = [
+    S("CREATE TABLE parent(id INTEGER PRIMARY KEY)"),
+    S(
+        "CREATE TABLE child(id INTEGER PRIMARY KEY, "
+        "p REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
+    ),
+]
+
+
+def test_deferred_foreign_key_violations_fail_the_request_and_change_nothing(
+    tmp_path: Path,
+) -> None:
+    store = _fk_store(tmp_path / "n")
+    store.execute(FK_SCHEMA)
+    last = store.journal.last_cid()
+    out = store.execute([S("INSERT INTO child VALUES(1, 7)")])
+    assert out.cid is None
+    assert out.results[0].error == "FOREIGN KEY constraint failed"
+    assert store.journal.last_cid() == last and store.changes(last, 10) == []
+    ok = store.execute(
+        [S("INSERT INTO child VALUES(1, 7)"), S("INSERT INTO parent VALUES(7)")], transaction=True
+    )  # fixed within the same request: fine
+    assert ok.cid is not None
+    store.close()
+
+
+def test_deferred_foreign_keys_give_the_same_result_batched_or_one_by_one(
+    tmp_path: Path,
+) -> None:
+    leader, single, batched = (_fk_store(tmp_path / n) for n in ("l", "s", "b"))
+    leader.journal.set_mode(Mode.LEADER)
+    single.journal.set_mode(Mode.FOLLOWER)
+    batched.journal.set_mode(Mode.FOLLOWER)
+    entries = [
+        leader.journal.prepare_entry(FK_SCHEMA),
+        leader.journal.prepare_entry([S("INSERT INTO child VALUES(1, 7)")]),  # no parent yet
+        leader.journal.prepare_entry([S("INSERT INTO parent VALUES(7)")]),
+    ]
+    for entry in entries:
+        single.journal.apply_log_entry(entry, revision=9)
+    outcomes = batched.journal.apply_log_entries(entries, revision=9)
+    assert outcomes is not None
+    assert [o.cid for o in outcomes] == [2, None, 4]  # the child entry fails in both
+    assert batched.journal_page(0, 10).entries == single.journal_page(0, 10).entries
+    for store in (leader, single, batched):
+        store.close()
+
+
+def test_an_environmental_error_fails_the_whole_write_instead_of_one_statement(
+    store: Store,
+) -> None:
+    import apsw
+
+    store.execute([S("CREATE TABLE t(b)")])
+    last = store.journal.last_cid()
+    pages = store.engine._internal("PRAGMA page_count")[0][0]
+    store.engine._internal(f"PRAGMA max_page_count={pages + 2}")  # a nearly full disk
+    with pytest.raises(apsw.FullError):
+        store.execute([S("INSERT INTO t VALUES(1)"), S("INSERT INTO t VALUES(zeroblob(100000))")])
+    assert store.journal.last_cid() == last  # not recorded as a failed statement
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
