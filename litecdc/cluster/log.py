@@ -33,11 +33,12 @@ Usage (what :class:`litecdc.cluster.node.ClusterNode` does)::
 
     submission = appender.submit(prepare)
     revision = submission.result(timeout=10)      # committed in etcd
-    outcome = loop.wait_applied(submission.entry.cid, timeout=10)   # applied here
+    outcome = loop.wait_applied(submission.entry, timeout=10)        # applied here
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -402,7 +403,8 @@ class ApplyStalledError(ClusterError):
 
 @dataclass(slots=True)
 class _Applied:
-    same: bool
+    #: the entry the log held at that cid (a waiter compares it with its own)
+    entry: LogEntry
     outcome: WriteOutcome
     revision: int
 
@@ -440,7 +442,9 @@ class ApplyLoop:
         self._restore = restore
         self._stop = threading.Event()
         self._changed = threading.Condition()
-        self._expected: dict[int, LogEntry] = {}
+        #: entries submitted on this node, by cid; one cid may be expected by two writes when
+        #: a leader lost and regained leadership and handed the cid out again
+        self._expected: dict[int, list[LogEntry]] = {}
         self._results: dict[int, _Applied] = {}
         self._thread: threading.Thread | None = None
         self._watch_lock = threading.Lock()
@@ -468,20 +472,30 @@ class ApplyLoop:
     def expect(self, entry: LogEntry) -> None:
         """Keep the results of ``entry`` when it is applied (call before appending it)."""
         with self._changed:
-            self._expected[entry.cid] = entry
+            self._expected.setdefault(entry.cid, []).append(entry)
 
-    def forget(self, cid: int) -> None:
+    def forget(self, entry: LogEntry) -> None:
         with self._changed:
-            self._expected.pop(cid, None)
-            self._results.pop(cid, None)
+            self._forget(entry)
 
-    def wait_applied(self, cid: int, timeout: float) -> LogWriteOutcome | None:
-        """The results of the expected entry at ``cid`` once applied here; None after
-        ``timeout`` (or when the loop closes).
+    def _forget(self, entry: LogEntry) -> None:
+        waiting = self._expected.get(entry.cid)
+        if waiting is not None:
+            with contextlib.suppress(ValueError):
+                waiting.remove(entry)
+            if not waiting:
+                del self._expected[entry.cid]
+                self._results.pop(entry.cid, None)
 
-        Raises NotLeaderError when the log's entry at ``cid`` is not the one expected (a
-        write whose append failed, superseded by another leader's): it was not committed.
+    def wait_applied(self, entry: LogEntry, timeout: float) -> LogWriteOutcome | None:
+        """The results of ``entry`` once the log's entry at its cid is applied here; None
+        after ``timeout`` (or when the loop closes).
+
+        Raises NotLeaderError when the log's entry at that cid is another one (a write
+        whose append failed, superseded by another leader's or by a later write of this
+        node's): this write was not committed.
         """
+        cid = entry.cid
         deadline = time.monotonic() + timeout
         with self._changed:
             while cid not in self._results and not self._stop.is_set():
@@ -489,15 +503,15 @@ class ApplyLoop:
                 if left <= 0:
                     break
                 self._changed.wait(left)
-            applied = self._results.pop(cid, None)
+            applied = self._results.get(cid)
             if applied is not None or self._stop.is_set():
-                self._expected.pop(cid, None)
+                self._forget(entry)
         if applied is None:
             return None
-        if not applied.same:
+        if applied.entry != entry:
             raise NotLeaderError(
-                f"the log's entry for cid {cid} came from another leader: this write was "
-                "not committed; send it again"
+                f"the log's entry for cid {cid} is another write: this write was not "
+                "committed; send it again"
             )
         o = applied.outcome
         return LogWriteOutcome(
@@ -734,7 +748,6 @@ class ApplyLoop:
         with self._changed:
             self._revision = kv.mod_revision
             self.applied += 1
-            expected = self._expected.get(cid)
-            if expected is not None:
-                self._results[cid] = _Applied(expected == entry, outcome, kv.mod_revision)
+            if cid in self._expected:
+                self._results[cid] = _Applied(entry, outcome, kv.mod_revision)
             self._changed.notify_all()

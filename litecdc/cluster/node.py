@@ -201,27 +201,28 @@ class ClusterNode:
             submission = self.appender.submit(prepare_and_expect)
         except (NotLeaderError, ModeError) as exc:
             raise self._not_leader(str(exc)) from exc
-        cid = submission.entry.cid
+        entry = submission.entry
+        cid = entry.cid
         deadline = time.monotonic() + self.write_timeout
         unknown: EtcdUnavailableError | None = None
         try:
             submission.result(self.write_timeout)
         except NotLeaderError as exc:
-            self.apply_loop.forget(cid)
+            self.apply_loop.forget(entry)
             raise self._not_leader(str(exc)) from exc
         except EtcdUnavailableError as exc:
             unknown = exc  # the entry may be in the log: applying it tells
         except FutureTimeoutError as exc:
-            self.apply_loop.forget(cid)
+            self.apply_loop.forget(entry)
             raise OutcomeUnknownError(
                 f"the write (cid {cid}) was not confirmed in the log within "
                 f"{self.write_timeout}s; it may still be committed: check with min_cid={cid} "
                 "before retrying"
             ) from exc
         except BaseException:
-            self.apply_loop.forget(cid)
+            self.apply_loop.forget(entry)
             raise
-        outcome = self.apply_loop.wait_applied(cid, max(deadline - time.monotonic(), 0.1))
+        outcome = self.apply_loop.wait_applied(entry, max(deadline - time.monotonic(), 0.1))
         if outcome is None:
             if unknown is not None:
                 raise OutcomeUnknownError(

@@ -92,7 +92,7 @@ def log(tmp_path: Path, client: EtcdClient, cluster_name: str) -> Iterator[Fixtu
 
 def test_entries_are_appended_in_group_commits_and_applied_identically(log: Fixture) -> None:
     entry, revision = log.submit([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v, r)")])
-    outcome = log.loops[0].wait_applied(entry.cid, 5)
+    outcome = log.loops[0].wait_applied(entry, 5)
     assert outcome is not None and outcome.cid == entry.cid == 2
     assert (outcome.log_cid, outcome.revision) == (2, revision)
 
@@ -113,7 +113,7 @@ def test_entries_are_appended_in_group_commits_and_applied_identically(log: Fixt
     assert max(per_revision.values()) <= 127  # etcd's 128 compares: fence + one per key
 
     last = submissions[-1].entry.cid
-    results = [log.loops[0].wait_applied(s.entry.cid, 5) for s in submissions]
+    results = [log.loops[0].wait_applied(s.entry, 5) for s in submissions]
     assert [r.results[0].last_insert_id for r in results if r] == list(range(1, 301))
     wait_for(lambda: all(s.journal.last_cid() == last for s in log.stores), 10)
     kvs = log.client.range(log_prefix(log.cluster), prefix=True).kvs
@@ -234,3 +234,15 @@ def test_a_compacted_position_is_reported_as_needing_a_snapshot(tmp_path: Path) 
         finally:
             loop.close()
             store.close()
+
+
+def test_a_reused_cid_answers_only_the_write_that_is_in_the_log(log: Fixture) -> None:
+    first = log.leader.journal.prepare_entry([S("CREATE TABLE a(x)")])
+    log.loops[0].expect(first)  # never appended (say its leader lost the lease) …
+    log.leader.journal.forget_allocations()  # … and the cid was handed out again
+    second, _ = log.submit([S("CREATE TABLE b(x)")])
+    assert second.cid == first.cid
+    outcome = log.loops[0].wait_applied(second, 5)
+    assert outcome is not None and outcome.cid == second.cid
+    with pytest.raises(NotLeaderError, match="another write"):
+        log.loops[0].wait_applied(first, 5)
