@@ -110,16 +110,17 @@ async def test_a_leader_that_drops_the_forwarded_request_is_504_not_retryable(
     server.listen()
 
     def accept_and_drop() -> None:  # takes the request, then hangs up without answering
-        for _ in range(2):
-            conn, _ = server.accept()
-            conn.recv(65536)
-            conn.close()
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.close()
 
-    threading.Thread(target=accept_and_drop, daemon=True).start()
+    dropper = threading.Thread(target=accept_and_drop, daemon=True)
+    dropper.start()
     store, client = follower_app(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}")
     async with client:
         r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])
         assert r.status_code == 504 and "retry-after" not in r.headers
         assert "may have been applied" in r.text
+    dropper.join(timeout=5)
     store.close()
     server.close()
