@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -66,3 +67,18 @@ def journal(node: Node, auth: Auth = None) -> list[Any]:
         assert r.status_code == 200, r.text
         entries: list[Any] = r.json()["entries"]
         return entries
+
+
+def start_nodes(base: Path, etcd_endpoint: str, cluster: str, *extra: str) -> list[Node]:
+    """Three `litecdc serve --etcd` nodes n0..n2 (data under ``base``), started."""
+    started: list[Node] = []
+    try:
+        for i in range(3):
+            node = Node(base / f"n{i}", "--etcd", etcd_endpoint, "--cluster", cluster,
+                        "--node-id", f"n{i}", *extra)  # fmt: skip
+            started.append(node.start())
+    except BaseException:
+        for node in started:
+            node.stop()
+        raise
+    return started

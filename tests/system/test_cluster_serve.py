@@ -17,6 +17,7 @@ from e2e.litecdc_node import Node
 from etcd_cluster import EtcdCluster
 from serve_cluster import leader as _leader
 from serve_cluster import rows as _rows
+from serve_cluster import start_nodes
 from serve_cluster import wait as _wait
 
 
@@ -28,18 +29,7 @@ def _status(node: Node) -> dict[str, Any]:
 
 @pytest.fixture
 def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
-    started = [
-        Node(
-            tmp_path / f"n{i}",
-            "--etcd",
-            etcd.endpoints[0],
-            "--cluster",
-            cluster_name,
-            "--node-id",
-            f"n{i}",
-        ).start()
-        for i in range(3)
-    ]
+    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
     yield started
     for node in started:
         node.stop()
@@ -156,20 +146,9 @@ def test_cdc_follows_the_leader_through_two_leader_kills(
                 }
             )
         )
-        started = [
-            Node(
-                tmp_path / f"n{i}",
-                "--etcd",
-                etcd.endpoints[0],
-                "--cluster",
-                cluster_name,
-                "--node-id",
-                f"n{i}",
-                "--cdc-config",
-                str(config),
-            ).start()
-            for i in range(3)
-        ]
+        started = start_nodes(
+            tmp_path, etcd.endpoints[0], cluster_name, "--cdc-config", str(config)
+        )
         cids: list[int] = []
 
         def insert(node: Node, value: int) -> httpx.Response | None:
