@@ -7,6 +7,8 @@ import pytest
 
 from litecdc import NodeConfig, Store
 
+pytest_plugins = ["servers.fixtures"]  # throwaway PostgreSQL/MariaDB/NATS/RabbitMQ
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:

@@ -1,0 +1,81 @@
+"""A throwaway NATS server with JetStream from Debian's ``nats-server``."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from .process import ServerProcess, ServerUnavailableError, find_binary, free_port
+
+
+class NATSServer:
+    """``with NATSServer() as nats: nats.url`` → nats://127.0.0.1:PORT, JetStream on."""
+
+    def __init__(self, *, start_timeout: float = 30.0) -> None:
+        self.binary = find_binary(["nats-server"], "NATS server (nats-server)")
+        self.start_timeout = start_timeout
+        self.port = 0
+        self.base_dir: Path | None = None
+        self._process: ServerProcess | None = None
+
+    @property
+    def startup_seconds(self) -> float:
+        return self._process.startup_seconds if self._process else 0.0
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.base_dir = Path(tempfile.mkdtemp(prefix="litecdc-nats-"))
+        for attempt in range(3):
+            self.port = free_port()
+            self._process = ServerProcess(
+                [
+                    *(self.binary, "-a", "127.0.0.1", "-p", str(self.port)),
+                    *("-js", "-sd", str(self.base_dir / "jetstream")),
+                    *("-n", f"litecdc-test-{self.port}"),
+                ],
+                probe=self._ready,
+                log_path=self.base_dir / "server.log",
+                timeout=self.start_timeout,
+            )
+            try:
+                self._process.start_or_explain("NATS")
+                return
+            except ServerUnavailableError:
+                if attempt == 2:
+                    raise
+
+    def _ready(self) -> bool:
+        # The server greets every client with an INFO line once it accepts connections;
+        # JetStream is up by then (it is enabled before the client listener opens).
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+            return sock.recv(4096).startswith(b"INFO ")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop_quietly()
+            self._process = None
+        if self.base_dir is not None:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            self.base_dir = None
+
+    def __enter__(self) -> NATSServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,152 @@
+"""What every throwaway server shares: free ports, finding Debian's binaries, and a mirakuru
+executor that waits on a real readiness probe and keeps the server's output in a log file."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mirakuru import Executor
+from mirakuru.exceptions import ProcessExitedWithError, TimeoutExpired
+
+SETUP_HINT = "run `make test` (it runs scripts/setup-system.sh, which installs it)"
+
+
+class ServerUnavailableError(RuntimeError):
+    """A throwaway server could not be found or started; the message says why."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free now (another process may still take it before us)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def find_binary(names: Sequence[str], what: str, extra_globs: Sequence[str] = ()) -> str:
+    """The first of ``names`` on PATH (or /usr/sbin, which root-less PATHs lack) or matching
+    one of ``extra_globs``; a clear error naming the package otherwise."""
+    search = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin" + os.pathsep + "/sbin"
+    for name in names:
+        found = shutil.which(name, path=search)
+        if found:
+            return found
+    for pattern in extra_globs:
+        # Highest version first (e.g. /usr/lib/postgresql/16 before 15).
+        matches = sorted(glob.glob(pattern), reverse=True)
+        if matches:
+            return matches[0]
+    raise ServerUnavailableError(f"{what} is not installed ({', '.join(names)}): {SETUP_HINT}")
+
+
+def unprivileged_user(preferred: Sequence[str] = ("nobody",)) -> pwd.struct_passwd | None:
+    """The account to run a server that refuses root (PostgreSQL), or None when not root."""
+    if os.geteuid() != 0:
+        return None
+    for name in preferred:
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise ServerUnavailableError(f"no unprivileged user to run the server as (tried {preferred})")
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ServerProcess(Executor):
+    """A server process started by mirakuru in its own session; ready once ``probe`` says so.
+
+    stdout and stderr go to ``log_path``: a pipe nobody reads would block a chatty server.
+    """
+
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        probe: Callable[[], bool],
+        log_path: Path,
+        timeout: float = 60.0,
+        envvars: dict[str, str] | None = None,
+        stop_signal: int = signal.SIGTERM,
+        user: pwd.struct_passwd | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        self._log_path = log_path
+        self._log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()/kill()
+        self._probe = probe
+        self._user = user
+        self.startup_seconds = 0.0
+        super().__init__(
+            command,
+            cwd=cwd,
+            timeout=timeout,
+            sleep=0.1,
+            envvars=envvars,
+            stop_signal=stop_signal,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def _popen_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = super()._popen_kwargs
+        if self._user is not None:
+            kwargs["user"] = self._user.pw_uid
+            kwargs["group"] = self._user.pw_gid
+            kwargs["extra_groups"] = []
+        return kwargs
+
+    def pre_start_check(self) -> bool:
+        # Ports are fresh, so nothing else can be "already running" there.
+        return False
+
+    def after_start_check(self) -> bool:
+        try:
+            return self._probe()
+        except Exception:
+            return False
+
+    def start_or_explain(self, what: str) -> None:
+        """start(), turning mirakuru's errors into one message with the server's log tail."""
+        started = time.monotonic()
+        try:
+            self.start()
+        except (ProcessExitedWithError, TimeoutExpired) as exc:
+            self._log_file.close()
+            raise ServerUnavailableError(
+                f"{what} did not start ({exc}); log {self._log_path}:\n{log_tail(self._log_path)}"
+            ) from exc
+        self.startup_seconds = time.monotonic() - started
+
+    def stop_quietly(self) -> None:
+        """Stop, then kill if the server ignores the stop signal; never raises."""
+        try:
+            self.stop()
+        except Exception:
+            self.kill()
+        finally:
+            self._log_file.close()
