@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litecdc.cdc.config import CDCConfig
+from litecdc.db.schema import DEFAULT_RETENTION_CIDS
 from litecdc.errors import ConfigError
 
 DEFAULT_HTTP_ADDR = "127.0.0.1:4001"
@@ -69,6 +70,12 @@ class NodeConfig:
     compact_interval: float = 30.0
     #: newest log entries compaction always keeps; default 1,000.
     compact_keep: int = 1000
+    #: retention cap of the change log, in commits: a pull subscriber's hold more than
+    #: this far behind the head expires (it must re-snapshot), and with no webhook and no
+    #: hold this many newest commits' changes are kept; default 1,000,000.
+    retention_cids: int = DEFAULT_RETENTION_CIDS
+    #: seconds between the leader's checks that the cap is enforced; default 5.
+    retention_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS_LEVELS:
@@ -101,6 +108,10 @@ class NodeConfig:
             raise ConfigError(
                 f"compaction interval must not be negative, got {self.compact_interval}"
             )
+        if self.retention_cids < 1:
+            raise ConfigError(f"retention must keep at least 1 commit, got {self.retention_cids}")
+        if self.retention_interval <= 0:
+            raise ConfigError(f"retention interval must be positive, got {self.retention_interval}")
         if self.compact_keep < 1:
             raise ConfigError(f"compaction must keep at least 1 entry, got {self.compact_keep}")
         if self.lease_ttl < 2:

@@ -18,9 +18,18 @@ LitecdcError
 ├── NotReadyError               the node cannot answer yet (e.g. min_cid not applied): 503
 ├── OutcomeUnknownError         a write may or may not have been committed (do not blindly
 │                               retry: check with min_cid / the journal): 504
-└── NotLeaderError              a write reached a node that does not lead (the HTTP layer
-                                forwards it to the leader, or redirects); the cluster's
-                                errors (litecdc.cluster) are LitecdcErrors too
+├── NotLeaderError              a write reached a node that does not lead (the HTTP layer
+│                               forwards it to the leader, or redirects); the cluster's
+│                               errors (litecdc.cluster) are LitecdcErrors too
+├── NotFoundError               a named table or subscription does not exist: 404
+├── DataTypeError               a stored value does not fit its column's mirrored type: 422
+├── PositionUnavailableError    changes after the asked cid were pruned (retention cap):
+│                               the subscriber must re-snapshot: 410
+└── PipelineError               the Spark pipeline (litecdc.pipeline)
+    ├── SourceError             the source node is unreachable or refused a request
+    ├── SinkError               a sink is unreachable, misconfigured (bad URL) or refused
+    │   └── SchemaMismatchError a source column/value the sink cannot take
+    └── MetadataError           the metadata store (subscriptions, progress)
 """
 
 from __future__ import annotations
@@ -116,6 +125,48 @@ class NotLeaderError(LitecdcError):
         super().__init__(message)
         self.leader_id = leader_id
         self.leader_address = leader_address
+
+
+class NotFoundError(LitecdcError):
+    """A named table, subscription or other object does not exist."""
+
+    http_status = 404
+
+
+class DataTypeError(LitecdcError):
+    """A value stored in a column does not fit the type the column is mirrored as."""
+
+    http_status = 422
+
+
+class PositionUnavailableError(LitecdcError):
+    """The change log no longer holds what comes after the asked position."""
+
+    http_status = 410
+
+    def __init__(self, message: str, *, pruned_cid: int = 0) -> None:
+        super().__init__(message)
+        self.pruned_cid = pruned_cid
+
+
+class PipelineError(LitecdcError):
+    """An error of the Spark pipeline (CLI: exit status 1 with this message)."""
+
+
+class SourceError(PipelineError):
+    """The source node is unreachable or refused a request."""
+
+
+class SinkError(PipelineError):
+    """A sink is unreachable, misconfigured or refused a write."""
+
+
+class SchemaMismatchError(SinkError):
+    """A source column or value the sink cannot take as it is."""
+
+
+class MetadataError(PipelineError):
+    """The metadata store (subscriptions, progress) failed or was asked something invalid."""
 
 
 def http_status_for(error: BaseException) -> int:

@@ -23,5 +23,5 @@ class StandaloneLeadership:
     def add_listener(self, callback: Callable[[bool], None]) -> None:
         callback(True)
 
-    def write_internal(self, query: str) -> None:
-        self._journal.commit_internal(query)
+    def write_internal(self, query: str) -> int:
+        return self._journal.commit_internal(query).cid

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from litecdc.cdc.retention import RetentionKeeper
 from litecdc.cdc.service import CDCService, Leadership
 from litecdc.config import NodeConfig
 from litecdc.leadership import StandaloneLeadership
@@ -44,7 +45,15 @@ class Node:
                 leadership = StandaloneLeadership(self.store.journal)
             self.leadership = leadership
             if config.cdc is not None:
-                self.cdc = CDCService(config.cdc, self.store, leadership, node_id=config.node_id)
+                self.cdc = CDCService(
+                    config.cdc,
+                    self.store,
+                    leadership,
+                    node_id=config.node_id,
+                    retention_cids=config.retention_cids,
+                )
+            self.store.route_internal_writes(leadership.write_internal)
+            self.retention = RetentionKeeper(self.store, leadership, config.retention_interval)
         except BaseException:
             if self.cluster is not None:
                 self.cluster.close()
@@ -52,6 +61,7 @@ class Node:
             raise
 
     def start(self) -> None:
+        self.retention.start()
         if self.cdc is not None:
             self.cdc.start()
 
@@ -59,6 +69,7 @@ class Node:
         """Stop CDC delivery (persisting its high watermark), leave the cluster, then close
         the store."""
         try:
+            self.retention.stop()
             if self.cdc is not None:
                 self.cdc.stop()
         finally:

@@ -13,11 +13,27 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from litecdc.config import NodeConfig
+from litecdc.db import source
 from litecdc.db.engine import Engine
-from litecdc.errors import LoadError, ModeError, RequestError
+from litecdc.db.schema import (
+    HOLDS_TABLE,
+    advance_hold_sql,
+    prune_sql,
+    register_hold_sql,
+    release_hold_sql,
+)
+from litecdc.errors import (
+    LoadError,
+    ModeError,
+    NotFoundError,
+    PositionUnavailableError,
+    RequestError,
+)
 from litecdc.journal.journal import APPLIED_REVISION, Journal, Mode
 from litecdc.results import (
     MAX_CID,
@@ -34,6 +50,31 @@ from litecdc.results import (
 log = logging.getLogger("litecdc.store")
 
 MAX_PAGE = 10_000
+#: the largest snapshot chunk / change page the pull source serves
+MAX_SOURCE_PAGE = 1_000_000
+MAX_PARTITIONS = 1024
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A pull subscriber's retention hold: the change log is kept after ``cid``."""
+
+    name: str
+    cid: int
+    expired: bool
+
+
+@dataclass(frozen=True)
+class SubscriberList:
+    holds: list[Hold]
+    pruned_cid: int
+    last_cid: int
+    retention_cids: int
+
+
+def _check_subscriber_name(name: object) -> None:
+    if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
+        raise RequestError(f"a subscriber name is 1 to 200 printable characters, got {name!r}")
 
 
 class Store:
@@ -50,6 +91,7 @@ class Store:
         self._lock = threading.Lock()
         self._writer: Callable[[Sequence[Statement], bool], WriteOutcome] = self._commit_locally
         self._read_gate: Callable[[ReadLevel], None] | None = None
+        self._internal_writer: Callable[[str], int] = lambda q: self.journal.commit_internal(q).cid
 
     # -- writes ---------------------------------------------------------------
     def execute(
@@ -148,6 +190,150 @@ class Store:
         if after_seq is not None and not 0 <= after_seq <= MAX_SEQ:
             raise RequestError(f"after_seq must be between 0 and {MAX_SEQ}, got {after_seq}")
         return self.engine.changes(after, limit, after_seq)
+
+    # -- the pull source (pipeline subscribers): holds, snapshot chunks, change ranges --------
+    def route_internal_writes(self, writer: Callable[[str], int]) -> None:
+        """Send litecdc's own writes (retention holds, pruning) through the leader's log;
+        ``writer`` returns the entry's cid, or raises NotLeaderError on a follower."""
+        self._internal_writer = writer
+
+    def subscribers(self) -> SubscriberList:
+        """The retention holds, the cid the change log is pruned through, and the head."""
+
+        def read(conn: Any) -> SubscriberList:
+            try:
+                rows = conn.execute(
+                    f"SELECT name, cid, expired FROM {HOLDS_TABLE} ORDER BY name"
+                ).fetchall()
+            except Exception:  # no holds table yet (apsw.SQLError)
+                rows = []
+            holds = [Hold(name, cid, bool(expired)) for name, cid, expired in rows]
+            return SubscriberList(
+                holds, source.pruned_cid(conn), source.head_cid(conn), self.config.retention_cids
+            )
+
+        return self.engine.read_consistent(read)
+
+    def _hold(self, name: str) -> Hold:
+        for hold in self.subscribers().holds:
+            if hold.name == name:
+                return hold
+        raise NotFoundError(f"no subscriber {name!r} is registered on this node")
+
+    def register_subscriber(self, name: str) -> int:
+        """Place (or restart) subscriber ``name``'s retention hold at the head; returns the
+        cid of the registration, the subscriber's initial snapshot version."""
+        _check_subscriber_name(name)
+        return self._internal_writer(register_hold_sql(name, self.config.retention_cids))
+
+    def advance_subscriber(self, name: str, cid: int) -> Hold:
+        """Move ``name``'s hold forward to ``cid``: changes up to it may be pruned."""
+        _check_subscriber_name(name)
+        if not 0 <= cid <= MAX_CID:
+            raise RequestError(f"cid must be between 0 and {MAX_CID}, got {cid}")
+        hold = self._hold(name)
+        if hold.expired:
+            raise PositionUnavailableError(
+                f"subscriber {name!r} fell more than {self.config.retention_cids} commits "
+                "behind and its hold expired; register again and re-snapshot",
+                pruned_cid=self.subscribers().pruned_cid,
+            )
+        self._internal_writer(advance_hold_sql(name, cid, self.config.retention_cids))
+        return self._hold(name)
+
+    def release_subscriber(self, name: str) -> None:
+        """Drop ``name``'s hold (unsubscribe): what only it kept may be pruned."""
+        _check_subscriber_name(name)
+        self._hold(name)
+        self._internal_writer(release_hold_sql(name, self.config.retention_cids))
+
+    def retention_due(self) -> bool:
+        """Whether the retention cap calls for pruning (a hold to expire or changes older
+        than the cap with nothing else keeping them)."""
+        subs = self.subscribers()
+        floor = subs.last_cid - self.config.retention_cids
+        if any(not h.expired and h.cid < floor for h in subs.holds):
+            return True
+        count, oldest = self.engine.queue_stats()
+        if not count or oldest is None:
+            return False
+        live = [h.cid for h in subs.holds if not h.expired]
+        hwm = self.engine.cdc_high_watermark()
+        if not live and hwm is None:
+            return oldest <= floor
+        return False  # webhook and holds prune as they move
+
+    def prune_changes(self) -> None:
+        self._internal_writer(prune_sql(self.config.retention_cids))
+
+    def source_tables(self) -> list[str]:
+        return self.engine.read_consistent(source.user_tables)
+
+    def source_table(self, table: str) -> tuple[source.SourceTable, int, int]:
+        """(description, row count, head cid) of ``table``."""
+
+        def read(conn: Any) -> tuple[source.SourceTable, int, int]:
+            spec = source.describe(conn, table)
+            return spec, source.approximate_rows(conn, spec), source.head_cid(conn)
+
+        return self.engine.read_consistent(read)
+
+    def source_splits(self, table: str, partitions: int) -> tuple[int, list[list[Any]]]:
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise RequestError(
+                f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}"
+            )
+
+        def read(conn: Any) -> tuple[int, list[list[Any]]]:
+            spec = source.describe(conn, table)
+            return source.head_cid(conn), source.splits(conn, spec, partitions)
+
+        return self.engine.read_consistent(read)
+
+    def source_rows(
+        self,
+        table: str,
+        after_key: list[Any] | None,
+        until_key: list[Any] | None,
+        limit: int,
+    ) -> source.RowsPage:
+        """A snapshot chunk: one read transaction, which it reports the cid of."""
+        if not 1 <= limit <= MAX_SOURCE_PAGE:
+            raise RequestError(f"limit must be between 1 and {MAX_SOURCE_PAGE}, got {limit}")
+        return self.engine.read_consistent(
+            lambda conn: source.read_rows(
+                conn, source.describe(conn, table), after_key, until_key, limit
+            )
+        )
+
+    def source_changes(
+        self, table: str, after: int, until: int | None, limit: int
+    ) -> source.ChangesPage:
+        """The table's events after cid ``after`` (whole transactions, about ``limit``)."""
+        self._check_cid_range(after, until, limit)
+        return self.engine.read_consistent(
+            lambda conn: source.read_table_changes(
+                conn, source.describe(conn, table), after, until, limit
+            )
+        )
+
+    def source_position(self, table: str, after: int, max_events: int) -> tuple[int, int, int]:
+        """(end cid, events, head) of the next batch of at most ``max_events`` events."""
+        self._check_cid_range(after, None, max_events)
+        return self.engine.read_consistent(
+            lambda conn: source.change_position(
+                conn, source.describe(conn, table), after, max_events
+            )
+        )
+
+    @staticmethod
+    def _check_cid_range(after: int, until: int | None, limit: int) -> None:
+        if not 0 <= after <= MAX_CID:
+            raise RequestError(f"after must be between 0 and {MAX_CID}, got {after}")
+        if until is not None and not 0 <= until <= MAX_CID:
+            raise RequestError(f"until must be between 0 and {MAX_CID}, got {until}")
+        if not 1 <= limit <= MAX_SOURCE_PAGE:
+            raise RequestError(f"limit must be between 1 and {MAX_SOURCE_PAGE}, got {limit}")
 
     # -- the change feed the CDC service reads (cdc.service.ChangeFeed) -------------------------
     def read_transactions(

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 from litecdc.cdc.config import STDOUT, CDCConfig
 from litecdc.cdc.envelopes import ENVELOPES
 from litecdc.cdc.sinks import Sink, TransmitError, create_sink
-from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
+from litecdc.db.schema import CREATE_CDC_STATE, DEFAULT_RETENTION_CIDS, high_watermark_sql
 from litecdc.results import RowChange
 
 log = logging.getLogger("litecdc.cdc")
@@ -61,7 +61,7 @@ class ChangeFeed(Protocol):
 class Leadership(Protocol):
     def is_leader(self) -> bool: ...
     def add_listener(self, callback: Callable[[bool], None]) -> None: ...
-    def write_internal(self, query: str) -> None: ...
+    def write_internal(self, query: str) -> int: ...
 
 
 @dataclass
@@ -98,8 +98,10 @@ class CDCService:
         *,
         node_id: str,
         sink: Sink | None = None,
+        retention_cids: int = DEFAULT_RETENTION_CIDS,
     ) -> None:
         self.config = config
+        self._retention_cids = retention_cids
         self._feed = feed
         self._leadership = leadership
         self._node_id = node_id
@@ -288,7 +290,7 @@ class CDCService:
         if not force and now - self._last_hwm_write < self.config.high_watermark_interval:
             return
         try:
-            self._leadership.write_internal(high_watermark_sql(hwm))
+            self._leadership.write_internal(high_watermark_sql(hwm, self._retention_cids))
         except Exception as exc:  # leadership lost, store closing…: try again next time
             log.warning("CDC: could not persist high watermark %d: %s", hwm, exc)
             return

@@ -184,9 +184,10 @@ class ClusterNode:
         """
         return self._write(lambda: self.journal.prepare_entry(statements, transaction=transaction))
 
-    def write_internal(self, query: str) -> None:
-        """litecdc's own write (CDC state, high watermark) through the log; leader only."""
-        self._write(lambda: self.journal.prepare_internal(query))
+    def write_internal(self, query: str) -> int:
+        """litecdc's own write (CDC state, high watermark, retention holds) through the log;
+        leader only. Returns the entry's cid."""
+        return self._write(lambda: self.journal.prepare_internal(query)).log_cid
 
     def _write(self, prepare: Callable[[], LogEntry]) -> LogWriteOutcome:
         if not self.is_leader():

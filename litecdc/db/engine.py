@@ -849,6 +849,20 @@ class Engine:
                 conn.execute("COMMIT")
         return [decode_change(row) for row in rows], limited
 
+    def read_consistent(self, read: Callable[[apsw.Connection], T]) -> T:
+        """Run ``read`` on this thread's reader connection inside one read transaction,
+        with litecdc's own access (internal tables readable): the pull source's snapshot
+        chunks and change ranges see one consistent state and the cid it includes."""
+        conn = self._reader()
+        authorizer: ReadAuthorizer = self._readers.authorizer
+        with authorizer.trusted():
+            conn.execute("BEGIN")
+            try:
+                return read(conn)
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+
     def queue_stats(self) -> tuple[int, int | None]:
         """(number of captured changes still stored, oldest stored cid)."""
         count, oldest = self._read(f"SELECT count(*), min(cid) FROM {CHANGES_TABLE}")[0]

@@ -65,8 +65,88 @@ def last_change_id(cid: int) -> int:
     return ((cid + 1) << SEQ_BITS) - 1
 
 
-def high_watermark_sql(hwm: int) -> str:
-    """The internal entry that records the CDC high watermark and prunes what it covers.
+HOLDS_TABLE = "_litecdc_holds"
+#: Retention holds of pull subscribers (the pipeline): the change log is kept after each
+#: hold's cid. Created through the log, like the CDC state table.
+CREATE_HOLDS = (
+    f"CREATE TABLE IF NOT EXISTS {HOLDS_TABLE}("
+    "name TEXT PRIMARY KEY, cid INTEGER NOT NULL, expired INTEGER NOT NULL DEFAULT 0"
+    ") WITHOUT ROWID;"
+)
+
+#: Default retention cap: a hold older than this many commits behind the head expires
+#: (its subscriber must re-snapshot), and without holds changes are kept this long.
+DEFAULT_RETENTION_CIDS = 1_000_000
+
+
+def sql_text(value: str) -> str:
+    """``value`` as an SQL string literal (internal entries are plain SQL text)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def prune_sql(retention_cids: int) -> str:
+    """The internal statements that expire holds past the cap and prune the change log.
+
+    What is kept: everything after the CDC webhook's high watermark (when a CDC service
+    has recorded one) and after every live hold; holds more than ``retention_cids``
+    commits behind the head expire. With neither a webhook nor a hold, the newest
+    ``retention_cids`` commits are kept. The cid pruned through is recorded as ``pruned``
+    in the CDC state table, so a subscriber asking for older changes gets a clear "no
+    longer available". Every value comes from replicated tables, so each replica prunes
+    exactly the same rows.
+    """
+    cap = int(retention_cids)
+    head = f"(SELECT max(cid) FROM {JOURNAL_TABLE})"
+    state = CDC_STATE_TABLE
+    hwm = f"(SELECT value FROM {state} WHERE name = 'hwm')"
+    oldest_hold = f"(SELECT min(cid) FROM {HOLDS_TABLE} WHERE expired = 0)"
+    prune_to = (
+        f"CASE WHEN {hwm} IS NULL AND {oldest_hold} IS NULL THEN max({head} - {cap}, 0) "
+        f"ELSE min(coalesce({hwm}, {head}), coalesce({oldest_hold}, {head})) END"
+    )
+    return (
+        f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
+        f"UPDATE {HOLDS_TABLE} SET expired = 1 WHERE expired = 0 AND cid < {head} - {cap};\n"
+        f"INSERT INTO {state}(name, value) SELECT 'pruned', p FROM "
+        f"(SELECT {prune_to} AS p) "
+        f"WHERE p > coalesce((SELECT value FROM {state} WHERE name = 'pruned'), 0) "
+        "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value);\n"
+        f"DELETE FROM {CHANGES_TABLE} WHERE id <= "
+        f"((coalesce((SELECT value FROM {state} WHERE name = 'pruned'), 0) + 1) << {SEQ_BITS}) - 1;"
+    )
+
+
+def register_hold_sql(name: str, retention_cids: int) -> str:
+    """Place (or restart) the hold of subscriber ``name`` at the current head."""
+    return (
+        f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
+        f"INSERT INTO {HOLDS_TABLE}(name, cid, expired) "
+        f"SELECT {sql_text(name)}, max(cid), 0 FROM {JOURNAL_TABLE} WHERE true "
+        "ON CONFLICT(name) DO UPDATE SET cid = excluded.cid, expired = 0;\n"
+        + prune_sql(retention_cids)
+    )
+
+
+def advance_hold_sql(name: str, cid: int, retention_cids: int) -> str:
+    """Move the hold of ``name`` forward to ``cid`` (never back), then prune."""
+    return (
+        f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
+        f"UPDATE {HOLDS_TABLE} SET cid = max(cid, {int(cid)}) "
+        f"WHERE name = {sql_text(name)} AND expired = 0;\n" + prune_sql(retention_cids)
+    )
+
+
+def release_hold_sql(name: str, retention_cids: int) -> str:
+    """Drop the hold of ``name``, then prune what only it kept."""
+    return (
+        f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
+        f"DELETE FROM {HOLDS_TABLE} WHERE name = {sql_text(name)};\n" + prune_sql(retention_cids)
+    )
+
+
+def high_watermark_sql(hwm: int, retention_cids: int = DEFAULT_RETENTION_CIDS) -> str:
+    """The internal entry that records the CDC high watermark and prunes what it covers
+    (and no live hold still needs).
 
     Every replica applies it, so each deletes the same delivered changes.
     """
@@ -74,5 +154,5 @@ def high_watermark_sql(hwm: int) -> str:
     return (
         f"INSERT INTO {CDC_STATE_TABLE}(name, value) VALUES('hwm', {hwm}) "
         "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value);\n"
-        f"DELETE FROM {CHANGES_TABLE} WHERE id <= {last_change_id(hwm)};"
+        + prune_sql(retention_cids)
     )

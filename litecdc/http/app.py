@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import logging
 import os
 import platform
@@ -53,6 +54,7 @@ from litecdc.http.forward import LeaderForwarder
 from litecdc.http.metrics import NodeMetrics
 from litecdc.results import MAX_CID, MAX_SEQ, Statement
 from litecdc.store import Store
+from litecdc.wire import ARROW_STREAM, decode_key, encode_key, table_to_json, to_ipc
 
 __all__ = ["JOURNAL_PAGE_DEFAULT", "create_app"]
 
@@ -470,6 +472,185 @@ class _Api:
         changes = await to_thread.run_sync(lambda: self.store.changes(after, limit, after_seq))
         return _json({"changes": changes}, pretty=pretty)
 
+    # -- the pull source (litecdc pipeline) ---------------------------------------------
+    def _want_arrow(self, request: Request) -> bool:
+        fmt = request.query_params.get("format", "json")
+        if fmt not in ("json", "arrow"):
+            raise RequestError(f"format must be json or arrow, got {fmt!r}")
+        return fmt == "arrow" or ARROW_STREAM in request.headers.get("accept", "")
+
+    async def _json_object(self, request: Request) -> dict[str, Any]:
+        body = await self._body(request)
+        try:
+            doc = msgspec.json.decode(body) if body else {}
+        except msgspec.DecodeError as exc:
+            raise RequestError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise RequestError("request body must be a JSON object")
+        return doc
+
+    async def subscriptions(self, request: Request) -> Response:
+        if request.method == "POST":
+            if r := self._gate(request, ("execute",), ("POST",)):
+                return r
+            _check_params(request, set())
+            doc = await self._json_object(request)
+            _check_keys(doc, {"name"}, "POST /cdc/subscriptions")
+            name = doc.get("name")
+            if not isinstance(name, str):
+                raise RequestError(f"name must be a string, got {name!r}")
+            cid = await to_thread.run_sync(lambda: self.store.register_subscriber(name))
+            return _json({"name": name, "cid": cid})
+        if r := self._gate(request, ("query",), ("GET", "POST")):
+            return r
+        _check_params(request, {"pretty"})
+        subs = await to_thread.run_sync(self.store.subscribers)
+        return _json(
+            {
+                "subscriptions": [
+                    {"name": h.name, "cid": h.cid, "expired": h.expired} for h in subs.holds
+                ],
+                "pruned_cid": subs.pruned_cid,
+                "last_cid": subs.last_cid,
+                "retention_cids": subs.retention_cids,
+            },
+            pretty="pretty" in request.query_params,
+        )
+
+    async def subscription(self, request: Request) -> Response:
+        if r := self._gate(request, ("execute",), ("DELETE",)):
+            return r
+        _check_params(request, set())
+        name = request.path_params["name"]
+        await to_thread.run_sync(lambda: self.store.release_subscriber(name))
+        return _json({"name": name, "released": True})
+
+    async def subscription_progress(self, request: Request) -> Response:
+        if r := self._gate(request, ("execute",), ("POST",)):
+            return r
+        _check_params(request, set())
+        doc = await self._json_object(request)
+        _check_keys(doc, {"cid"}, "POST /cdc/subscriptions/NAME/progress")
+        cid = doc.get("cid")
+        if not isinstance(cid, int) or isinstance(cid, bool):
+            raise RequestError(f"cid must be an integer, got {cid!r}")
+        name = request.path_params["name"]
+        hold = await to_thread.run_sync(lambda: self.store.advance_subscriber(name, cid))
+        return _json({"name": hold.name, "cid": hold.cid})
+
+    async def source_tables(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        _check_params(request, {"pretty"})
+        tables = await to_thread.run_sync(self.store.source_tables)
+        return _json({"tables": tables}, pretty="pretty" in request.query_params)
+
+    async def source_table(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        _check_params(request, {"pretty"})
+        name = request.path_params["table"]
+        spec, rows, last_cid = await to_thread.run_sync(lambda: self.store.source_table(name))
+        doc = spec.to_json() | {"rows": rows, "last_cid": last_cid}
+        return _json(doc, pretty="pretty" in request.query_params)
+
+    async def source_splits(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        _check_params(request, {"partitions", "pretty"})
+        name = request.path_params["table"]
+        n = _int_param(request.query_params, "partitions", 2, minimum=1)
+        cid, cuts = await to_thread.run_sync(lambda: self.store.source_splits(name, n))
+        return _json(
+            {"cid": cid, "splits": [json.loads(encode_key(k)) for k in cuts]},
+            pretty="pretty" in request.query_params,
+        )
+
+    async def source_rows(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        _check_params(request, {"after_key", "until_key", "limit", "format", "pretty"})
+        params = request.query_params
+        name = request.path_params["table"]
+        after_key = decode_key(params.get("after_key"), "after_key")
+        until_key = decode_key(params.get("until_key"), "until_key")
+        limit = _int_param(params, "limit", SOURCE_PAGE_DEFAULT, minimum=1)
+        arrow = self._want_arrow(request)
+        page = await to_thread.run_sync(
+            lambda: self.store.source_rows(name, after_key, until_key, limit)
+        )
+        if arrow:
+            body = await to_thread.run_sync(lambda: to_ipc(page.rows))
+            return Response(body, media_type=ARROW_STREAM)
+        doc = table_to_json(page.rows) | {
+            "cid": page.cid,
+            "last_key": json.loads(encode_key(page.last_key)),
+            "done": page.done,
+        }
+        return _json(doc, pretty="pretty" in params)
+
+    async def source_changes(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        _check_params(request, {"after", "until", "limit", "format", "pretty"})
+        params = request.query_params
+        name = request.path_params["table"]
+        after = _int_param(params, "after", 0, minimum=0, maximum=MAX_CID)
+        until = (
+            _int_param(params, "until", 0, minimum=0, maximum=MAX_CID)
+            if "until" in params
+            else None
+        )
+        limit = _int_param(params, "limit", SOURCE_PAGE_DEFAULT, minimum=1)
+        arrow = self._want_arrow(request)
+        page = await to_thread.run_sync(
+            lambda: self.store.source_changes(name, after, until, limit)
+        )
+        if arrow:
+            body = await to_thread.run_sync(lambda: to_ipc(page.events))
+            return Response(body, media_type=ARROW_STREAM)
+        doc = table_to_json(page.events) | {"end_cid": page.end_cid, "last_cid": page.last_cid}
+        return _json(doc, pretty="pretty" in params)
+
+    async def source_position(self, request: Request) -> Response:
+        if r := self._gate(request, ("query",), ("GET",)):
+            return r
+        _check_params(request, {"after", "max_events", "pretty"})
+        params = request.query_params
+        name = request.path_params["table"]
+        after = _int_param(params, "after", 0, minimum=0, maximum=MAX_CID)
+        max_events = _int_param(params, "max_events", SOURCE_PAGE_DEFAULT, minimum=1)
+        end, events, head = await to_thread.run_sync(
+            lambda: self.store.source_position(name, after, max_events)
+        )
+        return _json(
+            {"end_cid": end, "events": events, "last_cid": head}, pretty="pretty" in params
+        )
+
+
+SOURCE_PAGE_DEFAULT = 50_000
+
+
+def _check_params(request: Request, allowed: set[str]) -> None:
+    unknown = sorted(set(request.query_params.keys()) - allowed)
+    if unknown:
+        raise RequestError(
+            f"unknown query parameter(s) {', '.join(unknown)} for {request.url.path}"
+            + (f"; allowed: {', '.join(sorted(allowed))}" if allowed else "")
+        )
+
+
+def _check_keys(doc: Mapping[str, Any], allowed: set[str], what: str) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise RequestError(
+            f"unknown field(s) {', '.join(unknown)} in the body of {what}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+    missing = sorted(allowed - set(doc))
+    if missing:
+        raise RequestError(f"missing field(s) {', '.join(missing)} in the body of {what}")
+
 
 _PAGE_PARAMS = frozenset({"after", "limit", "pretty"})
 _CHANGES_PARAMS = _PAGE_PARAMS | {"after_seq"}
@@ -600,6 +781,27 @@ def create_app(
         Route("/readyz", _guard(api.readyz, **rq), methods=_ALL_METHODS),
         Route("/journal", _guard(api.journal, **own), methods=_ALL_METHODS),
         Route("/cdc/changes", _guard(api.changes, **own), methods=_ALL_METHODS),
+        Route("/cdc/subscriptions", _guard(api.subscriptions, **own), methods=_ALL_METHODS),
+        Route("/cdc/subscriptions/{name}", _guard(api.subscription, **own), methods=_ALL_METHODS),
+        Route(
+            "/cdc/subscriptions/{name}/progress",
+            _guard(api.subscription_progress, **own),
+            methods=_ALL_METHODS,
+        ),
+        Route("/cdc/tables", _guard(api.source_tables, **own), methods=_ALL_METHODS),
+        Route("/cdc/tables/{table}", _guard(api.source_table, **own), methods=_ALL_METHODS),
+        Route("/cdc/tables/{table}/splits", _guard(api.source_splits, **own), methods=_ALL_METHODS),
+        Route("/cdc/tables/{table}/rows", _guard(api.source_rows, **own), methods=_ALL_METHODS),
+        Route(
+            "/cdc/tables/{table}/changes",
+            _guard(api.source_changes, **own),
+            methods=_ALL_METHODS,
+        ),
+        Route(
+            "/cdc/tables/{table}/position",
+            _guard(api.source_position, **own),
+            methods=_ALL_METHODS,
+        ),
         Route("/metrics", _guard(api.metrics, **rq), methods=_ALL_METHODS),
     ]
     return Starlette(

@@ -1,0 +1,441 @@
+"""The pull source: what the pipeline reads from a node's SQLite file.
+
+Three reads, each inside ONE SQLite read transaction (``Engine.read_consistent``) so
+that it reports the cid it saw (the journal's head in that transaction):
+
+- ``describe``: a table's columns, the Arrow type each is mirrored as, and its key;
+- ``read_rows``: a snapshot chunk — rows of a key range in key order (keyset paging by
+  the last key, so a chunk costs one index seek whatever its position);
+- ``read_table_changes``: a table's row changes in a cid range, as typed events
+  (an update that changes the key becomes a delete of the old key and an upsert).
+
+SQLite columns are dynamically typed; each column is mirrored as the Arrow type its
+declared type's affinity implies (``arrow_type_name``). Integers in a REAL column become
+floats (SQLite itself does that on storage); any other value that does not fit is a
+``DataTypeError`` naming the table, column and key, never a silent conversion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+import msgspec
+import pyarrow as pa
+
+from litecdc.db.schema import (
+    CDC_STATE_TABLE,
+    CHANGES_TABLE,
+    INTERNAL_PREFIX,
+    JOURNAL_TABLE,
+    SEQ_BITS,
+    last_change_id,
+)
+from litecdc.errors import DataTypeError, NotFoundError, PositionUnavailableError, RequestError
+from litecdc.wire import encode_key, jsonable
+
+#: The key column of a rowid table that declares no primary key (its rowid).
+ROWID_COLUMN = "_litecdc_rowid"
+CID_COLUMN = "_litecdc_cid"
+SEQ_COLUMN = "_litecdc_seq"
+OP_COLUMN = "_litecdc_op"
+
+_ARROW: dict[str, pa.DataType] = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+}
+_decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
+
+
+def arrow_type_name(declared: str) -> str:
+    """The Arrow type a column of SQLite declared type ``declared`` is mirrored as.
+
+    SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
+    BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
+    BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
+    functions), anything else (NUMERIC, DECIMAL…) → float64. A column with no declared
+    type can hold anything; it is mirrored as text (numbers written out exactly).
+    """
+    t = declared.upper()
+    if "INT" in t:
+        return "int64"
+    if "CHAR" in t or "CLOB" in t or "TEXT" in t:
+        return "string"
+    if "BLOB" in t:
+        return "binary"
+    if not t.strip():
+        return "string"
+    if "REAL" in t or "FLOA" in t or "DOUB" in t:
+        return "float64"
+    if "BOOL" in t:
+        return "int64"
+    if "DATE" in t or "TIME" in t:
+        return "string"
+    return "float64"
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """A table as the pull source serves it (JSON: ``pipeline.tables.TableSpec``)."""
+
+    name: str
+    columns: tuple[tuple[str, str, str, bool], ...]  # (name, declared type, arrow, not null)
+    key: tuple[str, ...]
+    rowid_key: bool  # key is ROWID_COLUMN (no declared primary key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.name,
+            "columns": [
+                {"name": n, "declared_type": d, "arrow": a, "not_null": nn}
+                for n, d, a, nn in self.columns
+            ],
+            "key": list(self.key),
+        }
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c[0] for c in self.columns]
+
+    @property
+    def stored_columns(self) -> list[str]:
+        """The table's own columns (without the rowid key column)."""
+        return [c[0] for c in self.columns if not (self.rowid_key and c[0] == ROWID_COLUMN)]
+
+    def key_sql(self) -> list[str]:
+        return ["rowid"] if self.rowid_key else [_quote(k) for k in self.key]
+
+    def row_schema(self, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+        fields = [pa.field(n, _ARROW[a]) for n, _, a, _ in self.columns]
+        return pa.schema([*fields, pa.field(CID_COLUMN, pa.int64(), nullable=False)], metadata)
+
+    def change_schema(self, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+        fields = [pa.field(n, _ARROW[a]) for n, _, a, _ in self.columns]
+        head = [
+            pa.field(CID_COLUMN, pa.int64(), nullable=False),
+            pa.field(SEQ_COLUMN, pa.int64(), nullable=False),
+            pa.field(OP_COLUMN, pa.string(), nullable=False),
+        ]
+        return pa.schema([*head, *fields], metadata)
+
+
+def _rows(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = conn.execute(sql, params).fetchall()
+    return rows
+
+
+def head_cid(conn: apsw.Connection) -> int:
+    return int(_rows(conn, f"SELECT max(cid) FROM {JOURNAL_TABLE}")[0][0])
+
+
+def pruned_cid(conn: apsw.Connection) -> int:
+    """The cid the change log was pruned through (0 before anything was)."""
+    try:
+        rows = _rows(conn, f"SELECT value FROM {CDC_STATE_TABLE} WHERE name = 'pruned'")
+    except apsw.SQLError:  # no CDC state table yet
+        return 0
+    return int(rows[0][0]) if rows else 0
+
+
+def user_tables(conn: apsw.Connection) -> list[str]:
+    rows = _rows(
+        conn,
+        "SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'table' ORDER BY name",
+    )
+    return [r[0] for r in rows if not _is_hidden(r[0])]
+
+
+def describe(conn: apsw.Connection, table: str) -> SourceTable:
+    """The table's columns and key; NotFoundError for anything that is not a user table."""
+    found: list[tuple[Any, ...]] = conn.execute(
+        "SELECT name, type, wr FROM pragma_table_list WHERE schema = 'main' AND name = ? "
+        "COLLATE NOCASE",
+        (table,),
+    ).fetchall()
+    if not found or found[0][1] != "table" or _is_hidden(found[0][0]):
+        raise NotFoundError(f"no table {table!r} in this database")
+    name, _, without_rowid = found[0]
+    info: list[tuple[Any, ...]] = conn.execute(
+        'SELECT name, type, "notnull", pk, hidden FROM pragma_table_xinfo(?)', (name,)
+    ).fetchall()
+    columns = [(c[0], str(c[1] or ""), arrow_type_name(str(c[1] or "")), bool(c[2])) for c in info]
+    pk = [c[0] for c in sorted((c for c in info if c[3]), key=lambda c: c[3])]
+    if pk:
+        return SourceTable(name, tuple(columns), tuple(pk), rowid_key=False)
+    if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
+        raise NotFoundError(f"table {name!r} has no key")
+    return SourceTable(
+        name, ((ROWID_COLUMN, "INTEGER", "int64", True), *columns), (ROWID_COLUMN,), True
+    )
+
+
+def approximate_rows(conn: apsw.Connection, table: SourceTable) -> int:
+    return int(_rows(conn, f"SELECT count(*) FROM {_quote(table.name)}")[0][0])
+
+
+def splits(conn: apsw.Connection, table: SourceTable, partitions: int) -> list[list[Any]]:
+    """Up to ``partitions - 1`` keys cutting the table into ranges of about equal size."""
+    if partitions < 1:
+        raise RequestError(f"partitions must be at least 1, got {partitions}")
+    count = approximate_rows(conn, table)
+    if count == 0 or partitions == 1:
+        return []
+    keys = ", ".join(table.key_sql())
+    cuts: list[list[Any]] = []
+    for i in range(1, partitions):
+        offset = count * i // partitions - 1
+        if offset < 0:
+            continue
+        row = conn.execute(
+            f"SELECT {keys} FROM {_quote(table.name)} ORDER BY {keys} LIMIT 1 OFFSET ?",
+            (offset,),
+        ).fetchall()
+        if row and (not cuts or list(row[0]) != cuts[-1]):
+            cuts.append(list(row[0]))
+    return cuts
+
+
+@dataclass(frozen=True)
+class RowsPage:
+    rows: pa.Table
+    cid: int
+    last_key: list[Any] | None
+    done: bool
+
+
+def read_rows(
+    conn: apsw.Connection,
+    table: SourceTable,
+    after_key: Sequence[Any] | None,
+    until_key: Sequence[Any] | None,
+    limit: int,
+) -> RowsPage:
+    """Rows with ``after_key < key <= until_key`` in key order, at most ``limit``."""
+    if limit < 1:
+        raise RequestError(f"limit must be at least 1, got {limit}")
+    keys = table.key_sql()
+    where: list[str] = []
+    params: list[Any] = []
+    for bound, op in ((after_key, ">"), (until_key, "<=")):
+        if bound is None:
+            continue
+        if len(bound) != len(keys):
+            raise RequestError(
+                f"a key of table {table.name} has {len(keys)} value(s) ({', '.join(table.key)}),"
+                f" got {len(bound)}"
+            )
+        where.append(f"({', '.join(keys)}) {op} ({', '.join('?' * len(keys))})")
+        params.extend(bound)
+    select = [*(["rowid"] if table.rowid_key else []), *map(_quote, table.stored_columns)]
+    sql = (
+        f"SELECT {', '.join(select)} FROM {_quote(table.name)}"
+        + (f" WHERE {' AND '.join(where)}" if where else "")
+        + f" ORDER BY {', '.join(keys)} LIMIT ?"
+    )
+    cid = head_cid(conn)
+    rows = conn.execute(sql, (*params, limit)).fetchall()
+    key_positions = [table.column_names.index(k) for k in table.key]
+    last_key = [rows[-1][i] for i in key_positions] if rows else None
+    done = len(rows) < limit
+    meta = {
+        b"litecdc.cid": str(cid).encode(),
+        b"litecdc.last_key": encode_key(last_key).encode(),
+        b"litecdc.done": b"true" if done else b"false",
+    }
+    schema = table.row_schema(meta)
+    arrays = _columns(table, rows, key_positions)
+    arrays.append(pa.array([cid] * len(rows), pa.int64()))
+    return RowsPage(pa.Table.from_arrays(arrays, schema=schema), cid, last_key, done)
+
+
+@dataclass(frozen=True)
+class ChangesPage:
+    events: pa.Table
+    end_cid: int  # read again after this cid
+    last_cid: int  # the node's head in this read
+    count: int
+
+
+def _walk_changes(
+    conn: apsw.Connection,
+    table: SourceTable,
+    after: int,
+    until: int | None,
+    max_events: int,
+    columns: str,
+) -> tuple[list[tuple[Any, ...]], int, int]:
+    """This table's change rows after ``after``: whole transactions, stopping at the first
+    cid boundary past ``max_events``. Returns (rows, end cid, head)."""
+    if max_events < 1:
+        raise RequestError(f"limit must be at least 1, got {max_events}")
+    head = head_cid(conn)
+    pruned = pruned_cid(conn)
+    if after < pruned:
+        raise PositionUnavailableError(
+            f"changes after cid {after} are no longer available: the change log was pruned "
+            f"through cid {pruned} (retention); register again and re-snapshot",
+            pruned_cid=pruned,
+        )
+    stop = head if until is None else min(until, head)
+    if stop <= after:
+        return [], max(after, 0), head
+    cursor = conn.execute(
+        f"SELECT {columns} FROM {CHANGES_TABLE} WHERE id > ? AND id <= ? AND tbl = ? ORDER BY id",
+        (last_change_id(after), last_change_id(stop), table.name),
+    )
+    rows: list[tuple[Any, ...]] = []
+    for row in cursor:
+        if len(rows) >= max_events and row[0] != rows[-1][0]:
+            return rows, int(rows[-1][0]), head
+        rows.append(row)
+    return rows, stop, head
+
+
+def change_position(
+    conn: apsw.Connection, table: SourceTable, after: int, max_events: int
+) -> tuple[int, int, int]:
+    """(end cid, events, head) of the next batch of at most ``max_events`` events."""
+    rows, end, head = _walk_changes(conn, table, after, None, max_events, "cid")
+    return end, len(rows), head
+
+
+def read_table_changes(
+    conn: apsw.Connection, table: SourceTable, after: int, until: int | None, max_events: int
+) -> ChangesPage:
+    """The table's events with ``after < cid <= until`` (whole transactions)."""
+    rows, end, head = _walk_changes(
+        conn, table, after, until, max_events, "cid, seq, op, old_rowid, new_rowid, before, after"
+    )
+    names = table.stored_columns
+    key_names = list(table.key)
+    cids: list[int] = []
+    seqs: list[int] = []
+    ops: list[str] = []
+    images: list[tuple[Any, ...]] = []
+
+    def emit(cid: int, seq: int, op: str, rowid: int | None, image: dict[str, Any]) -> None:
+        values = tuple(image.get(n) for n in names)
+        cids.append(cid)
+        seqs.append(seq)
+        ops.append(op)
+        images.append((rowid, *values) if table.rowid_key else values)
+
+    for cid, seq, op, old_rowid, new_rowid, before_blob, after_blob in rows:
+        before = _decode_image(before_blob) if before_blob is not None else None
+        after_image = _decode_image(after_blob) if after_blob is not None else None
+        if op == "insert":
+            assert after_image is not None
+            emit(cid, seq, "upsert", new_rowid, after_image)
+        elif op == "delete":
+            assert before is not None
+            emit(cid, seq, "delete", old_rowid, before)
+        else:
+            assert before is not None and after_image is not None
+            moved = (
+                old_rowid != new_rowid
+                if table.rowid_key
+                else any(before.get(k) != after_image.get(k) for k in key_names)
+            )
+            if moved:
+                emit(cid, seq, "delete", old_rowid, before)
+            emit(cid, seq, "upsert", new_rowid, after_image)
+    meta = {b"litecdc.end_cid": str(end).encode(), b"litecdc.last_cid": str(head).encode()}
+    schema = table.change_schema(meta)
+    key_positions = [table.column_names.index(k) for k in table.key]
+    arrays: list[pa.Array] = [
+        pa.array(cids, pa.int64()),
+        pa.array(seqs, pa.int64()),
+        pa.array(ops, pa.string()),
+        *_columns(table, images, key_positions),
+    ]
+    return ChangesPage(pa.Table.from_arrays(arrays, schema=schema), end, head, len(cids))
+
+
+def _columns(
+    table: SourceTable, rows: Sequence[Sequence[Any]], key_positions: Sequence[int]
+) -> list[pa.Array]:
+    """Column arrays of ``rows`` (one value per table column), typed as the spec says."""
+    if not rows:
+        return [pa.array([], _ARROW[c[2]]) for c in table.columns]
+    arrays = []
+    for i, column in enumerate(zip(*rows, strict=True)):
+        name, declared, arrow, _ = table.columns[i]
+        try:
+            arrays.append(pa.array(column, _ARROW[arrow]))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            arrays.append(_coerced(table, name, declared, arrow, column, rows, key_positions))
+    return arrays
+
+
+def _coerced(
+    table: SourceTable,
+    name: str,
+    declared: str,
+    arrow: str,
+    column: Sequence[Any],
+    rows: Sequence[Sequence[Any]],
+    key_positions: Sequence[int],
+) -> pa.Array:
+    values: list[Any] = []
+    for n, value in enumerate(column):
+        if value is None:
+            values.append(None)
+        elif arrow == "float64" and isinstance(value, int) and abs(value) <= 2**53:
+            values.append(float(value))
+        elif arrow == "string" and isinstance(value, int):
+            values.append(str(value))
+        elif arrow == "string" and isinstance(value, float):
+            values.append(repr(value))
+        elif _fits(arrow, value):
+            values.append(value)
+        else:
+            key = [rows[n][k] for k in key_positions]
+            raise DataTypeError(
+                f"table {table.name} column {name}: a {_storage_class(value)} value at key "
+                f"{jsonable(key)} does not fit the column's mirrored type {arrow} (declared "
+                f"{declared or 'no type'!r}); give the column a type that matches its values, "
+                "or fix the row"
+            )
+    return pa.array(values, _ARROW[arrow])
+
+
+def _fits(arrow: str, value: Any) -> bool:
+    if arrow == "int64":
+        return isinstance(value, int) and -(2**63) <= value < 2**63
+    if arrow == "float64":
+        return isinstance(value, float)
+    if arrow == "string":
+        return isinstance(value, str)
+    return isinstance(value, bytes)
+
+
+def _storage_class(value: Any) -> str:
+    return {int: "INTEGER", float: "REAL", str: "TEXT", bytes: "BLOB"}.get(type(value), "?")
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(("sqlite_", INTERNAL_PREFIX))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+__all__ = [
+    "ROWID_COLUMN",
+    "SEQ_BITS",
+    "ChangesPage",
+    "RowsPage",
+    "SourceTable",
+    "arrow_type_name",
+    "change_position",
+    "describe",
+    "read_rows",
+    "read_table_changes",
+    "splits",
+    "user_tables",
+]

@@ -1,0 +1,101 @@
+"""The one interface every pipeline sink implements.
+
+A sink receives, for one subscription (one source table):
+
+- **snapshot chunks** (``write_snapshot``): rows of the table with ``_litecdc_cid`` =
+  the cid the chunk was read at. Chunks of different ranges are read at different
+  cids and may be written again after a crash.
+- **change batches** (``write_changes``): the events of whole transactions, cids in
+  ``(batch.after_cid, batch.end_cid]``, in (cid, seq) order, with ``_litecdc_op`` =
+  'upsert' | 'delete'. A batch is applied in ONE sink commit (a transaction never
+  straddles two commits) together with the record that the batch was applied, so a
+  replayed batch is recognised and skipped (``applied_cid``).
+- **the end of a snapshot** (``finish_snapshot(init_cid)``): every row with a version
+  below the subscription's initial snapshot cid was not seen by the (re-)snapshot and
+  is gone at the source — a mirror deletes it.
+
+Mirrors (Delta, PostgreSQL, MariaDB) guard every row: a row is written only if the
+incoming cid is greater than the stored one; deletes remove a row only if its stored
+cid is smaller. Stages run in order (snapshot, then the log from the initial cid),
+batches are applied in cid order and each at most once, so guard + batch record +
+the finishing sweep give an exact mirror whatever is replayed or retried.
+
+Message sinks (NATS, RabbitMQ, webhook) publish each row/event as a message with a
+stable id (``message_id``) so consumers can de-duplicate.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from litecdc.pipeline.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class ChangeBatch:
+    """Where a change batch sits in the log: cids after ``after_cid`` through ``end_cid``."""
+
+    subscription: str
+    after_cid: int
+    end_cid: int
+
+
+def message_id(cid: int, seq: int, op: str) -> str:
+    """The de-duplication id of one change event (an update of the key is two events
+    with the same cid and seq: a delete, then an upsert)."""
+    return f"{cid}-{seq}-{op}"
+
+
+class Sink(ABC):
+    """A destination for one subscription's table. Not thread-safe; one per subscription.
+
+    Construct with ``(url, spec, subscription)`` through ``litecdc.pipeline.sinks.open_sink``.
+    Errors are ``litecdc.errors.SinkError`` (unreachable, refused) or
+    ``SchemaMismatchError`` (a source column the sink cannot take).
+    """
+
+    #: 'mirror' sinks keep the table's rows (verify compares them); 'log' sinks keep
+    #: or send the events.
+    kind: str = "mirror"
+
+    def __init__(self, url: str, spec: TableSpec, subscription: str) -> None:
+        self.url = url
+        self.spec = spec
+        self.subscription = subscription
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Create the destination if missing, or check it against ``self.spec``; add
+        columns the source gained where the format allows (else SchemaMismatchError)."""
+
+    @abstractmethod
+    def write_snapshot(self, rows: pa.Table) -> None:
+        """Upsert snapshot rows (``spec.row_schema()``), guarded by ``_litecdc_cid``."""
+
+    @abstractmethod
+    def write_changes(self, events: pa.Table, batch: ChangeBatch) -> bool:
+        """Apply one batch (``spec.change_schema()``) in one commit; False when the
+        sink had already applied it (``batch.end_cid <= applied_cid()``)."""
+
+    @abstractmethod
+    def finish_snapshot(self, init_cid: int) -> int:
+        """Delete rows whose version is below ``init_cid``; return how many."""
+
+    @abstractmethod
+    def applied_cid(self) -> int:
+        """The end cid of the last change batch this sink committed (0 when none)."""
+
+    def read_rows(self) -> pa.Table:
+        """The mirror's rows, table columns only (for ``pipeline verify``)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no rows to compare")
+
+    def evolve(self, spec: TableSpec) -> None:
+        """The source table gained columns: take the new description (``prepare`` again)."""
+        self.spec = spec
+        self.prepare()
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

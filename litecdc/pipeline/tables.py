@@ -1,0 +1,119 @@
+"""What the pipeline knows of a source table: its columns, their Arrow types, its key.
+
+The node describes a table (``GET /cdc/tables/{name}``); every reader, sink and the
+verifier work from this one description. SQLite columns are dynamically typed, so
+each column gets the Arrow type its declared type's affinity implies (see
+``litecdc.db.source.arrow_type_name``) and a value that does not fit is reported as a
+schema mismatch, never silently converted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+#: Columns the pipeline adds to every mirrored row / change event.
+CID_COLUMN = "_litecdc_cid"  # the version: commit id of the change, or cid a chunk was read at
+SEQ_COLUMN = "_litecdc_seq"  # order of the change inside its transaction
+OP_COLUMN = "_litecdc_op"  # 'upsert' or 'delete' (an update of the key = delete + upsert)
+#: The key of a rowid table that declares no primary key.
+ROWID_COLUMN = "_litecdc_rowid"
+
+OP_UPSERT = "upsert"
+OP_DELETE = "delete"
+
+ARROW_TYPES: Mapping[str, pa.DataType] = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    declared_type: str  # as written in CREATE TABLE ('' when none)
+    arrow: str  # one of ARROW_TYPES
+    not_null: bool = False
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return ARROW_TYPES[self.arrow]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A source table as the pipeline mirrors it.
+
+    ``columns`` are the table's own columns in order, plus ``_litecdc_rowid`` first
+    when the table has no declared primary key (its rowid is then the key).
+    """
+
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TableSpec:
+        columns = tuple(
+            Column(c["name"], c.get("declared_type", ""), c["arrow"], bool(c.get("not_null")))
+            for c in doc["columns"]
+        )
+        return cls(doc["table"], columns, tuple(doc["key"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.name,
+            "columns": [
+                {
+                    "name": c.name,
+                    "declared_type": c.declared_type,
+                    "arrow": c.arrow,
+                    "not_null": c.not_null,
+                }
+                for c in self.columns
+            ],
+            "key": list(self.key),
+        }
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def row_schema(self) -> pa.Schema:
+        """Snapshot rows: the table's columns, then the version column."""
+        fields = [pa.field(c.name, c.arrow_type) for c in self.columns]
+        return pa.schema([*fields, pa.field(CID_COLUMN, pa.int64(), nullable=False)])
+
+    def change_schema(self) -> pa.Schema:
+        """Change events: cid, seq, op, then the row (the after image of an upsert, the
+        before image of a delete)."""
+        fields = [pa.field(c.name, c.arrow_type) for c in self.columns]
+        return pa.schema(
+            [
+                pa.field(CID_COLUMN, pa.int64(), nullable=False),
+                pa.field(SEQ_COLUMN, pa.int64(), nullable=False),
+                pa.field(OP_COLUMN, pa.string(), nullable=False),
+                *fields,
+            ]
+        )
+
+    def added_columns(self, previous: TableSpec) -> list[Column]:
+        """Columns of this description that ``previous`` did not have (source ALTER TABLE)."""
+        known = set(previous.column_names)
+        return [c for c in self.columns if c.name not in known]
+
+
+def same_columns(a: Sequence[Column], b: Sequence[Column]) -> bool:
+    return [(c.name, c.arrow) for c in a] == [(c.name, c.arrow) for c in b]

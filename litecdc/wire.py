@@ -1,0 +1,83 @@
+"""How the pull source's data travels: Arrow IPC streams, and keys as JSON text.
+
+Shared by the node (``db/source``, ``http/``) and the pipeline's client, so both ends
+agree on one encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from litecdc.errors import RequestError
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """``table`` (schema metadata included) as one Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+def encode_key(key: Sequence[Any] | None) -> str:
+    """A key as JSON text: blobs as ``{"base64": "…"}`` so they stay blobs on the way back."""
+    if key is None:
+        return "null"
+    return json.dumps(
+        [{"base64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in key]
+    )
+
+
+def decode_key(text: str | None, what: str) -> list[Any] | None:
+    """A key sent back as JSON text (``encode_key``); None when absent or null."""
+    if text is None or text in ("", "null"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise RequestError(f"{what} must be a JSON list of key values, got {text!r}") from None
+    if not isinstance(value, list):
+        raise RequestError(f"{what} must be a JSON list of key values, got {text!r}")
+    out: list[Any] = []
+    for v in value:
+        if isinstance(v, dict):
+            if set(v) != {"base64"} or not isinstance(v["base64"], str):
+                raise RequestError(f'{what}: a blob key value is {{"base64": "…"}}, got {v!r}')
+            try:
+                out.append(base64.b64decode(v["base64"], validate=True))
+            except ValueError:
+                raise RequestError(f"{what}: invalid base64 in {v!r}") from None
+        elif isinstance(v, list):
+            raise RequestError(f"{what}: key values are numbers, strings or blobs, got {v!r}")
+        else:
+            out.append(v)
+    return out
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return repr(value)
+    return value
+
+
+def table_to_json(page: pa.Table) -> dict[str, Any]:
+    """A page as JSON-friendly columns and rows (blobs as base64, like rqlite)."""
+    columns = page.schema.names
+    rows = [list(jsonable(tuple(r.values()))) for r in page.to_pylist()]
+    return {"columns": columns, "rows": rows}
