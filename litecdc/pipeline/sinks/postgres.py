@@ -1,0 +1,420 @@
+"""PostgreSQL mirror through psycopg 3.
+
+The table (``?table=``, default the source table's name, in ``?schema=``, default
+``public``) is created if missing: the source columns typed BIGINT / DOUBLE PRECISION /
+TEXT / BYTEA, ``_litecdc_cid BIGINT NOT NULL`` and a PRIMARY KEY on the key columns.
+``litecdc_sink_state(subscription, table_name, applied_cid)`` in the same schema records
+the last change batch applied to that table (keyed by table too, like Delta's record
+that lives in the table itself: a table dropped and created again starts from 0).
+
+A write copies the rows (binary COPY: floats, blobs and text round-trip exactly) into
+session-private staging tables, then, in the same transaction::
+
+    INSERT INTO t SELECT … FROM staging ON CONFLICT (key) DO UPDATE SET …
+        WHERE excluded._litecdc_cid > t._litecdc_cid
+    DELETE FROM t USING staging_deletes d WHERE key = d.key AND t._litecdc_cid < d._litecdc_cid
+    UPDATE litecdc_sink_state SET applied_cid = <end cid>
+
+(COPY + one INSERT … SELECT measured ~3x faster than executemany.) The state row is
+read FOR UPDATE first, so two writers of one subscription cannot both apply a batch.
+
+Example::
+
+    sink = PostgresSink("postgresql://app:pw@127.0.0.1:5432/app?table=orders", spec, "orders-pg")
+    sink.prepare()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import sql
+
+from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.pipeline.events import net_changes
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url
+from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+
+log = logging.getLogger("litecdc.pipeline")
+
+#: Column type created for each Arrow type, and the COPY (binary) type name.
+PG_TYPES = {"int64": "BIGINT", "float64": "DOUBLE PRECISION", "string": "TEXT", "binary": "BYTEA"}
+COPY_TYPES = {"int64": "int8", "float64": "float8", "string": "text", "binary": "bytea"}
+#: information_schema.columns.data_type values an existing column may have.
+ACCEPTED_TYPES = {
+    "int64": {"bigint"},
+    "float64": {"double precision"},
+    "string": {"text", "character varying"},
+    "binary": {"bytea"},
+}
+STATE_TABLE = "litecdc_sink_state"
+_STAGE_UP = "litecdc_stage_upserts"
+_STAGE_DEL = "litecdc_stage_deletes"
+
+
+class PostgresSink(Sink):
+    kind = "mirror"
+
+    def __init__(self, url: str, spec: TableSpec, subscription: str) -> None:
+        super().__init__(url, spec, subscription)
+        options = parse_sink_url(url)
+        if not isinstance(options, SqlOptions) or options.dialect != "postgresql":
+            raise SinkError(f"postgresql sink: {mask_url(url)} is not a postgresql:// URL")
+        self.options = options
+        self.table_name = options.table or spec.name
+        self.schema_name = options.schema or "public"
+        self._where = f"{self.schema_name}.{self.table_name} at {mask_url(url)}"
+        self._conn: psycopg.Connection[Any] | None = None
+        self._staged_for: TableSpec | None = None  # spec the staging tables were made for
+
+    # -- connection -------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        o = self.options
+        params: dict[str, Any] = {
+            "host": o.host,
+            "port": o.port,
+            "dbname": o.database,
+            "connect_timeout": max(1, math.ceil(o.connect_timeout)),
+            "application_name": f"litecdc-{self.subscription}"[:63],
+            "autocommit": True,  # transactions are explicit (conn.transaction())
+        }
+        if o.user is not None:
+            params["user"] = o.user
+        if o.password is not None:
+            params["password"] = o.password
+        if o.sslmode is not None:
+            params["sslmode"] = o.sslmode
+        try:
+            self._conn = psycopg.connect(**params)
+        except psycopg.Error as exc:
+            raise SinkError(
+                f"postgresql sink: cannot connect to {mask_url(self.url)}: "
+                f"{self._scrub(exc)}: check the server is up and the URL's credentials"
+            ) from exc
+        self._staged_for = None
+        return self._conn
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = str(exc).strip()
+        if self.options.password:
+            text = text.replace(self.options.password, "***")
+        return text
+
+    def _fail(self, doing: str, exc: psycopg.Error) -> SinkError:
+        if isinstance(exc, psycopg.errors.DataError):
+            return SchemaMismatchError(
+                f"postgresql sink: {doing} {self._where}: a value the column cannot take: "
+                f"{self._scrub(exc)}"
+            )
+        return SinkError(f"postgresql sink: {doing} {self._where} failed: {self._scrub(exc)}")
+
+    def _ident(self, name: str) -> sql.Composable:
+        return sql.Identifier(name)
+
+    def _target(self) -> sql.Composable:
+        return sql.Identifier(self.schema_name, self.table_name)
+
+    def _state(self) -> sql.Composable:
+        return sql.Identifier(self.schema_name, STATE_TABLE)
+
+    # -- set-up -----------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        conn = self._connect()
+        try:
+            with conn.transaction():
+                existing = self._existing_columns(conn)
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (subscription TEXT NOT NULL, "
+                        "table_name TEXT NOT NULL, applied_cid BIGINT NOT NULL, "
+                        "PRIMARY KEY (subscription, table_name))"
+                    ).format(self._state())
+                )
+                if not existing:
+                    self._create_table(conn)
+                    # a record left by a dropped table of that name is not this table's
+                    conn.execute(
+                        sql.SQL(
+                            "DELETE FROM {} WHERE subscription = %s AND table_name = %s"
+                        ).format(self._state()),
+                        (self.subscription, self.table_name),
+                    )
+                else:
+                    self._check_and_extend(conn, existing)
+        except psycopg.Error as exc:
+            raise self._fail("preparing", exc) from exc
+        self._staged_for = None
+
+    def _existing_columns(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
+        rows = conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s",
+            (self.schema_name, self.table_name),
+        ).fetchall()
+        return {str(name): str(kind) for name, kind in rows}
+
+    def _column_def(self, column: Column) -> sql.Composable:
+        return sql.SQL("{} {}").format(self._ident(column.name), sql.SQL(PG_TYPES[column.arrow]))
+
+    def _create_table(self, conn: psycopg.Connection[Any]) -> None:
+        defs = [self._column_def(c) for c in self.spec.columns]
+        defs.append(sql.SQL("{} BIGINT NOT NULL").format(self._ident(CID_COLUMN)))
+        defs.append(
+            sql.SQL("PRIMARY KEY ({})").format(
+                sql.SQL(", ").join(self._ident(k) for k in self.spec.key)
+            )
+        )
+        conn.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+                self._target(), sql.SQL(", ").join(defs)
+            )
+        )
+        log.info("postgresql sink: created table %s.%s", self.schema_name, self.table_name)
+
+    def _check_and_extend(self, conn: psycopg.Connection[Any], existing: dict[str, str]) -> None:
+        if existing.get(CID_COLUMN) != "bigint":
+            raise SchemaMismatchError(
+                f"postgresql sink: {self._where} has no BIGINT {CID_COLUMN} column: it is "
+                "not a litecdc mirror; choose another table (?table=NAME)"
+            )
+        for column in self.spec.columns:
+            found = existing.get(column.name)
+            if found is not None and found not in ACCEPTED_TYPES[column.arrow]:
+                raise SchemaMismatchError(
+                    f"postgresql sink: column {column.name!r} of {self._where} is {found}, "
+                    f"the source has {column.arrow} ({PG_TYPES[column.arrow]}): alter or drop "
+                    "the sink table, or choose another (?table=NAME)"
+                )
+        key = conn.execute(
+            "SELECT a.attname FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = %s::regclass AND i.indisprimary",
+            (self._target().as_string(conn),),
+        ).fetchall()
+        if sorted(str(r[0]) for r in key) != sorted(self.spec.key):
+            raise SchemaMismatchError(
+                f"postgresql sink: the primary key of {self._where} is "
+                f"({', '.join(sorted(str(r[0]) for r in key)) or 'none'}), the source key is "
+                f"({', '.join(self.spec.key)}): choose another table (?table=NAME)"
+            )
+        added = [c for c in self.spec.columns if c.name not in existing]
+        for column in added:
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(
+                    self._target(), self._column_def(column)
+                )
+            )
+        if added:
+            log.info(
+                "postgresql sink: added columns %s to %s.%s",
+                [c.name for c in added],
+                self.schema_name,
+                self.table_name,
+            )
+
+    def _ensure_staging(self, conn: psycopg.Connection[Any]) -> None:
+        """Session-private staging tables, emptied at every commit."""
+        if self._staged_for is self.spec:
+            return
+        cols = [self._column_def(c) for c in self.spec.columns]
+        cid = sql.SQL("{} BIGINT NOT NULL").format(self._ident(CID_COLUMN))
+        keys = [self._column_def(self.spec.column(k)) for k in self.spec.key]
+        for name, defs in ((_STAGE_UP, [*cols, cid]), (_STAGE_DEL, [*keys, cid])):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(self._ident(name)))
+            conn.execute(
+                sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DELETE ROWS").format(
+                    self._ident(name), sql.SQL(", ").join(defs)
+                )
+            )
+        self._staged_for = self.spec
+
+    # -- writes -----------------------------------------------------------------------
+
+    def write_snapshot(self, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        conn = self._connect()
+        try:
+            self._ensure_staging(conn)
+            with conn.transaction():
+                self._upsert(conn, rows)
+        except psycopg.Error as exc:
+            raise self._fail("writing a snapshot chunk to", exc) from exc
+
+    def write_changes(self, events: pa.Table, batch: ChangeBatch) -> bool:
+        conn = self._connect()
+        try:
+            self._ensure_staging(conn)
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (subscription, table_name, applied_cid) "
+                        "VALUES (%s, %s, 0) ON CONFLICT (subscription, table_name) DO NOTHING"
+                    ).format(self._state()),
+                    (self.subscription, self.table_name),
+                )
+                # the row lock makes check-and-apply atomic against another writer
+                row = conn.execute(
+                    sql.SQL(
+                        "SELECT applied_cid FROM {} WHERE subscription = %s AND table_name = %s "
+                        "FOR UPDATE"
+                    ).format(self._state()),
+                    (self.subscription, self.table_name),
+                ).fetchone()
+                applied = int(row[0]) if row else 0
+                if batch.end_cid <= applied:
+                    log.debug("postgresql sink: batch up to cid %d already applied", batch.end_cid)
+                    return False
+                if applied > 0 and events.num_rows:
+                    events = events.filter(pc.greater(events[CID_COLUMN], applied))
+                net = net_changes(events, self.spec)
+                self._upsert(conn, net.upserts)
+                self._delete(conn, net.deletes)
+                conn.execute(
+                    sql.SQL(
+                        "UPDATE {} SET applied_cid = %s WHERE subscription = %s AND table_name = %s"
+                    ).format(self._state()),
+                    (batch.end_cid, self.subscription, self.table_name),
+                )
+        except psycopg.Error as exc:
+            raise self._fail(f"applying changes up to cid {batch.end_cid} to", exc) from exc
+        return True
+
+    def _copy(
+        self, conn: psycopg.Connection[Any], stage: str, rows: pa.Table, columns: Sequence[Column]
+    ) -> None:
+        names = [c.name for c in columns] + [CID_COLUMN]
+        types = [COPY_TYPES[c.arrow] for c in columns] + ["int8"]
+        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+            self._ident(stage), sql.SQL(", ").join(self._ident(n) for n in names)
+        )
+        data = _columns_as_python(rows, names)
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            copy.set_types(types)
+            for record in zip(*data, strict=True):
+                copy.write_row(record)
+
+    def _upsert(self, conn: psycopg.Connection[Any], rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        self._copy(conn, _STAGE_UP, rows, self.spec.columns)
+        names = [*self.spec.column_names, CID_COLUMN]
+        cols = sql.SQL(", ").join(self._ident(n) for n in names)
+        keyset = set(self.spec.key)
+        # the cid is assigned last so the WHERE guard compares against the stored one
+        updates = sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(self._ident(n)) for n in names if n not in keyset
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {target} AS t ({cols}) SELECT {cols} FROM {stage} "
+                "ON CONFLICT ({key}) DO UPDATE SET {updates} "
+                "WHERE EXCLUDED.{cid} > t.{cid}"
+            ).format(
+                target=self._target(),
+                cols=cols,
+                stage=self._ident(_STAGE_UP),
+                key=sql.SQL(", ").join(self._ident(k) for k in self.spec.key),
+                updates=updates,
+                cid=self._ident(CID_COLUMN),
+            )
+        )
+
+    def _delete(self, conn: psycopg.Connection[Any], keys: pa.Table) -> None:
+        if keys.num_rows == 0:
+            return
+        key_columns = [self.spec.column(k) for k in self.spec.key]
+        self._copy(conn, _STAGE_DEL, keys, key_columns)
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{0} = d.{0}").format(self._ident(k)) for k in self.spec.key
+        )
+        conn.execute(
+            sql.SQL(
+                "DELETE FROM {target} AS t USING {stage} AS d WHERE {match} AND t.{cid} < d.{cid}"
+            ).format(
+                target=self._target(),
+                stage=self._ident(_STAGE_DEL),
+                match=match,
+                cid=self._ident(CID_COLUMN),
+            )
+        )
+
+    def finish_snapshot(self, init_cid: int) -> int:
+        conn = self._connect()
+        try:
+            with conn.transaction():
+                cur = conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE {} < %s").format(
+                        self._target(), self._ident(CID_COLUMN)
+                    ),
+                    (init_cid,),
+                )
+                deleted = cur.rowcount
+        except psycopg.Error as exc:
+            raise self._fail("sweeping", exc) from exc
+        if deleted:
+            log.info("postgresql sink: removed %d rows the snapshot did not see", deleted)
+        return deleted
+
+    # -- reads ------------------------------------------------------------------------
+
+    def applied_cid(self) -> int:
+        conn = self._connect()
+        try:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT applied_cid FROM {} WHERE subscription = %s AND table_name = %s"
+                ).format(self._state()),
+                (self.subscription, self.table_name),
+            ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return 0  # prepare() has not run yet: nothing applied
+        except psycopg.Error as exc:
+            raise self._fail("reading the state of", exc) from exc
+        return int(row[0]) if row else 0
+
+    def read_rows(self) -> pa.Table:
+        conn = self._connect()
+        names = self.spec.column_names
+        statement = sql.SQL("SELECT {} FROM {} ORDER BY {}").format(
+            sql.SQL(", ").join(self._ident(n) for n in names),
+            self._target(),
+            sql.SQL(", ").join(self._ident(k) for k in self.spec.key),
+        )
+        try:
+            with conn.cursor(binary=True) as cur:  # binary: floats exactly as stored
+                cur.execute(statement)
+                records = cur.fetchall()
+        except psycopg.Error as exc:
+            raise self._fail("reading", exc) from exc
+        schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
+        columns = list(zip(*records, strict=True)) if records else [() for _ in names]
+        return pa.table(
+            [pa.array(_plain(col), f.type) for col, f in zip(columns, schema, strict=True)],
+            schema=schema,
+        )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _columns_as_python(rows: pa.Table, names: Iterable[str]) -> list[list[Any]]:
+    return [rows[name].to_pylist() for name in names]
+
+
+def _plain(values: Iterable[Any]) -> list[Any]:
+    """Driver values as Arrow takes them (bytea may come back as memoryview)."""
+    return [bytes(v) if isinstance(v, memoryview) else v for v in values]

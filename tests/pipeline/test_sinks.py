@@ -1,0 +1,332 @@
+"""The shared behaviour suite of the pipeline sinks, run against real servers/formats.
+
+Mirror sinks (Delta, PostgreSQL, MariaDB) must end up holding exactly the source's rows
+whatever the interleaving of snapshot chunks and change batches, replays and retries.
+Log sinks (NATS JetStream, RabbitMQ, webhook) are read back with their own clients.
+Servers come from the session fixtures of tests/servers (a missing one fails, never skips).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from sink_contract import (
+    COMPOSITE_SPEC,
+    SPEC,
+    SourceSim,
+    canonical_rows,
+    sample_row,
+    table_rows,
+)
+
+from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.registry import (
+    DeltaOptions,
+    SqlOptions,
+    WebhookOptions,
+    mask_url,
+    open_sink,
+    parse_sink_url,
+)
+from litecdc.pipeline.tables import Column, TableSpec
+
+MIRRORS = ["delta", "postgresql", "mariadb"]
+UrlFor = Callable[[str], str]
+
+
+def fresh_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=MIRRORS)
+def mirror_url(request: pytest.FixtureRequest, tmp_path: Path) -> UrlFor:
+    """``url_for(table)``: the URL of a fresh mirror table of this parameter's sink."""
+    kind = request.param
+    if kind == "delta":
+        return lambda name: f"delta:{tmp_path}/{name}"
+    base = request.getfixturevalue(f"{kind}_url")
+    return lambda name: f"{base}?table={name}"
+
+
+@pytest.fixture
+def opened() -> Iterator[list[Sink]]:
+    sinks: list[Sink] = []
+    yield sinks
+    for sink in sinks:
+        sink.close()
+
+
+def open_tracked(opened: list[Sink], url: str, spec: TableSpec, sub: str = "sub") -> Sink:
+    sink = open_sink(url, spec, sub)
+    opened.append(sink)
+    return sink
+
+
+def assert_mirror(sink: Sink, src: SourceSim) -> None:
+    got = canonical_rows(table_rows(sink.read_rows()))
+    want = canonical_rows(src.expected_rows())
+    assert got == want
+
+
+def batch(src: SourceSim, after: int, end: int, sub: str = "sub") -> tuple[pa.Table, ChangeBatch]:
+    return src.events(after, end), ChangeBatch(sub, after, end)
+
+
+# -- mirrors ----------------------------------------------------------------------------
+
+
+def test_mirror_converges_across_chunks_batches_replays_and_retries(
+    mirror_url: UrlFor, opened: list[Sink]
+) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 31)])
+    init = src.cid  # registration: the log is read from here
+    src.commit(("upsert", {**sample_row(2), "name": "updated before chunk a"}))
+    src.commit(("delete", (3,)))
+    chunk_a = src.chunk(0, 15, src.cid)  # read at init + 2
+    src.commit(("upsert", {**sample_row(20), "price": 2.5}), ("upsert", sample_row(40)))
+    src.commit(("rekey", ((21,), {**sample_row(21), "id": 41})))
+    src.commit(("delete", (22,)), ("upsert", {**sample_row(4), "n": 2**62}))
+    chunk_b = src.chunk(15, 100, src.cid)  # read at init + 5
+    src.commit(("upsert", {**sample_row(5), "data": b"\x00new"}), ("delete", (23,)))
+    src.commit(("delete", (41,)))  # the re-keyed row goes again
+    src.commit(("upsert", sample_row(22)))  # a deleted key comes back
+    mid = init + 4
+    end = src.cid
+
+    sink = open_tracked(opened, mirror_url(fresh_name()), SPEC)
+    assert sink.applied_cid() == 0
+    sink.write_snapshot(chunk_a)
+    sink.write_snapshot(chunk_b)
+    sink.write_snapshot(chunk_a)  # a chunk retried after a crash
+    assert sink.finish_snapshot(init) == 0  # every chunk was read at or after init
+    assert sink.write_changes(*batch(src, init, mid)) is True
+    assert sink.applied_cid() == mid
+    assert sink.write_changes(*batch(src, mid, end)) is True
+    assert sink.applied_cid() == end
+    assert_mirror(sink, src)
+
+    # an older batch replayed after a newer one changes nothing: deleted rows stay deleted
+    assert sink.write_changes(*batch(src, init, mid)) is False
+    # the newest batch retried
+    assert sink.write_changes(*batch(src, mid, end)) is False
+    assert sink.applied_cid() == end
+    assert_mirror(sink, src)
+
+    # a batch overlapping what was applied: the applied part is dropped, the rest applied
+    src.commit(("upsert", {**sample_row(6), "name": "after"}), ("delete", (7,)))
+    src.commit(("upsert", sample_row(50)))
+    assert sink.write_changes(*batch(src, end - 2, src.cid)) is True
+    assert sink.applied_cid() == src.cid
+    assert_mirror(sink, src)
+
+
+def test_mirror_empty_batch_is_recorded(mirror_url: UrlFor, opened: list[Sink]) -> None:
+    src = SourceSim(SPEC)
+    sink = open_tracked(opened, mirror_url(fresh_name()), SPEC)
+    assert sink.write_changes(src.events(0, 0), ChangeBatch("sub", 0, 17)) is True
+    assert sink.applied_cid() == 17
+    assert sink.write_changes(src.events(0, 0), ChangeBatch("sub", 0, 17)) is False
+    assert sink.read_rows().num_rows == 0
+
+
+def test_mirror_values_round_trip_exactly(mirror_url: UrlFor, opened: list[Sink]) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 64)])
+    sink = open_tracked(opened, mirror_url(fresh_name()), SPEC)
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    assert_mirror(sink, src)
+    # updates to NULL and back
+    src.commit(
+        ("upsert", {"id": 1, "name": None, "price": None, "data": None, "n": None}),
+        ("upsert", {**sample_row(2), "price": float("-0.0")}),
+    )
+    assert sink.write_changes(*batch(src, 1, src.cid)) is True
+    assert_mirror(sink, src)
+
+
+def test_mirror_composite_text_key(mirror_url: UrlFor, opened: list[Sink]) -> None:
+    src = SourceSim(COMPOSITE_SPEC)
+    keys = ["", "a", "A", "a ", "é", "😀", "long " + "x" * 200]
+    src.commit(*[("upsert", {"region": r, "n": i, "value": f"v{i}"}) for i, r in enumerate(keys)])
+    init = src.cid
+    src.commit(("delete", ("a", 1)), ("upsert", {"region": "A", "n": 2, "value": "changed"}))
+    src.commit(("rekey", (("é", 4), {"region": "e", "n": 4, "value": "rekeyed"})))
+    sink = open_tracked(opened, mirror_url(fresh_name()), COMPOSITE_SPEC)
+    sink.write_snapshot(src.chunk("", "\U0010ffff", init))
+    assert sink.write_changes(*batch(src, init, src.cid)) is True
+    assert_mirror(sink, src)
+
+
+def test_finish_snapshot_sweeps_rows_a_resnapshot_did_not_see(
+    mirror_url: UrlFor, opened: list[Sink]
+) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 21)])
+    sink = open_tracked(opened, mirror_url(fresh_name()), SPEC)
+    sink.write_snapshot(src.chunk(0, 100, src.cid))
+    sink.finish_snapshot(src.cid)
+    # the subscription fell behind the retention cap: rows vanished meanwhile
+    src.commit(("delete", (3,)), ("delete", (4,)), ("upsert", sample_row(30)))
+    src.commit(("delete", (11,)))
+    init = src.cid  # the re-snapshot's registration
+    src.commit(("upsert", {**sample_row(12), "name": "late"}))
+    sink.write_snapshot(src.chunk(0, 10, src.cid))
+    sink.write_snapshot(src.chunk(10, 100, src.cid))
+    assert sink.finish_snapshot(init) == 3  # ids 3, 4 and 11
+    assert sink.write_changes(*batch(src, init, src.cid)) is True
+    assert_mirror(sink, src)
+
+
+def test_mirror_schema_evolution_adds_the_column(mirror_url: UrlFor, opened: list[Sink]) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 6)])
+    url = mirror_url(fresh_name())
+    sink = open_tracked(opened, url, SPEC)
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+
+    wider = replace(SPEC, columns=(*SPEC.columns, Column("note", "TEXT", "string")))
+    sink.evolve(wider)
+    src2 = SourceSim(wider, cid=src.cid, rows={k: {**r, "note": None} for k, r in src.rows.items()})
+    src2.states[src.cid] = dict(src2.rows)
+    src2.commit(("upsert", {**sample_row(2), "note": "new column"}), ("upsert", sample_row(9)))
+    assert sink.write_changes(*batch(src2, 1, src2.cid)) is True
+    assert_mirror(sink, src2)
+    # a sink opened later with the wider description finds the column there
+    again = open_tracked(opened, url, wider)
+    assert again.applied_cid() == src2.cid
+    assert_mirror(again, src2)
+
+
+def test_mirror_reopened_keeps_rows_and_applied_cid(mirror_url: UrlFor, opened: list[Sink]) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 11)])
+    src.commit(("delete", (5,)))
+    url = mirror_url(fresh_name())
+    first = open_sink(url, SPEC, "sub")
+    assert first.write_changes(*batch(src, 0, src.cid)) is True
+    first.close()
+    second = open_tracked(opened, url, SPEC)
+    assert second.applied_cid() == src.cid
+    assert second.write_changes(*batch(src, 0, src.cid)) is False
+    assert_mirror(second, src)
+    # another subscription into another table of the same place has its own record
+    other = open_tracked(opened, mirror_url(fresh_name()), SPEC, sub="other")
+    assert other.applied_cid() == 0
+
+
+def test_mirror_refuses_a_column_of_another_type(mirror_url: UrlFor, opened: list[Sink]) -> None:
+    url = mirror_url(fresh_name())
+    open_tracked(opened, url, SPEC)
+    clashing = replace(
+        SPEC,
+        columns=tuple(
+            Column(c.name, "TEXT", "string") if c.name == "n" else c for c in SPEC.columns
+        ),
+    )
+    with pytest.raises(SchemaMismatchError, match="'n'"):
+        open_sink(url, clashing, "sub")
+
+
+# -- URLs and unreachable servers -------------------------------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:s3cret@127.0.0.1:{port}/db",
+        "mysql://app:s3cret@127.0.0.1:{port}/db",
+        "nats://app:s3cret@127.0.0.1:{port}",
+        "amqp://app:s3cret@127.0.0.1:{port}/",
+        "http://127.0.0.1:{port}/hook?litecdc_retries=1",
+    ],
+)
+def test_unreachable_server_is_a_quick_clear_sink_error(url: str) -> None:
+    url = url.format(port=closed_port())
+    started = time.monotonic()
+    with pytest.raises(SinkError) as info:
+        open_sink(url, SPEC, "sub")
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert "s3cret" not in message
+    assert "127.0.0.1" in message
+
+
+def test_delta_path_that_cannot_hold_a_table(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(SinkError, match="delta sink"):
+        open_sink(f"delta:{tmp_path}/file/table", SPEC, "sub")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("orders", "no scheme"),
+        ("ftp://host/x", "unknown scheme 'ftp'"),
+        ("delta:relative/path", "absolute path"),
+        ("delta://host/abs", "local path"),
+        ("delta:/abs?x=1", "no query parameters"),
+        ("postgresql://u:pw@127.0.0.1:5432", "database name"),
+        ("postgresql://u:pw@127.0.0.1:5432/db?tabel=x", "unknown query parameter 'tabel'"),
+        ("postgresql://u:pw@127.0.0.1:99999/db", "port"),
+        ("postgresql://u:pw@127.0.0.1/db?sslmode=maybe", "sslmode"),
+        ("postgresql://u:pw@/db", "missing host"),
+        ("mysql://u@127.0.0.1/db?schema=x", "unknown query parameter 'schema'"),
+        ("mariadb://u@127.0.0.1/db?table=", "is empty"),
+        ("nats://127.0.0.1:4222?stream=a.b", "stream"),
+        ("nats://127.0.0.1:4222?subject=a.*", "subject"),
+        ("amqp://u:pw@127.0.0.1/?exchange=e&queue=q", "not both"),
+        ("http://127.0.0.1/hook?litecdc_retries=0", "litecdc_retries"),
+        ("http://127.0.0.1/hook?litecdc_secret=short", "litecdc_secret"),
+        ("https://127.0.0.1/hook?litecdc_bogus=1", "unknown query parameter"),
+    ],
+)
+def test_bad_sink_url_is_refused_without_connecting(url: str, problem: str) -> None:
+    with pytest.raises(SinkError) as info:
+        parse_sink_url(url)
+    assert problem in str(info.value)
+    assert ":pw@" not in str(info.value)
+
+
+def test_sink_urls_parse_with_defaults() -> None:
+    assert parse_sink_url("delta:/data/lake/orders") == DeltaOptions("/data/lake/orders")
+    assert parse_sink_url("delta:///data/lake/orders/") == DeltaOptions("/data/lake/orders")
+    pg = parse_sink_url("postgresql://app:p%40ss@db.example:6543/shop?table=o&schema=s")
+    assert isinstance(pg, SqlOptions)
+    assert (pg.dialect, pg.host, pg.port, pg.user, pg.password) == (
+        "postgresql",
+        "db.example",
+        6543,
+        "app",
+        "p@ss",
+    )
+    assert (pg.database, pg.table, pg.schema) == ("shop", "o", "s")
+    my = parse_sink_url("mariadb://root@127.0.0.1/shop")
+    assert isinstance(my, SqlOptions)
+    assert (my.dialect, my.port, my.table, my.password) == ("mysql", 3306, None, None)
+    hook = parse_sink_url("https://h.example/in?k=v&litecdc_timeout=2.5")
+    assert isinstance(hook, WebhookOptions)
+    assert (hook.url, hook.timeout) == ("https://h.example/in?k=v", 2.5)
+    assert "pw" not in repr(parse_sink_url("amqp://u:pw@h/"))
+
+
+def test_mask_url_hides_passwords_and_secrets() -> None:
+    assert mask_url("postgresql://app:s3cret@h:5432/db?table=t") == (
+        "postgresql://app:***@h:5432/db?table=t"
+    )
+    assert "whsec" not in mask_url("https://h/x?litecdc_secret=whsec_abc&a=1")
+    assert mask_url("nats://h:4222") == "nats://h:4222"
