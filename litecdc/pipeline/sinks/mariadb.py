@@ -1,0 +1,413 @@
+"""MariaDB / MySQL mirror through PyMySQL.
+
+The table (``?table=``, default the source table's name) is created if missing (InnoDB,
+utf8mb4): int64 → BIGINT, float64 → DOUBLE, string → LONGTEXT, binary → LONGBLOB, plus
+``_litecdc_cid BIGINT NOT NULL`` and a PRIMARY KEY on the key columns.
+
+Key columns of type string or binary are VARBINARY: InnoDB cannot index LONGTEXT whole,
+and a text key as VARBINARY compares byte for byte like SQLite's BINARY collation
+(utf8mb4 collations would fold case or ignore trailing spaces: 'a' and 'A', or 'a' and
+'a ', would collide). The key columns share InnoDB's 3072-byte index limit
+(``KEY_BYTES``): a longer key value is refused by the server (strict mode) as a
+SchemaMismatchError, never truncated.
+
+DOUBLE keeps every other float bit for bit (subnormals, 1e308), but MariaDB stores
+-0.0 as 0.0 (SQLite REAL columns do the same; only untyped columns can hold -0.0).
+
+Writes: multi-row ``INSERT … ON DUPLICATE KEY UPDATE col = IF(VALUES(cid) > cid,
+VALUES(col), col)`` with ``_litecdc_cid`` assigned last (MariaDB evaluates the
+assignments in order, so earlier ones still compare against the stored cid); deletes
+through a temporary staging table (``DELETE t FROM t JOIN staging``). A change batch and
+its ``litecdc_sink_state`` record (per subscription and table) commit together.
+
+Example::
+
+    sink = MariaDBSink("mysql://root@127.0.0.1:3306/app?table=orders", spec, "orders-my")
+    sink.prepare()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pymysql  # type: ignore[import-untyped]
+
+from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.pipeline.events import net_changes
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url
+from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+
+log = logging.getLogger("litecdc.pipeline")
+
+MY_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "string": "LONGTEXT", "binary": "LONGBLOB"}
+#: information_schema DATA_TYPE values an existing column may have.
+ACCEPTED_TYPES = {
+    "int64": {"bigint"},
+    "float64": {"double"},
+    "string": {"longtext", "mediumtext", "text", "varchar", "varbinary"},
+    "binary": {"longblob", "mediumblob", "blob", "varbinary"},
+}
+KEY_BYTES = 3072  # InnoDB's limit on an index key (DYNAMIC rows, the default)
+STATE_TABLE = "litecdc_sink_state"
+_STAGE_DEL = "litecdc_stage_deletes"
+_ROWS_PER_STATEMENT = 1000  # multi-row INSERT size (also bounded by max_allowed_packet)
+_DATA_ERRORS = {1264, 1265, 1366, 1406, 1048, 1367}  # out of range, truncated, bad string…
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class MariaDBSink(Sink):
+    kind = "mirror"
+
+    def __init__(self, url: str, spec: TableSpec, subscription: str) -> None:
+        super().__init__(url, spec, subscription)
+        options = parse_sink_url(url)
+        if not isinstance(options, SqlOptions) or options.dialect != "mysql":
+            raise SinkError(f"mariadb sink: {mask_url(url)} is not a mysql:// URL")
+        self.options = options
+        self.table_name = options.table or spec.name
+        self._where = f"{self.table_name} at {mask_url(url)}"
+        self._conn: Any = None
+        self._staged_for: TableSpec | None = None
+
+    # -- connection -------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        if self._conn is not None and self._conn.open:
+            return self._conn
+        o = self.options
+        try:
+            self._conn = pymysql.connect(
+                host=o.host,
+                port=o.port,
+                user=o.user or "root",
+                password=o.password or "",
+                database=o.database,
+                charset="utf8mb4",
+                connect_timeout=max(1, math.ceil(o.connect_timeout)),
+                autocommit=False,
+                binary_prefix=True,  # blobs sent as _binary'…': no charset conversion
+                # strict: a value that does not fit is an error, never silently cut
+                init_command="SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'",
+            )
+        except pymysql.err.MySQLError as exc:
+            raise SinkError(
+                f"mariadb sink: cannot connect to {mask_url(self.url)}: {self._scrub(exc)}: "
+                "check the server is up and the URL's credentials"
+            ) from exc
+        self._staged_for = None
+        return self._conn
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = str(exc.args[-1] if exc.args else exc)
+        if self.options.password:
+            text = text.replace(self.options.password, "***")
+        return text
+
+    def _fail(self, doing: str, exc: Exception) -> SinkError:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+        if isinstance(exc, pymysql.err.DataError) or code in _DATA_ERRORS:
+            return SchemaMismatchError(
+                f"mariadb sink: {doing} {self._where}: a value the column cannot take: "
+                f"{self._scrub(exc)}"
+            )
+        return SinkError(f"mariadb sink: {doing} {self._where} failed: {self._scrub(exc)}")
+
+    def _rollback(self) -> None:
+        try:
+            if self._conn is not None and self._conn.open:
+                self._conn.rollback()
+        except pymysql.err.MySQLError:
+            self._conn.close()
+            self._conn = None
+
+    # -- set-up -----------------------------------------------------------------------
+
+    def _key_type(self, column: Column) -> str:
+        if column.arrow in ("int64", "float64"):
+            return MY_TYPES[column.arrow]
+        fixed = sum(8 for k in self.spec.key if self.spec.column(k).arrow in ("int64", "float64"))
+        variable = sum(
+            1 for k in self.spec.key if self.spec.column(k).arrow in ("string", "binary")
+        )
+        return f"VARBINARY({(KEY_BYTES - fixed) // max(1, variable)})"
+
+    def _column_def(self, column: Column) -> str:
+        kind = self._key_type(column) if column.name in self.spec.key else MY_TYPES[column.arrow]
+        return f"{_q(column.name)} {kind}"
+
+    def prepare(self) -> None:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                # DDL commits implicitly in MariaDB: none of it is inside a batch
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_q(STATE_TABLE)} ("
+                    "subscription VARCHAR(255) NOT NULL, table_name VARCHAR(255) NOT NULL, "
+                    "applied_cid BIGINT NOT NULL, PRIMARY KEY (subscription, table_name)) "
+                    "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+                )
+                cur.execute(
+                    "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                    (self.table_name,),
+                )
+                existing = {str(n): str(t).lower() for n, t in cur.fetchall()}
+                if not existing:
+                    self._create_table(cur)
+                    cur.execute(
+                        f"DELETE FROM {_q(STATE_TABLE)} WHERE subscription = %s "
+                        "AND table_name = %s",
+                        (self.subscription, self.table_name),
+                    )
+                else:
+                    self._check_and_extend(cur, existing)
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("preparing", exc) from exc
+        self._staged_for = None
+
+    def _create_table(self, cur: Any) -> None:
+        defs = [self._column_def(c) for c in self.spec.columns]
+        defs.append(f"{_q(CID_COLUMN)} BIGINT NOT NULL")
+        defs.append(f"PRIMARY KEY ({', '.join(_q(k) for k in self.spec.key)})")
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {_q(self.table_name)} ({', '.join(defs)}) "
+            "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
+        log.info("mariadb sink: created table %s", self.table_name)
+
+    def _check_and_extend(self, cur: Any, existing: dict[str, str]) -> None:
+        if existing.get(CID_COLUMN) != "bigint":
+            raise SchemaMismatchError(
+                f"mariadb sink: {self._where} has no BIGINT {CID_COLUMN} column: it is not a "
+                "litecdc mirror; choose another table (?table=NAME)"
+            )
+        for column in self.spec.columns:
+            found = existing.get(column.name)
+            if found is not None and found not in ACCEPTED_TYPES[column.arrow]:
+                raise SchemaMismatchError(
+                    f"mariadb sink: column {column.name!r} of {self._where} is {found}, the "
+                    f"source has {column.arrow} ({MY_TYPES[column.arrow]}): alter or drop the "
+                    "sink table, or choose another (?table=NAME)"
+                )
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE "
+            "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY'",
+            (self.table_name,),
+        )
+        key = sorted(str(r[0]) for r in cur.fetchall())
+        if key != sorted(self.spec.key):
+            raise SchemaMismatchError(
+                f"mariadb sink: the primary key of {self._where} is ({', '.join(key) or 'none'}), "
+                f"the source key is ({', '.join(self.spec.key)}): choose another table "
+                "(?table=NAME)"
+            )
+        added = [c for c in self.spec.columns if c.name not in existing]
+        if added:
+            columns = ", ".join(f"ADD COLUMN {self._column_def(c)}" for c in added)
+            cur.execute(f"ALTER TABLE {_q(self.table_name)} {columns}")
+            log.info(
+                "mariadb sink: added columns %s to %s", [c.name for c in added], self.table_name
+            )
+
+    def _ensure_staging(self, cur: Any) -> None:
+        if self._staged_for is self.spec:
+            return
+        keys = [self._column_def(self.spec.column(k)) for k in self.spec.key]
+        cur.execute(f"DROP TEMPORARY TABLE IF EXISTS {_q(_STAGE_DEL)}")
+        cur.execute(
+            f"CREATE TEMPORARY TABLE {_q(_STAGE_DEL)} ({', '.join(keys)}, "
+            f"{_q(CID_COLUMN)} BIGINT NOT NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        )
+        self._staged_for = self.spec
+
+    # -- writes -----------------------------------------------------------------------
+
+    def write_snapshot(self, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                self._upsert(cur, rows)
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("writing a snapshot chunk to", exc) from exc
+
+    def write_changes(self, events: pa.Table, batch: ChangeBatch) -> bool:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                self._ensure_staging(cur)
+                conn.begin()
+                cur.execute(
+                    f"INSERT IGNORE INTO {_q(STATE_TABLE)} (subscription, table_name, "
+                    "applied_cid) VALUES (%s, %s, 0)",
+                    (self.subscription, self.table_name),
+                )
+                # the row lock makes check-and-apply atomic against another writer
+                cur.execute(
+                    f"SELECT applied_cid FROM {_q(STATE_TABLE)} WHERE subscription = %s "
+                    "AND table_name = %s FOR UPDATE",
+                    (self.subscription, self.table_name),
+                )
+                row = cur.fetchone()
+                applied = int(row[0]) if row else 0
+                if batch.end_cid <= applied:
+                    conn.rollback()
+                    log.debug("mariadb sink: batch up to cid %d already applied", batch.end_cid)
+                    return False
+                if applied > 0 and events.num_rows:
+                    events = events.filter(pc.greater(events[CID_COLUMN], applied))
+                net = net_changes(events, self.spec)
+                self._upsert(cur, net.upserts)
+                self._delete(cur, net.deletes)
+                cur.execute(
+                    f"UPDATE {_q(STATE_TABLE)} SET applied_cid = %s WHERE subscription = %s "
+                    "AND table_name = %s",
+                    (batch.end_cid, self.subscription, self.table_name),
+                )
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail(f"applying changes up to cid {batch.end_cid} to", exc) from exc
+        return True
+
+    def _insert_rows(self, cur: Any, head: str, tail: str, width: int, rows: Sequence[Any]) -> None:
+        """Multi-row INSERTs of ``_ROWS_PER_STATEMENT`` rows each."""
+        one = "(" + ", ".join(["%s"] * width) + ")"
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            part = rows[start : start + _ROWS_PER_STATEMENT]
+            values = ", ".join([one] * len(part))
+            cur.execute(f"{head} VALUES {values}{tail}", [v for r in part for v in r])
+
+    def _upsert(self, cur: Any, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        names = [*self.spec.column_names, CID_COLUMN]
+        records = list(zip(*(rows[n].to_pylist() for n in names), strict=True))
+        cid = _q(CID_COLUMN)
+        newer = f"VALUES({cid}) > {cid}"
+        keyset = set(self.spec.key)
+        # _litecdc_cid is assigned LAST: the IF()s before it compare with the stored cid
+        updates = [
+            f"{_q(n)} = IF({newer}, VALUES({_q(n)}), {_q(n)})"
+            for n in self.spec.column_names
+            if n not in keyset
+        ]
+        updates.append(f"{cid} = IF({newer}, VALUES({cid}), {cid})")
+        head = f"INSERT INTO {_q(self.table_name)} ({', '.join(_q(n) for n in names)})"
+        tail = f" ON DUPLICATE KEY UPDATE {', '.join(updates)}"
+        self._insert_rows(cur, head, tail, len(names), records)
+
+    def _delete(self, cur: Any, keys: pa.Table) -> None:
+        if keys.num_rows == 0:
+            return
+        names = [*self.spec.key, CID_COLUMN]
+        records = list(zip(*(keys[n].to_pylist() for n in names), strict=True))
+        stage = _q(_STAGE_DEL)
+        cur.execute(f"DELETE FROM {stage}")
+        head = f"INSERT INTO {stage} ({', '.join(_q(n) for n in names)})"
+        self._insert_rows(cur, head, "", len(names), records)
+        match = " AND ".join(f"t.{_q(k)} = d.{_q(k)}" for k in self.spec.key)
+        cid = _q(CID_COLUMN)
+        cur.execute(
+            f"DELETE t FROM {_q(self.table_name)} AS t JOIN {stage} AS d ON {match} "
+            f"WHERE t.{cid} < d.{cid}"
+        )
+        cur.execute(f"DELETE FROM {stage}")
+
+    def finish_snapshot(self, init_cid: int) -> int:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                deleted = int(
+                    cur.execute(
+                        f"DELETE FROM {_q(self.table_name)} WHERE {_q(CID_COLUMN)} < %s",
+                        (init_cid,),
+                    )
+                )
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("sweeping", exc) from exc
+        if deleted:
+            log.info("mariadb sink: removed %d rows the snapshot did not see", deleted)
+        return deleted
+
+    # -- reads ------------------------------------------------------------------------
+
+    def applied_cid(self) -> int:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"SELECT applied_cid FROM {_q(STATE_TABLE)} WHERE subscription = %s "
+                    "AND table_name = %s",
+                    (self.subscription, self.table_name),
+                )
+                row = cur.fetchone()
+            conn.commit()  # end the read snapshot: the next read sees new commits
+        except pymysql.err.ProgrammingError as exc:
+            self._rollback()
+            if exc.args and exc.args[0] == 1146:  # no state table: prepare() has not run
+                return 0
+            raise self._fail("reading the state of", exc) from exc
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("reading the state of", exc) from exc
+        return int(row[0]) if row else 0
+
+    def read_rows(self) -> pa.Table:
+        conn = self._connect()
+        names = self.spec.column_names
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"SELECT {', '.join(_q(n) for n in names)} FROM {_q(self.table_name)} "
+                    f"ORDER BY {', '.join(_q(k) for k in self.spec.key)}"
+                )
+                records = cur.fetchall()
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("reading", exc) from exc
+        columns = list(zip(*records, strict=True)) if records else [() for _ in names]
+        arrays = [
+            pa.array(_as_arrow(values, c), c.arrow_type)
+            for values, c in zip(columns, self.spec.columns, strict=True)
+        ]
+        table = pa.Table.from_arrays(
+            arrays, schema=pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
+        )
+        # VARBINARY keys sort by bytes; the mirror's order is the key's natural order
+        return table.sort_by([(k, "ascending") for k in self.spec.key])
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except pymysql.err.MySQLError:
+                pass
+            self._conn = None
+
+
+def _as_arrow(values: Sequence[Any], column: Column) -> list[Any]:
+    if column.arrow == "string":  # VARBINARY keys come back as bytes
+        return [v.decode("utf-8") if isinstance(v, bytes | bytearray) else v for v in values]
+    if column.arrow == "binary":
+        return [bytes(v) if isinstance(v, bytearray) else v for v in values]
+    if column.arrow == "float64":
+        return [float(v) if v is not None else None for v in values]
+    return list(values)
