@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -396,10 +397,8 @@ class MariaDBSink(Sink):
 
     def close(self) -> None:
         if self._conn is not None:
-            try:
+            with contextlib.suppress(pymysql.err.MySQLError):
                 self._conn.close()
-            except pymysql.err.MySQLError:
-                pass
             self._conn = None
 
 
