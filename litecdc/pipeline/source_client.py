@@ -1,0 +1,374 @@
+"""The client of a node's source API (``/cdc/subscriptions``, ``/cdc/tables/…``).
+
+Everything the pipeline asks a source node goes through :class:`SourceClient`: register
+and advance subscriptions, describe a table, plan key ranges, read snapshot chunks and
+change ranges as Arrow. It is synchronous (Spark tasks are threads of a Python worker,
+not event loops) and picklable, so a data source reader can carry one to executors.
+
+Errors, converted at this boundary::
+
+    NotFoundError               404: unknown table or subscription
+    PositionUnavailableError    410: the change log was pruned past the asked cid, or the
+                                subscription expired: re-snapshot
+    SourceError                 every address unreachable, or any other 4xx/5xx (with the
+                                node's message)
+
+Any node of a cluster answers (followers forward to the leader), so the client takes
+several addresses and moves to the next one on connection errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pyarrow as pa
+
+from litecdc.errors import NotFoundError, PositionUnavailableError, SourceError
+from litecdc.pipeline.tables import TableSpec
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "ChangesPage",
+    "Key",
+    "KeyRange",
+    "Position",
+    "RowsPage",
+    "SourceClient",
+    "Splits",
+    "Subscription",
+    "Subscriptions",
+    "TableInfo",
+    "parse_urls",
+]
+
+log = logging.getLogger("litecdc.pipeline")
+
+#: Seconds to wait for a node to connect and answer one request (a page of rows).
+DEFAULT_TIMEOUT = 60.0
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+#: A key value as JSON carries it: one value per key column.
+Key = list[Any]
+#: (after_key, until_key): rows with after_key < key <= until_key; None = unbounded.
+KeyRange = tuple[Key | None, Key | None]
+
+
+@dataclass(frozen=True)
+class Subscription:
+    name: str
+    cid: int  # the hold: changes after this cid are kept for the subscriber
+    expired: bool = False
+
+
+@dataclass(frozen=True)
+class Subscriptions:
+    subscriptions: tuple[Subscription, ...]
+    pruned_cid: int  # the change log no longer holds changes at or before this cid
+    last_cid: int  # the node's head
+    retention_cids: int  # the retention cap, in cids
+
+    def get(self, name: str) -> Subscription | None:
+        return next((s for s in self.subscriptions if s.name == name), None)
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    spec: TableSpec
+    rows: int  # approximate
+    last_cid: int
+
+
+@dataclass(frozen=True)
+class Splits:
+    cid: int
+    keys: tuple[Key, ...]  # split keys in key order
+
+    def ranges(self) -> list[KeyRange]:
+        """(None, s1], (s1, s2], …, (s_last, None]: every key in exactly one range."""
+        bounds: list[Key | None] = [None, *self.keys, None]
+        return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+@dataclass(frozen=True)
+class RowsPage:
+    """One snapshot chunk, read in one SQLite read transaction at ``cid``."""
+
+    table: pa.Table  # TableSpec.row_schema()
+    cid: int
+    last_key: Key | None  # key of the last row (page on from here); None when empty
+    done: bool  # the range is exhausted
+
+
+@dataclass(frozen=True)
+class ChangesPage:
+    """Change events of whole transactions after some cid, up to ``end_cid``."""
+
+    table: pa.Table  # TableSpec.change_schema()
+    end_cid: int  # position reached: read again from here
+    last_cid: int  # the node's head
+
+
+@dataclass(frozen=True)
+class Position:
+    end_cid: int  # where a batch of at most max_events (whole transactions) would end
+    events: int
+    last_cid: int
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """Addresses from a comma-separated string or a list, without trailing slashes."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    out = [u.strip().rstrip("/") for u in items if u.strip()]
+    for u in out:
+        if not u.startswith(("http://", "https://")):
+            raise SourceError(f"source {u}: not an http:// or https:// address")
+    return out
+
+
+class SourceClient:
+    """Calls one source node (or the first reachable of several).
+
+    ``ca_cert`` is a PEM file of the CA that signed the node's HTTPS certificate.
+    ``timeout`` (seconds, default 60) bounds connecting and each read.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        ca_cert: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.urls = parse_urls(urls)
+        if not self.urls:
+            raise SourceError("source: no address given")
+        self.user = user
+        self.password = password
+        self.ca_cert = ca_cert
+        self.timeout = timeout
+        self._current = 0  # index of the address that answered last
+        self._client: httpx.Client | None = None
+
+    # pickling: an httpx.Client holds sockets and locks; a copy opens its own
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:  # never shows the password
+        return f"SourceClient({','.join(self.urls)!r}, user={self.user!r})"
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> SourceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            verify: ssl.SSLContext | bool = True
+            if self.ca_cert:
+                verify = ssl.create_default_context(cafile=self.ca_cert)
+            auth = (self.user, self.password or "") if self.user else None
+            self._client = httpx.Client(timeout=self.timeout, verify=verify, auth=auth)
+        return self._client
+
+    # -- subscriptions ---------------------------------------------------------------
+
+    def register(self, name: str) -> Subscription:
+        """Register (or restart) subscriber ``name``: its cid is the initial snapshot
+        version, and the node keeps the changes after it."""
+        doc = self._json("POST", "/cdc/subscriptions", json={"name": name}, idempotent=True)
+        return Subscription(str(doc["name"]), int(doc["cid"]))
+
+    def subscriptions(self) -> Subscriptions:
+        doc = self._json("GET", "/cdc/subscriptions")
+        subs = tuple(
+            Subscription(str(s["name"]), int(s["cid"]), bool(s.get("expired")))
+            for s in doc["subscriptions"]
+        )
+        return Subscriptions(
+            subs, int(doc["pruned_cid"]), int(doc["last_cid"]), int(doc["retention_cids"])
+        )
+
+    def progress(self, name: str, cid: int) -> None:
+        """Move ``name``'s hold forward to ``cid`` (it no longer needs changes up to it)."""
+        # idempotent: moving a hold to the same cid twice is a no-op
+        self._json(
+            "POST", f"/cdc/subscriptions/{_seg(name)}/progress", json={"cid": cid}, idempotent=True
+        )
+
+    def unsubscribe(self, name: str) -> None:
+        """Release ``name``'s hold."""
+        self._json("DELETE", f"/cdc/subscriptions/{_seg(name)}")
+
+    # -- tables ----------------------------------------------------------------------
+
+    def table_info(self, table: str) -> TableInfo:
+        doc = self._json("GET", f"/cdc/tables/{_seg(table)}")
+        return TableInfo(TableSpec.from_json(doc), int(doc.get("rows", 0)), int(doc["last_cid"]))
+
+    def table_spec(self, table: str) -> TableSpec:
+        return self.table_info(table).spec
+
+    def splits(self, table: str, partitions: int) -> Splits:
+        doc = self._json(
+            "GET", f"/cdc/tables/{_seg(table)}/splits", params={"partitions": partitions}
+        )
+        return Splits(int(doc["cid"]), tuple(list(k) for k in doc["splits"]))
+
+    def rows(
+        self,
+        table: str,
+        *,
+        after_key: Key | None = None,
+        until_key: Key | None = None,
+        limit: int,
+    ) -> RowsPage:
+        """Rows with after_key < key <= until_key, in key order, at most ``limit``."""
+        params: dict[str, Any] = {"limit": limit, "format": "arrow"}
+        if after_key is not None:
+            params["after_key"] = json.dumps(after_key)
+        if until_key is not None:
+            params["until_key"] = json.dumps(until_key)
+        data, meta = self._arrow(f"/cdc/tables/{_seg(table)}/rows", params)
+        last_key = json.loads(meta.get(b"litecdc.last_key", b"null"))
+        return RowsPage(
+            data,
+            int(meta[b"litecdc.cid"]),
+            list(last_key) if last_key is not None else None,
+            meta.get(b"litecdc.done", b"false") == b"true",
+        )
+
+    def changes(
+        self, table: str, *, after: int, until: int | None = None, limit: int
+    ) -> ChangesPage:
+        """Events of whole transactions with after < cid <= until, about ``limit`` of them.
+
+        Raises PositionUnavailableError when the log no longer reaches back to ``after``.
+        """
+        params: dict[str, Any] = {"after": after, "limit": limit, "format": "arrow"}
+        if until is not None:
+            params["until"] = until
+        data, meta = self._arrow(f"/cdc/tables/{_seg(table)}/changes", params)
+        return ChangesPage(data, int(meta[b"litecdc.end_cid"]), int(meta[b"litecdc.last_cid"]))
+
+    def position(self, table: str, *, after: int, max_events: int) -> Position:
+        doc = self._json(
+            "GET",
+            f"/cdc/tables/{_seg(table)}/position",
+            params={"after": after, "max_events": max_events},
+        )
+        return Position(int(doc["end_cid"]), int(doc["events"]), int(doc["last_cid"]))
+
+    # -- transport -------------------------------------------------------------------
+
+    def _arrow(self, path: str, params: dict[str, Any]) -> tuple[pa.Table, dict[bytes, bytes]]:
+        response = self._request("GET", path, params=params)
+        kind = response.headers.get("content-type", "")
+        if not kind.startswith(ARROW_STREAM):
+            raise SourceError(f"source {response.url}: expected Arrow IPC, got {kind!r}")
+        try:
+            with pa.ipc.open_stream(response.content) as reader:
+                data = reader.read_all()
+        except pa.ArrowInvalid as exc:
+            raise SourceError(f"source {response.url}: unreadable Arrow stream ({exc})") from exc
+        return data, dict(data.schema.metadata or {})
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        idempotent: bool | None = None,
+    ) -> Any:
+        response = self._request(method, path, params=params, json=json, idempotent=idempotent)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise SourceError(f"source {response.url}: answer is not JSON") from exc
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        idempotent: bool | None = None,
+    ) -> httpx.Response:
+        """Send to the address that answered last, then the others in turn.
+
+        A refused connection never reached a node, so any request moves on; after a
+        timeout or a dropped connection only idempotent ones do (GETs by default).
+        """
+        retry_any_failure = method == "GET" if idempotent is None else idempotent
+        failures: list[str] = []
+        n = len(self.urls)
+        for attempt in range(n):
+            index = (self._current + attempt) % n
+            url = self.urls[index] + path
+            try:
+                response = self.client.request(method, url, params=params, json=json)
+            except httpx.TransportError as exc:
+                failures.append(f"{self.urls[index]}: {type(exc).__name__}: {exc}")
+                if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or retry_any_failure:
+                    log.debug("source %s unreachable, trying the next address", self.urls[index])
+                    continue
+                raise SourceError(
+                    f"source {self.urls[index]}: {method} {path} failed ({failures[-1]}); "
+                    "the request may have been applied"
+                ) from exc
+            self._current = index
+            if response.status_code >= 400:
+                raise _error_for(response)
+            return response
+        raise SourceError(f"source {', '.join(self.urls)}: unreachable ({'; '.join(failures)})")
+
+
+def _error_for(response: httpx.Response) -> Exception:
+    """The litecdc error for a node's 4xx/5xx answer, with the node's message."""
+    message: str = response.text.strip()
+    doc: Any = None
+    with contextlib.suppress(ValueError):
+        doc = response.json()
+    if isinstance(doc, dict) and "error" in doc:
+        message = str(doc["error"])
+    where = f"source {response.request.url.scheme}://{response.request.url.netloc.decode()}"
+    text = f"{where}: {response.request.method} {response.request.url.path}: {message}"
+    status = response.status_code
+    if status == 404:
+        return NotFoundError(text)
+    if status == 410:
+        pruned = int(doc.get("pruned_cid", 0)) if isinstance(doc, dict) else 0
+        return PositionUnavailableError(text, pruned_cid=pruned)
+    if status == 401:
+        return SourceError(f"{text} (check the user and password options)")
+    return SourceError(f"{text} (HTTP {status})")
+
+
+def _seg(name: str) -> str:
+    """A table or subscription name as one URL path segment."""
+    return quote(name, safe="")

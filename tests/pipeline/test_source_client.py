@@ -1,0 +1,281 @@
+"""SourceClient against a real ``litecdc serve`` process (no Spark)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e.litecdc_node import Node, free_port
+
+from litecdc.errors import NotFoundError, PositionUnavailableError, SourceError
+from litecdc.pipeline.source_client import SourceClient, Splits
+from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, SEQ_COLUMN
+
+
+def execute(node: Node, statements: list[Any]) -> Any:
+    with node.client() as c:
+        return node.execute(c, statements)
+
+
+@pytest.fixture(scope="module")
+def people(node: Node) -> str:
+    """A table of 1,000 rows: id, name, score, data."""
+    execute(
+        node,
+        [
+            "CREATE TABLE people (id INTEGER PRIMARY KEY, name TEXT, score REAL, data BLOB)",
+            *[
+                ["INSERT INTO people VALUES (?, ?, ?, ?)", i, f"name-{i}", i / 7, [i % 256, 0]]
+                for i in range(1, 1001)
+            ],
+        ],
+    )
+    return "people"
+
+
+@pytest.fixture
+def client(node: Node) -> Iterator[SourceClient]:
+    with SourceClient([node.url]) as c:
+        yield c
+
+
+def closed_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_table_info(client: SourceClient, people: str) -> None:
+    info = client.table_info(people)
+    assert info.spec.name == "people"
+    assert info.spec.key == ("id",)
+    assert [(c.name, c.arrow) for c in info.spec.columns] == [
+        ("id", "int64"),
+        ("name", "string"),
+        ("score", "float64"),
+        ("data", "binary"),
+    ]
+    assert info.rows > 0
+    assert info.last_cid >= 1
+    assert client.table_spec(people) == info.spec
+
+
+def test_unknown_table_is_not_found(client: SourceClient) -> None:
+    with pytest.raises(NotFoundError, match="nosuchtable"):
+        client.table_info("nosuchtable")
+    with pytest.raises(NotFoundError):
+        client.rows("nosuchtable", limit=10)
+
+
+def test_splits_cover_the_key_space_in_order(client: SourceClient, people: str) -> None:
+    splits = client.splits(people, 4)
+    assert 1 <= len(splits.keys) <= 3
+    assert splits.cid >= 1
+    firsts = [k[0] for k in splits.keys]
+    assert firsts == sorted(firsts)
+    ranges = splits.ranges()
+    assert ranges[0][0] is None and ranges[-1][1] is None
+    assert len(ranges) == len(splits.keys) + 1
+    assert Splits(5, ()).ranges() == [(None, None)]
+
+
+def test_rows_pages_by_last_key(client: SourceClient, people: str) -> None:
+    ids: list[int] = []
+    after = None
+    pages = 0
+    while True:
+        page = client.rows(people, after_key=after, limit=300)
+        pages += 1
+        assert page.table.schema.names == ["id", "name", "score", "data", CID_COLUMN]
+        assert set(page.table.column(CID_COLUMN).to_pylist()) == {page.cid}
+        ids += page.table.column("id").to_pylist()
+        if page.done:
+            break
+        assert page.last_key == [ids[-1]]
+        after = page.last_key
+    assert ids == list(range(1, 1001))
+    assert pages == 4
+    row = client.rows(people, after_key=[9], until_key=[10], limit=5).table.to_pylist()
+    assert row == [
+        {
+            "id": 10,
+            "name": "name-10",
+            "score": 10 / 7,
+            "data": bytes([10, 0]),
+            CID_COLUMN: row[0][CID_COLUMN],
+        }
+    ]
+
+
+def test_rows_until_key_bounds_the_range(client: SourceClient, people: str) -> None:
+    page = client.rows(people, after_key=[100], until_key=[200], limit=1000)
+    assert page.table.column("id").to_pylist() == list(range(101, 201))
+    assert page.done
+    assert page.last_key == [200]
+    empty = client.rows(people, after_key=[5000], limit=10)
+    assert empty.table.num_rows == 0 and empty.done and empty.last_key is None
+
+
+def test_changes_and_position(node: Node, client: SourceClient) -> None:
+    execute(node, ["CREATE TABLE moves (id INTEGER PRIMARY KEY, v TEXT)"])
+    start = client.register("moves-test").cid
+    execute(node, [["INSERT INTO moves VALUES (?, ?)", i, f"v{i}"] for i in range(1, 6)])
+    execute(node, ["UPDATE moves SET v = 'changed' WHERE id = 2"])
+    execute(node, ["DELETE FROM moves WHERE id = 3"])
+    for i in range(10, 13):  # three single-row transactions
+        execute(node, [["INSERT INTO moves VALUES (?, ?)", i, "x"]])
+
+    page = client.changes("moves", after=start, limit=1000)
+    events = page.table
+    assert events.schema.names[:3] == [CID_COLUMN, SEQ_COLUMN, OP_COLUMN]
+    rows = events.to_pylist()
+    assert [(r[OP_COLUMN], r["id"]) for r in rows] == [
+        *[("upsert", i) for i in range(1, 6)],
+        ("upsert", 2),
+        ("delete", 3),
+        ("upsert", 10),
+        ("upsert", 11),
+        ("upsert", 12),
+    ]
+    assert rows[5]["v"] == "changed"
+    assert rows[6]["v"] == "v3"  # a delete carries the before image
+    cids = [(r[CID_COLUMN], r[SEQ_COLUMN]) for r in rows]
+    assert cids == sorted(cids)
+    assert page.end_cid == page.last_cid >= rows[-1][CID_COLUMN]
+
+    # at most ~limit events, never splitting the 5-row transaction
+    first = client.changes("moves", after=start, limit=2)
+    assert first.table.num_rows == 5
+    assert first.end_cid == rows[0][CID_COLUMN]
+    second = client.changes("moves", after=first.end_cid, limit=2)
+    assert second.table.column("id").to_pylist() == [2, 3]  # two one-row transactions
+    bounded = client.changes("moves", after=start, until=first.end_cid, limit=1000)
+    assert bounded.table.num_rows == 5 and bounded.end_cid == first.end_cid
+
+    pos = client.position("moves", after=start, max_events=6)
+    assert pos.end_cid == rows[5][CID_COLUMN]  # 5 + 1 events, whole transactions
+    assert pos.events == 6
+    everything = client.position("moves", after=start, max_events=1_000_000)
+    assert everything.end_cid == everything.last_cid
+    assert everything.events == len(rows)
+    client.unsubscribe("moves-test")
+
+
+def test_subscriptions(node: Node, client: SourceClient) -> None:
+    execute(node, ["CREATE TABLE subs (id INTEGER PRIMARY KEY)"])
+    sub = client.register("subs-a")
+    listed = client.subscriptions()
+    hold = listed.get("subs-a")
+    # registering is a write: its cid is the snapshot version; the hold is at or before it
+    assert hold is not None and hold.cid <= sub.cid and not hold.expired
+    assert listed.last_cid >= sub.cid
+    assert listed.retention_cids > 0
+    assert listed.get("nobody") is None
+
+    execute(node, [["INSERT INTO subs VALUES (?)", 1]])
+    head = client.subscriptions().last_cid
+    client.progress("subs-a", head)
+    assert client.subscriptions().get("subs-a") == type(sub)("subs-a", head)
+
+    again = client.register("subs-a")  # registering again restarts it at the head
+    assert again.cid >= head
+
+    client.unsubscribe("subs-a")
+    assert client.subscriptions().get("subs-a") is None
+    with pytest.raises(NotFoundError):
+        client.progress("subs-a", head)
+    with pytest.raises(NotFoundError):
+        client.unsubscribe("subs-a")
+
+
+def test_other_errors_carry_the_node_message(client: SourceClient, people: str) -> None:
+    with pytest.raises(SourceError, match=r"HTTP 400") as info:
+        client.splits(people, 0)
+    assert not isinstance(info.value, NotFoundError)
+    assert "partitions" in str(info.value)
+
+
+def test_failover_to_the_next_address(node: Node, people: str) -> None:
+    with SourceClient([closed_url(), node.url]) as c:
+        assert c.table_spec(people).name == "people"
+        assert c.urls[c._current] == node.url  # sticks to the address that answered
+        assert c.register("failover").cid >= 1  # a refused connection: POSTs move on too
+        c.unsubscribe("failover")
+    with SourceClient(f"{closed_url()}, {node.url}") as c:
+        assert c.rows(people, limit=1).table.num_rows == 1
+
+
+def test_unreachable_everywhere(people: str) -> None:
+    urls = [closed_url(), closed_url()]
+    with (
+        SourceClient(urls, timeout=2) as c,
+        pytest.raises(SourceError, match=r"unreachable") as info,
+    ):
+        c.table_info(people)
+    assert urls[0] in str(info.value) and urls[1] in str(info.value)
+
+
+def test_bad_addresses_are_refused() -> None:
+    with pytest.raises(SourceError, match="not an http"):
+        SourceClient("127.0.0.1:4001")
+    with pytest.raises(SourceError, match="no address"):
+        SourceClient(" , ")
+
+
+def test_pickles_without_its_connections(client: SourceClient, people: str) -> None:
+    client.table_info(people)  # opens the pool
+    copy = pickle.loads(pickle.dumps(client))
+    assert copy._client is None
+    assert copy.table_info(people).spec == client.table_info(people).spec
+    secret = SourceClient("http://127.0.0.1:1", user="u", password="hunter2")
+    assert "hunter2" not in repr(secret)
+
+
+def test_basic_auth(tmp_path: Path, people: str) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps([{"username": "puller", "password": "s3cret", "perms": ["all"]}]))
+    secured = Node(tmp_path / "data", "--auth", str(auth)).start()
+    try:
+        with httpx.Client(base_url=secured.url, auth=("puller", "s3cret")) as c:
+            secured.execute(c, ["CREATE TABLE t (id INTEGER PRIMARY KEY)"])
+        with SourceClient([secured.url], user="puller", password="s3cret") as ok:
+            assert ok.table_spec("t").key == ("id",)
+        with (
+            SourceClient([secured.url], user="puller", password="wrong") as bad,
+            pytest.raises(SourceError, match="user and password"),
+        ):
+            bad.table_spec("t")
+    finally:
+        secured.stop()
+
+
+def test_pruned_position_is_unavailable(tmp_path: Path) -> None:
+    """A node keeping only the 3 newest commits answers 410 for an older position."""
+    serve_help = subprocess.run(
+        [sys.executable, "-m", "litecdc", "serve", "--help"], capture_output=True, text=True
+    ).stdout
+    if "--retention-cids" not in serve_help:
+        pytest.skip("litecdc serve has no --retention-cids option yet")
+    small = Node(tmp_path / "data", "--retention-cids", "3", "--retention-interval", "0.1").start()
+    try:
+        with SourceClient([small.url]) as c:
+            with httpx.Client(base_url=small.url) as h:
+                small.execute(h, ["CREATE TABLE p (id INTEGER PRIMARY KEY)"])
+                for i in range(20):
+                    small.execute(h, [["INSERT INTO p VALUES (?)", i]])
+            deadline = time.monotonic() + 10
+            while c.subscriptions().pruned_cid <= 1 and time.monotonic() < deadline:
+                time.sleep(0.1)  # pruning runs every retention interval
+            assert c.subscriptions().pruned_cid > 1
+            with pytest.raises(PositionUnavailableError, match="p"):
+                c.changes("p", after=1, limit=100)
+            with pytest.raises(PositionUnavailableError):
+                c.position("p", after=1, max_events=10)
+    finally:
+        small.stop()
