@@ -1,0 +1,491 @@
+"""The metadata store: every behaviour against SQLite and a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from servers.process import free_port
+
+from litecdc.errors import MetadataError
+from litecdc.pipeline.metadata import (
+    RANGE_DONE,
+    STAGE_INCREMENTAL,
+    STAGE_REGISTER,
+    STAGE_SNAPSHOT,
+    MetadataStore,
+    redact_url,
+    sqlite_url,
+)
+
+SOURCE = "http://127.0.0.1:4001"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def meta_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty metadata store URL of each backend."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "meta.db")
+    url: str = request.getfixturevalue("postgresql_db_url")
+    return url
+
+
+@pytest.fixture
+def open_store(meta_url: str) -> Iterator[Callable[..., MetadataStore]]:
+    """Opens stores on ``meta_url``; all closed after the test."""
+    opened: list[MetadataStore] = []
+
+    def _open(**kwargs: object) -> MetadataStore:
+        store = MetadataStore.open(meta_url, **kwargs)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[..., MetadataStore]) -> MetadataStore:
+    return open_store()
+
+
+def add(store: MetadataStore, name: str = "orders-lake", **kwargs: object) -> None:
+    store.add_subscription(
+        name,
+        table_name=str(kwargs.pop("table_name", "orders")),
+        sources=[SOURCE],
+        sink=str(kwargs.pop("sink", "delta:/data/lake/orders")),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def to_incremental(store: MetadataStore, name: str = "orders-lake", init_cid: int = 10) -> None:
+    store.start_register(name, init_cid)
+    store.set_ranges(name, [(None, None)])
+    store.record_chunk(name, 0, [5], init_cid + 1, 5, True)
+    store.finish_snapshot(name)
+
+
+# --- subscriptions --------------------------------------------------------------------------
+
+
+def test_add_and_get_subscription_with_defaults(store: MetadataStore) -> None:
+    sub = store.add_subscription(
+        "orders-lake",
+        table_name="orders",
+        sources=[SOURCE, "http://127.0.0.1:4002"],
+        sink="delta:/data/lake/orders",
+        options={"max_events": 100_000, "partitions": 4},
+    )
+    assert sub == store.get_subscription("orders-lake")
+    assert sub.table_name == sub.table == "orders"
+    assert sub.sources == (SOURCE, "http://127.0.0.1:4002")
+    assert sub.options == {"max_events": 100_000, "partitions": 4}
+    assert (sub.cluster, sub.db, sub.subscriber, sub.owner) == (
+        "default",
+        "main",
+        "orders-lake",
+        "default",
+    )
+    assert sub.cancel is False
+    assert sub.created_at is not None and sub.created_at.tzinfo is not None
+
+
+def test_add_is_retry_safe_but_a_taken_name_is_an_error(store: MetadataStore) -> None:
+    add(store)
+    add(store)  # the same definition again: a retry
+    assert [s.name for s in store.list_subscriptions()] == ["orders-lake"]
+    with pytest.raises(MetadataError, match="already exists"):
+        add(store, sink="postgresql://127.0.0.1/other")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": ""}, "non-empty name"),
+        ({"sources": []}, "sources"),
+        ({"sources": "http://x"}, "sources"),
+        ({"sink": ""}, "sink is empty"),
+        ({"table_name": ""}, "table_name is empty"),
+        ({"options": {"x": object()}}, "options are not JSON"),
+    ],
+)
+def test_add_rejects_bad_definitions(
+    store: MetadataStore, kwargs: dict[str, object], message: str
+) -> None:
+    args: dict[str, object] = {
+        "name": "s",
+        "table_name": "t",
+        "sources": [SOURCE],
+        "sink": "delta:/x",
+        **kwargs,
+    }
+    with pytest.raises(MetadataError, match=message):
+        store.add_subscription(**args)  # type: ignore[arg-type]
+    assert store.list_subscriptions(include_cancelled=True) == []
+
+
+def test_unknown_subscription_is_a_clear_error(store: MetadataStore) -> None:
+    for call in (
+        lambda: store.get_subscription("nope"),
+        lambda: store.progress("nope"),
+        lambda: store.request_cancel("nope"),
+        lambda: store.start_register("nope", 1),
+    ):
+        with pytest.raises(MetadataError, match="unknown subscription 'nope'"):
+            call()
+
+
+def test_cancel_and_remove(store: MetadataStore) -> None:
+    add(store, "a")
+    add(store, "b")
+    to_incremental(store, "a")
+    assert store.request_cancel("a").cancel
+    assert store.request_cancel("a").cancel  # retry
+    assert [s.name for s in store.list_subscriptions()] == ["b"]
+    assert [s.name for s in store.list_subscriptions(include_cancelled=True)] == ["a", "b"]
+    # A cancelled name is still taken until the subscription is removed.
+    with pytest.raises(MetadataError, match="being cancelled"):
+        add(store, "a")
+    assert store.remove_subscription("a") is True
+    assert store.remove_subscription("a") is False  # retry: already gone
+    with pytest.raises(MetadataError, match="unknown subscription"):
+        store.progress("a")
+    # Its progress went with it: the name starts afresh.
+    add(store, "a")
+    assert store.progress("a").stage is None
+
+
+def test_list_by_owner(store: MetadataStore) -> None:
+    add(store, "x1", owner="x")
+    add(store, "y1", owner="y")
+    add(store, "x2", owner="x")
+    assert [s.name for s in store.list_subscriptions(owner="x")] == ["x1", "x2"]
+    assert [s.name for s in store.list_subscriptions(owner="y")] == ["y1"]
+    assert [s.name for s in store.list_subscriptions()] == ["x1", "x2", "y1"]
+
+
+# --- stages ---------------------------------------------------------------------------------
+
+
+def test_full_flow_register_snapshot_incremental(store: MetadataStore) -> None:
+    add(store)
+    assert store.progress("orders-lake").stage is None
+    p = store.start_register("orders-lake", 42)
+    assert (p.stage, p.init_snapshot_version, p.last_log_index, p.ranges) == (
+        STAGE_REGISTER,
+        42,
+        None,
+        (),
+    )
+    p = store.set_ranges(
+        "orders-lake", [(None, [1000]), ([1000], [2000, "b"]), ([2000, "b"], None)]
+    )
+    assert p.stage == STAGE_SNAPSHOT
+    assert [(r.range_id, r.lower_key, r.upper_key) for r in p.ranges] == [
+        (0, None, [1000]),
+        (1, [1000], [2000, "b"]),
+        (2, [2000, "b"], None),
+    ]
+    assert all(r.last_snapshot_key is None and r.rows_copied == 0 for r in p.ranges)
+    assert all(r.init_snapshot_version == 42 for r in p.ranges)
+
+    r = store.record_chunk("orders-lake", 0, [500], 43, 500, False)
+    assert (r.stage, r.last_snapshot_key, r.current_snapshot_version, r.rows_copied) == (
+        STAGE_SNAPSHOT,
+        [500],
+        43,
+        500,
+    )
+    r = store.record_chunk("orders-lake", 0, [999], 45, 499, True)
+    assert (r.stage, r.last_snapshot_key, r.current_snapshot_version, r.rows_copied) == (
+        RANGE_DONE,
+        [999],
+        45,
+        999,
+    )
+    with pytest.raises(MetadataError, match="not done yet: 1, 2"):
+        store.finish_snapshot("orders-lake")
+    store.record_chunk("orders-lake", 1, [1999, "z"], 46, 1000, True)
+    store.record_chunk("orders-lake", 2, None, 47, 0, True)  # an empty last range
+    p = store.progress("orders-lake")
+    assert p.snapshot_done and p.rows_copied == 1999
+    assert p.ranges[2].last_snapshot_key is None and p.ranges[2].done
+
+    p = store.finish_snapshot("orders-lake")
+    assert (p.stage, p.last_log_index) == (STAGE_INCREMENTAL, 42)
+    assert store.record_log_position("orders-lake", 60) == 60
+    assert store.record_log_position("orders-lake", 55) == 60  # a late batch: ignored
+    assert store.record_log_position("orders-lake", 61) == 61
+    assert store.progress("orders-lake").last_log_index == 61
+
+
+def test_every_step_is_retry_safe(store: MetadataStore) -> None:
+    add(store)
+    for _ in range(2):
+        store.start_register("orders-lake", 7)
+    ranges = [(None, [10]), ([10], None)]
+    for _ in range(2):
+        store.set_ranges("orders-lake", ranges)
+    for _ in range(2):
+        store.record_chunk("orders-lake", 0, [4], 8, 4, False)
+    assert store.progress("orders-lake").ranges[0].rows_copied == 4
+    for _ in range(2):
+        store.record_chunk("orders-lake", 0, [9], 9, 5, True)
+    for _ in range(2):
+        store.record_chunk("orders-lake", 1, [20], 9, 10, True)
+    before = store.progress("orders-lake")
+    assert before.rows_copied == 19
+    for _ in range(2):
+        store.finish_snapshot("orders-lake")
+    for _ in range(2):
+        store.record_log_position("orders-lake", 30)
+    # Retried earlier steps after moving on change nothing.
+    store.start_register("orders-lake", 7)
+    store.set_ranges("orders-lake", ranges)
+    store.record_chunk("orders-lake", 1, [20], 9, 10, True)
+    after = store.progress("orders-lake")
+    assert (after.stage, after.last_log_index, after.rows_copied) == (STAGE_INCREMENTAL, 30, 19)
+    assert [(r.stage, r.last_snapshot_key) for r in after.ranges] == [
+        (RANGE_DONE, [9]),
+        (RANGE_DONE, [20]),
+    ]
+
+
+def test_a_chunk_found_to_be_last_on_retry_closes_the_range(store: MetadataStore) -> None:
+    add(store)
+    store.start_register("orders-lake", 1)
+    store.set_ranges("orders-lake", [(None, None)])
+    store.record_chunk("orders-lake", 0, [3], 2, 3, False)
+    r = store.record_chunk("orders-lake", 0, [3], 2, 3, True)
+    assert (r.stage, r.rows_copied) == (RANGE_DONE, 3)
+
+
+def test_register_again_before_the_snapshot_takes_the_new_cid(store: MetadataStore) -> None:
+    add(store)
+    store.start_register("orders-lake", 5)
+    assert store.start_register("orders-lake", 9).init_snapshot_version == 9
+
+
+def test_stages_only_move_forward(store: MetadataStore) -> None:
+    add(store)
+    with pytest.raises(MetadataError, match="not registered"):
+        store.set_ranges("orders-lake", [(None, None)])
+    with pytest.raises(MetadataError, match="not in the snapshot stage"):
+        store.record_chunk("orders-lake", 0, [1], 1, 1, False)
+    with pytest.raises(MetadataError, match="not in the incremental stage"):
+        store.record_log_position("orders-lake", 5)
+    store.start_register("orders-lake", 5)
+    with pytest.raises(MetadataError, match="no snapshot ranges yet"):
+        store.finish_snapshot("orders-lake")
+    store.set_ranges("orders-lake", [(None, [10]), ([10], None)])
+    # Back to register, or new ranges, would lose the copy made so far.
+    with pytest.raises(MetadataError, match="restart_snapshot"):
+        store.start_register("orders-lake", 6)
+    with pytest.raises(MetadataError, match="restart_snapshot"):
+        store.set_ranges("orders-lake", [(None, None)])
+    with pytest.raises(MetadataError, match="no snapshot range 2"):
+        store.record_chunk("orders-lake", 2, [1], 6, 1, False)
+    with pytest.raises(MetadataError, match="no snapshot range -1"):
+        store.record_chunk("orders-lake", -1, [1], 6, 1, False)
+    store.record_chunk("orders-lake", 0, [9], 6, 9, True)
+    with pytest.raises(MetadataError, match="range 0 is already done"):
+        store.record_chunk("orders-lake", 0, [12], 7, 1, False)
+    store.record_chunk("orders-lake", 1, [11], 6, 2, True)
+    store.finish_snapshot("orders-lake")
+    with pytest.raises(MetadataError, match="not in the snapshot stage"):
+        store.record_chunk("orders-lake", 1, [15], 7, 1, True)
+    with pytest.raises(MetadataError, match="restart_snapshot"):
+        store.start_register("orders-lake", 99)
+    # The failed calls changed nothing.
+    p = store.progress("orders-lake")
+    assert (p.stage, p.init_snapshot_version, p.last_log_index, p.rows_copied) == (
+        STAGE_INCREMENTAL,
+        5,
+        5,
+        11,
+    )
+
+
+def test_restart_snapshot_is_the_one_way_back(store: MetadataStore) -> None:
+    add(store)
+    to_incremental(store, init_cid=10)
+    store.record_log_position("orders-lake", 50)
+    for _ in range(2):  # retry-safe too
+        p = store.restart_snapshot("orders-lake", 80)
+    assert (p.stage, p.init_snapshot_version, p.last_log_index, p.ranges) == (
+        STAGE_REGISTER,
+        80,
+        None,
+        (),
+    )
+    store.set_ranges("orders-lake", [(None, None)])
+    assert store.progress("orders-lake").ranges[0].init_snapshot_version == 80
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.start_register("orders-lake", -1),
+        lambda s: s.start_register("orders-lake", "5"),
+        lambda s: s.record_log_position("orders-lake", True),
+    ],
+)
+def test_bad_cids_are_rejected(
+    store: MetadataStore, call: Callable[[MetadataStore], object]
+) -> None:
+    add(store)
+    with pytest.raises(MetadataError, match="must be a cid"):
+        call(store)
+
+
+def test_keys_must_be_json(store: MetadataStore) -> None:
+    add(store)
+    store.start_register("orders-lake", 1)
+    with pytest.raises(MetadataError, match="not a JSON value"):
+        store.set_ranges("orders-lake", [(None, [b"\x00"])])
+    with pytest.raises(MetadataError, match="at least one range"):
+        store.set_ranges("orders-lake", [])
+    assert store.progress("orders-lake").stage == STAGE_REGISTER
+
+
+# --- persistence, owners, concurrency -------------------------------------------------------
+
+
+def test_close_and_reopen_keeps_the_state(open_store: Callable[..., MetadataStore]) -> None:
+    first = open_store()
+    add(first, options={"page_rows": 5000})
+    first.start_register("orders-lake", 3)
+    first.set_ranges("orders-lake", [(None, [7]), ([7], None)])
+    first.record_chunk("orders-lake", 0, [6], 4, 6, True)
+    first.record_chunk("orders-lake", 1, [8], 4, 1, False)
+    first.request_cancel("orders-lake")
+    sub, progress = first.get_subscription("orders-lake"), first.progress("orders-lake")
+    first.close()
+    first.close()  # closing twice is harmless
+    with pytest.raises(MetadataError, match="closed"):
+        first.progress("orders-lake")
+
+    second = open_store()  # the schema exists already: opening again is idempotent
+    assert second.get_subscription("orders-lake") == sub
+    assert second.progress("orders-lake") == progress
+    # and it resumes from there
+    second.record_chunk("orders-lake", 1, [9], 5, 1, True)
+    assert second.finish_snapshot("orders-lake").stage == STAGE_INCREMENTAL
+
+
+def test_two_owners_share_one_store(open_store: Callable[..., MetadataStore]) -> None:
+    server_a = open_store(owner="a")
+    server_b = open_store(owner="b")
+    add(server_a, "sa")  # owner taken from the store
+    add(server_b, "sb")
+    assert [s.name for s in server_a.list_subscriptions(owner="a")] == ["sa"]
+    assert [s.name for s in server_b.list_subscriptions(owner="b")] == ["sb"]
+    to_incremental(server_a, "sa", init_cid=10)
+    server_b.start_register("sb", 20)
+    server_a.record_log_position("sa", 30)
+    # Neither can move the other's progress, cancel or remove it.
+    for call in (
+        lambda: server_b.record_log_position("sa", 99),
+        lambda: server_b.restart_snapshot("sa", 1),
+        lambda: server_b.request_cancel("sa"),
+        lambda: server_b.remove_subscription("sa"),
+        lambda: server_a.set_ranges("sb", [(None, None)]),
+    ):
+        with pytest.raises(MetadataError, match="belongs to owner"):
+            call()
+    assert server_b.progress("sa").last_log_index == 30
+    assert server_a.progress("sb").stage == STAGE_REGISTER
+    # A store opened without an owner (the CLI) may act on any subscription.
+    admin = open_store()
+    assert admin.request_cancel("sb").cancel
+    assert [s.name for s in server_b.list_subscriptions(owner="b", include_cancelled=True)] == [
+        "sb"
+    ]
+
+
+def test_concurrent_writers_do_not_lose_updates(open_store: Callable[..., MetadataStore]) -> None:
+    """Two store objects (two processes' worth) recording chunks of one subscription."""
+    setup = open_store()
+    add(setup)
+    setup.start_register("orders-lake", 1)
+    setup.set_ranges("orders-lake", [(None, [1000]), ([1000], None)])
+    stores = [open_store(), open_store()]
+    errors: list[BaseException] = []
+
+    def copy(range_id: int) -> None:
+        try:
+            for i in range(25):
+                stores[range_id].record_chunk(
+                    "orders-lake", range_id, [range_id * 1000 + i], 2 + i, 10, i == 24
+                )
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=copy, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    p = setup.progress("orders-lake")
+    assert p.snapshot_done and p.rows_copied == 500
+
+
+# --- URLs and connection errors -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("", "empty"),
+        ("mysql://root@127.0.0.1/meta", "unsupported metadata URL"),
+        ("/tmp/meta.db", "unsupported metadata URL"),
+        ("sqlite://", "names no file"),
+        ("sqlite:///no/such/dir/meta.db", "directory /no/such/dir does not exist"),
+    ],
+)
+def test_bad_urls(url: str, message: str) -> None:
+    with pytest.raises(MetadataError, match=message):
+        MetadataStore.open(url)
+
+
+def test_sqlite_relative_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with MetadataStore.open("sqlite:meta.db") as store:
+        add(store)
+    assert (tmp_path / "meta.db").exists()
+    with MetadataStore.open(sqlite_url(tmp_path / "meta.db")) as store:
+        assert store.get_subscription("orders-lake").table_name == "orders"
+
+
+def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    (tmp_path / "meta.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(MetadataError, match=r"meta\.db"):
+        MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+
+
+def test_unreachable_postgresql_fails_fast_without_leaking_the_password() -> None:
+    url = f"postgresql://litecdc:s3cret@127.0.0.1:{free_port()}/meta"
+    started = time.monotonic()
+    with pytest.raises(MetadataError, match="cannot connect to the metadata database") as err:
+        MetadataStore.open(url, connect_timeout=2)
+    assert time.monotonic() - started < 5
+    assert "s3cret" not in str(err.value)
+    assert isinstance(err.value.__cause__, psycopg.OperationalError)
+
+
+def test_unknown_postgresql_database(postgresql_url: str) -> None:
+    url = postgresql_url.rsplit("/", 1)[0] + "/no_such_database"
+    with pytest.raises(MetadataError, match="no_such_database"):
+        MetadataStore.open(url)
+
+
+def test_redact_url() -> None:
+    assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
