@@ -6,8 +6,9 @@
                   [--etcd HOST:PORT[,…] --cluster NAME [--etcd-ca-cert F --etcd-cert F
                    --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
                    [--advertise-url URL] [--node-ca-cert F] [--node-user U --node-password P]
-                   [--compact-interval S] [--compact-keep N]]
+                   [--compact-interval S] [--compact-keep N]] [--retention-cids N]
     litecdc demo [--data-dir DIR] [--cluster]
+    litecdc pipeline subscribe|run|list|status|unsubscribe|verify …  (litecdc/pipeline/cli.py)
 
 Every option can also come from the environment as ``LITECDC_<OPTION>`` (for example
 ``LITECDC_DATA_DIR``). A configuration error prints one line, ``error: ...``, and exits
@@ -29,6 +30,7 @@ from litecdc.config import (
     SYNCHRONOUS_LEVELS,
     NodeConfig,
 )
+from litecdc.db.schema import DEFAULT_RETENTION_CIDS
 from litecdc.errors import ConfigError, LitecdcError
 
 __all__ = ["cli", "main"]
@@ -152,6 +154,14 @@ def cli() -> None:
     help="Newest log entries a compaction always keeps.",
 )
 @click.option(
+    "--retention-cids",
+    envvar="LITECDC_RETENTION_CIDS",
+    default=str(DEFAULT_RETENTION_CIDS),
+    show_default=True,
+    help="Retention cap of the change log, in commits: a pipeline subscriber further behind "
+    "must re-snapshot; with no webhook and no subscriber, the newest this many are kept.",
+)
+@click.option(
     "--cdc-config",
     envvar="LITECDC_CDC_CONFIG",
     default=None,
@@ -182,6 +192,7 @@ def serve(
     node_password: str | None,
     compact_interval: str,
     compact_keep: str,
+    retention_cids: str,
     cdc_config: str | None,
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
@@ -219,6 +230,7 @@ def serve(
             node_password=node_password or None,
             compact_interval=_number("--compact-interval", compact_interval),
             compact_keep=_integer("--compact-keep", compact_keep),
+            retention_cids=_integer("--retention-cids", retention_cids),
             cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )
         from litecdc.http.server import serve as serve_http
@@ -254,6 +266,15 @@ def demo(data_dir: str | None, cluster: bool) -> None:
     except RuntimeError as exc:
         _fail(str(exc), 1)
     sys.exit(code)
+
+
+def _add_pipeline() -> None:
+    from litecdc.pipeline.cli import pipeline
+
+    cli.add_command(pipeline)
+
+
+_add_pipeline()
 
 
 def _integer(option: str, text: str) -> int:

@@ -1,0 +1,337 @@
+"""``litecdc pipeline …``: the CDC pull server's commands. Each opens the metadata store
+and makes one library call; Spark starts only for ``run``.
+
+    litecdc pipeline subscribe --source URL[,URL…] --table T --name N --sink URL
+    litecdc pipeline run [--owner NAME] [--master URL] [--until-caught-up]
+    litecdc pipeline list | status [NAME] | unsubscribe NAME | verify NAME
+
+Every command takes ``--meta URL`` (``sqlite:///path`` — default ``litecdc-pipeline.db``
+in the working directory — or ``postgresql://…``; also ``LITECDC_PIPELINE_META``).
+Errors print one line, ``error: …``: status 2 for bad options, 1 for everything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from litecdc.errors import ConfigError, LitecdcError
+
+if TYPE_CHECKING:
+    from litecdc.pipeline.metadata import MetadataStore
+    from litecdc.pipeline.server import SubscriptionState
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_META_FILE = "litecdc-pipeline.db"
+
+
+def default_meta_url() -> str:
+    return f"sqlite:///{Path.cwd() / DEFAULT_META_FILE}"
+
+
+def _meta_option(func: F) -> F:
+    return click.option(
+        "--meta",
+        envvar="LITECDC_PIPELINE_META",
+        default=None,
+        help="Metadata store: sqlite:///path or postgresql://user@host:port/db. "
+        f"Default: sqlite file {DEFAULT_META_FILE} in the working directory.",
+    )(func)
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except LitecdcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+def _open(meta: str | None, owner: str | None = None) -> MetadataStore:
+    from litecdc.pipeline.metadata import MetadataStore
+
+    return MetadataStore.open(meta or default_meta_url(), owner=owner)
+
+
+@click.group()
+def pipeline() -> None:
+    """The CDC pull server: subscriptions mirrored into sinks by a Spark pipeline."""
+
+
+@pipeline.command()
+@_meta_option
+@click.option("--source", required=True, help="Node URL(s), comma-separated (any cluster node).")
+@click.option("--table", required=True, help="The source table.")
+@click.option("--name", required=True, help="The subscription's name (unique in the store).")
+@click.option(
+    "--sink",
+    required=True,
+    help="Where to mirror it: delta:/path, postgresql://…, mysql://…, nats://…, amqp://…, "
+    "http(s)://… (webhook). See docs/pipeline.md.",
+)
+@click.option("--owner", default="default", show_default=True, help="The server that runs it.")
+@click.option("--partitions", default=2, show_default=True, help="Snapshot key ranges.")
+@click.option("--page-rows", default=50_000, show_default=True, help="Snapshot rows per chunk.")
+@click.option(
+    "--max-events", default=100_000, show_default=True, help="Change events per micro-batch."
+)
+@click.option("--user", default=None, help="Basic-auth user for the source.")
+@click.option("--password", default=None, help="Basic-auth password for the source.")
+@click.option("--ca-cert", default=None, help="CA certificate of the source's HTTPS.")
+def subscribe(
+    meta: str | None,
+    source: str,
+    table: str,
+    name: str,
+    sink: str,
+    owner: str,
+    partitions: int,
+    page_rows: int,
+    max_events: int,
+    user: str | None,
+    password: str | None,
+    ca_cert: str | None,
+) -> None:
+    """Add a subscription: TABLE at SOURCE, mirrored into SINK (checked first)."""
+    from litecdc.pipeline.control import subscribe as add
+
+    with _errors():
+        for option, value in (
+            ("--partitions", partitions),
+            ("--page-rows", page_rows),
+            ("--max-events", max_events),
+        ):
+            if value < 1:
+                raise ConfigError(f"{option} must be at least 1, got {value}")
+        store = _open(meta)
+        try:
+            sub = add(
+                store,
+                name=name,
+                sources=source,
+                table=table,
+                sink=sink,
+                owner=owner,
+                options={
+                    "partitions": partitions,
+                    "page_rows": page_rows,
+                    "max_events": max_events,
+                    "user": user,
+                    "password": password,
+                    "ca_cert": ca_cert,
+                },
+            )
+        finally:
+            store.close()
+        click.echo(
+            f"subscription {sub.name}: table {sub.table_name} at {', '.join(sub.sources)} -> "
+            f"{sub.sink} (owner {sub.owner}); `litecdc pipeline run` starts it"
+        )
+
+
+@pipeline.command()
+@_meta_option
+@click.option(
+    "--owner", default="default", show_default=True, help="Run this owner's subscriptions."
+)
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option(
+    "--until-caught-up",
+    is_flag=True,
+    help="Exit 0 once every subscription has applied all changes committed before the start.",
+)
+@click.option("--poll-interval", default=1.0, show_default=True, help="Seconds between polls.")
+@click.option(
+    "--metrics-port", default=0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = off)."
+)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def run(
+    meta: str | None,
+    owner: str,
+    master: str,
+    until_caught_up: bool,
+    poll_interval: float,
+    metrics_port: int,
+    quiet: bool,
+) -> None:
+    """Run every subscription OWNER has (Spark driver); resumes after a restart."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "py4j"):  # one line per request / per connection otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from litecdc.pipeline.server import PipelineServer
+    from litecdc.pipeline.spark import spark_session
+
+    with _errors():
+        if poll_interval <= 0:
+            raise ConfigError(f"--poll-interval must be positive, got {poll_interval}")
+        store = _open(meta, owner)
+        display = _ProgressDisplay(enabled=not quiet)
+        try:
+            spark = spark_session(master)
+            server = PipelineServer(
+                store, spark, owner=owner, poll_interval=poll_interval, on_progress=display.update
+            )
+            if metrics_port:
+                server.metrics.serve(metrics_port)
+            signal.signal(signal.SIGTERM, lambda *_: server.stop())
+            with display:
+                failing = server.run(until_caught_up=until_caught_up)
+        except KeyboardInterrupt:
+            failing = 0
+        finally:
+            store.close()
+        if until_caught_up:
+            if failing:
+                raise LitecdcError(f"{failing} subscription(s) failed; see the log above")
+            click.echo("every subscription has caught up")
+
+
+@pipeline.command(name="list")
+@_meta_option
+def list_command(meta: str | None) -> None:
+    """List the subscriptions."""
+    with _errors():
+        store = _open(meta)
+        try:
+            subs = store.list_subscriptions(include_cancelled=True)
+        finally:
+            store.close()
+        if not subs:
+            click.echo("no subscriptions")
+        for sub in subs:
+            flag = " (unsubscribing)" if sub.cancel else ""
+            click.echo(
+                f"{sub.name}\ttable {sub.table_name}\tsink {sub.sink}\towner {sub.owner}{flag}"
+            )
+
+
+@pipeline.command()
+@_meta_option
+@click.argument("name", required=False)
+def status(meta: str | None, name: str | None) -> None:
+    """Stage, snapshot progress, applied cid and lag of one or every subscription."""
+    from litecdc.pipeline.control import status as read_status
+
+    with _errors():
+        store = _open(meta)
+        try:
+            reports = read_status(store, name)
+        finally:
+            store.close()
+        if not reports:
+            click.echo("no subscriptions")
+        for report in reports:
+            click.echo(report.describe())
+
+
+@pipeline.command()
+@_meta_option
+@click.argument("name")
+def unsubscribe(meta: str | None, name: str) -> None:
+    """Remove subscription NAME and release its hold on the source."""
+    from litecdc.pipeline.control import unsubscribe as remove
+
+    with _errors():
+        store = _open(meta)
+        try:
+            released = remove(store, name)
+        finally:
+            store.close()
+        if released:
+            click.echo(f"subscription {name} removed; its hold on the source is released")
+        else:
+            click.echo(
+                f"subscription {name} marked for removal: the source was unreachable, the "
+                "owning `pipeline run` releases its hold when it can"
+            )
+
+
+@pipeline.command()
+@_meta_option
+@click.argument("name")
+@click.option("--limit", default=20, show_default=True, help="Differences to print at most.")
+def verify(meta: str | None, name: str, limit: int) -> None:
+    """Compare NAME's source table with its sink row by row; exit 1 on any difference."""
+    from litecdc.pipeline.verify import verify as compare
+
+    with _errors():
+        store = _open(meta)
+        try:
+            sub = store.get_subscription(name)
+        finally:
+            store.close()
+        report = compare(sub, limit=limit)
+        for difference in report.differences:
+            click.echo(difference.describe())
+        if report.total_differences > len(report.differences):
+            click.echo(f"… and {report.total_differences - len(report.differences)} more")
+        click.echo(
+            f"{name}: source {report.source_rows} rows (cid {report.source_cid}), sink "
+            f"{report.sink_rows} rows, {report.total_differences} difference(s)"
+        )
+        if not report.ok:
+            sys.exit(1)
+
+
+class _ProgressDisplay:
+    """Progress bars of running snapshots (rows, rows/s, ETA) with rich."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _ProgressDisplay:
+        if self.enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("rows"),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, state: SubscriptionState) -> None:
+        if self._progress is None:
+            return
+        task = self._tasks.get(state.name)
+        if state.stage == "snapshot":
+            total = max(state.snapshot_total, state.snapshot_rows)
+            if task is None:
+                task = self._progress.add_task(
+                    f"{state.name} snapshot", total=total, rate="", started_at=time.monotonic()
+                )
+                self._tasks[state.name] = task
+            started = self._progress.tasks[task].fields["started_at"]
+            elapsed = max(time.monotonic() - started, 1e-6)
+            rate = f"{state.snapshot_rows / elapsed:,.0f} rows/s"
+            self._progress.update(task, completed=state.snapshot_rows, total=total, rate=rate)
+        elif task is not None:
+            self._progress.update(task, completed=state.snapshot_rows, rate="done")

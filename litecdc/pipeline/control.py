@@ -1,0 +1,131 @@
+"""Subscriptions as a user manages them: add (checked first), status, remove."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from litecdc.errors import NotFoundError, SourceError
+from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
+from litecdc.pipeline.sinks.registry import parse_sink_url
+from litecdc.pipeline.source_client import SourceClient, parse_urls
+
+log = logging.getLogger("litecdc.pipeline")
+
+
+def _client(sub_sources: Any, options: dict[str, Any]) -> SourceClient:
+    return SourceClient(
+        parse_urls(sub_sources),
+        user=options.get("user") or None,
+        password=options.get("password") or None,
+        ca_cert=options.get("ca_cert") or None,
+    )
+
+
+def subscribe(
+    store: MetadataStore,
+    *,
+    name: str,
+    sources: str | list[str],
+    table: str,
+    sink: str,
+    owner: str = "default",
+    options: dict[str, Any] | None = None,
+) -> Subscription:
+    """Add a subscription after checking that the sink URL is valid and the source table
+    exists (an unreachable source or unknown table is refused here, not at run time)."""
+    parse_sink_url(sink)
+    opts = {k: v for k, v in (options or {}).items() if v is not None}
+    urls = parse_urls(sources)
+    with _client(urls, opts) as client:
+        info = client.table_info(table)
+    return store.add_subscription(
+        name,
+        table_name=info.spec.name,
+        sources=urls,
+        sink=sink,
+        owner=owner,
+        options=opts,
+    )
+
+
+def unsubscribe(store: MetadataStore, name: str) -> bool:
+    """Release ``name``'s hold on the source and remove it; when the source cannot be
+    reached, only mark it cancelled (its server releases the hold later). Returns whether
+    the hold was released now."""
+    sub = store.get_subscription(name)
+    store.request_cancel(name)
+    try:
+        # NotFoundError: never registered, or released already
+        with _client(list(sub.sources), sub.options) as client, contextlib.suppress(NotFoundError):
+            client.unsubscribe(name)
+    except SourceError as exc:
+        log.warning("subscription %s: could not release its hold now: %s", name, exc)
+        return False
+    store.remove_subscription(name)
+    return True
+
+
+@dataclass
+class StatusReport:
+    subscription: Subscription
+    progress: Progress
+    source_cid: int | None
+    source_error: str | None
+
+    @property
+    def lag_cids(self) -> int | None:
+        applied = self.progress.last_log_index
+        if self.source_cid is None or applied is None:
+            return None
+        return max(self.source_cid - applied, 0)
+
+    def describe(self) -> str:
+        sub, progress = self.subscription, self.progress
+        stage = progress.stage or "not started"
+        lines = [f"{sub.name}: table {sub.table_name} -> {sub.sink} (owner {sub.owner})"]
+        if sub.cancel:
+            lines.append("  unsubscribing: the owning server releases the hold")
+        lines.append(f"  stage: {stage}")
+        if progress.init_snapshot_version is not None:
+            lines.append(f"  initial snapshot version: cid {progress.init_snapshot_version}")
+        if progress.ranges:
+            done = sum(1 for r in progress.ranges if r.done)
+            lines.append(
+                f"  snapshot: {done}/{len(progress.ranges)} range(s) done, "
+                f"{progress.rows_copied} row(s) copied"
+            )
+        if progress.last_log_index is not None:
+            lines.append(f"  applied through cid {progress.last_log_index}")
+        if self.source_error is not None:
+            lines.append(f"  source: unreachable ({self.source_error})")
+        elif self.source_cid is not None:
+            lag = self.lag_cids
+            lines.append(
+                f"  source head: cid {self.source_cid}"
+                + (f", lag {lag} cid(s)" if lag is not None else "")
+            )
+        return "\n".join(lines)
+
+
+def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
+    """Where each subscription (or just ``name``) stands, with its source's head now."""
+    subs = (
+        [store.get_subscription(name)] if name else store.list_subscriptions(include_cancelled=True)
+    )
+    reports = []
+    for sub in subs:
+        progress = store.progress(sub.name)
+        head: int | None = None
+        error: str | None = None
+        try:
+            with _client(list(sub.sources), sub.options) as client:
+                head = client.table_info(sub.table_name).last_cid
+        except SourceError as exc:
+            error = str(exc)
+        except NotFoundError as exc:
+            error = str(exc)
+        reports.append(StatusReport(sub, progress, head, error))
+    return reports

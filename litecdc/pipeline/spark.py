@@ -1,0 +1,52 @@
+"""The pipeline's SparkSession: where it runs and how its Python workers start."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from litecdc.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("litecdc.pipeline")
+
+DEFAULT_MASTER = "local[*]"
+
+
+def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipeline") -> SparkSession:
+    """A SparkSession with the ``litecdc`` data source registered.
+
+    Spark's Python workers run this interpreter (PYSPARK_PYTHON), so they import the same
+    litecdc and pyarrow as the driver; Arrow carries the data between Python and the JVM.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        from pyspark.sql import SparkSession
+
+        from litecdc.pipeline.datasource import register
+
+        spark = (
+            SparkSession.builder.master(master)
+            .appName(app_name)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+    except Exception as exc:  # Java missing, bad master URL…
+        raise PipelineError(
+            f"could not start Spark (master {master!r}): {exc}; Spark needs Java 17 "
+            "(`make test`/`make run` install it)"
+        ) from exc
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
