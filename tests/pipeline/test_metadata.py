@@ -489,3 +489,22 @@ def test_unknown_postgresql_database(postgresql_url: str) -> None:
 def test_redact_url() -> None:
     assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_postgresql_connection_loss_recovers_on_the_next_call(postgresql_db_url: str) -> None:
+    with MetadataStore.open(postgresql_db_url) as store:
+        add(store)
+        dbname = postgresql_db_url.rsplit("/", 1)[1]
+        admin_url = postgresql_db_url.rsplit("/", 1)[0] + "/postgres"
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                [dbname],
+            )
+        # The call that finds the connection dead fails clearly; the next one reconnects.
+        try:
+            store.get_subscription("orders-lake")
+        except MetadataError as exc:
+            assert "metadata database" in str(exc)
+        assert store.get_subscription("orders-lake").table_name == "orders"

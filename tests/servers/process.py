@@ -3,9 +3,11 @@ executor that waits on a real readiness probe and keeps the server's output in a
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -41,20 +43,26 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def find_binary(names: Sequence[str], what: str, extra_globs: Sequence[str] = ()) -> str:
-    """The first of ``names`` on PATH (or /usr/sbin, which root-less PATHs lack) or matching
-    one of ``extra_globs``; a clear error naming the package otherwise."""
+def find_binary(names: Sequence[str], what: str, globs: Sequence[str] = ()) -> str:
+    """The first match of ``globs`` (Debian's own paths, newest version first), else the
+    first of ``names`` on PATH (or /usr/sbin, which a non-root PATH may lack); a clear
+    error naming what to install otherwise."""
+    for pattern in globs:
+        matches = sorted(glob.glob(pattern), key=_version_key, reverse=True)
+        if matches:
+            return matches[0]
     search = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin" + os.pathsep + "/sbin"
     for name in names:
         found = shutil.which(name, path=search)
         if found:
             return found
-    for pattern in extra_globs:
-        # Highest version first (e.g. /usr/lib/postgresql/16 before 15).
-        matches = sorted(glob.glob(pattern), reverse=True)
-        if matches:
-            return matches[0]
-    raise ServerUnavailableError(f"{what} is not installed ({', '.join(names)}): {SETUP_HINT}")
+    tried = ", ".join([*names, *globs])
+    raise ServerUnavailableError(f"{what} is not installed (looked for {tried}): {SETUP_HINT}")
+
+
+def _version_key(path: str) -> list[int]:
+    # /usr/lib/postgresql/16/bin/postgres sorts after .../9.6/...: compare numbers, not text.
+    return [int(n) for n in re.findall(r"\d+", path)]
 
 
 def unprivileged_user(preferred: Sequence[str] = ("nobody",)) -> pwd.struct_passwd | None:
@@ -75,6 +83,18 @@ def log_tail(path: Path, lines: int = 20) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _new_session_dying_with_parent() -> None:
+    """In the child before exec: its own session (mirakuru stops the whole group), and
+    SIGTERM when pytest dies without tearing down (kill -9), so no server outlives the run.
+    Runs after subprocess switched user, which would otherwise clear the death signal."""
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class ServerProcess(Executor):
@@ -114,6 +134,7 @@ class ServerProcess(Executor):
     @property
     def _popen_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = super()._popen_kwargs
+        kwargs["preexec_fn"] = _new_session_dying_with_parent
         if self._user is not None:
             kwargs["user"] = self._user.pw_uid
             kwargs["group"] = self._user.pw_gid

@@ -8,7 +8,10 @@ import uuid
 import pika
 import psycopg
 import pymysql
+import pytest
 from nats.aio.client import Client as NATS
+
+from servers.process import ServerUnavailableError, find_binary
 
 
 def test_postgresql_session_and_fresh_database(postgresql_url: str, postgresql_db_url: str) -> None:
@@ -80,3 +83,8 @@ def test_rabbitmq_publish_and_get(rabbitmq_url: str) -> None:
         assert body == b"hello"
     finally:
         conn.close()
+
+
+def test_a_missing_binary_says_to_run_make_test() -> None:
+    with pytest.raises(ServerUnavailableError, match=r"not installed .*run `make test`"):
+        find_binary(["no-such-server-binary"], "Some server", ["/nonexistent/*/bin/x"])
