@@ -8,15 +8,22 @@ Servers come from the session fixtures of tests/servers (a missing one fails, ne
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import nats
+import pika  # type: ignore[import-untyped]
 import pyarrow as pa
 import pytest
+from fakes.webhook_receiver import WebhookReceiver, verify_standard_webhook
 from sink_contract import (
     COMPOSITE_SPEC,
     SPEC,
@@ -27,7 +34,7 @@ from sink_contract import (
 )
 
 from litecdc.errors import SchemaMismatchError, SinkError
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink, message_id
 from litecdc.pipeline.sinks.registry import (
     DeltaOptions,
     SqlOptions,
@@ -36,6 +43,7 @@ from litecdc.pipeline.sinks.registry import (
     open_sink,
     parse_sink_url,
 )
+from litecdc.pipeline.sinks.webhook import WebhookSink
 from litecdc.pipeline.tables import Column, TableSpec
 
 MIRRORS = ["delta", "postgresql", "mariadb"]
@@ -252,6 +260,180 @@ def test_mirror_refuses_a_column_of_another_type(mirror: Mirror, opened: list[Si
         open_sink(url, clashing, "sub")
 
 
+# -- logs -------------------------------------------------------------------------------
+
+LOGS = ["nats", "rabbitmq", "webhook"]
+Message = tuple[str, dict[str, Any]]  # (de-duplication id, event document)
+
+
+@dataclass
+class LogTarget:
+    kind: str
+    url: str
+    consume: Callable[[], list[Message]]  # everything stored/received so far, in order
+    receiver: WebhookReceiver | None = None
+
+
+def nats_messages(server: str, stream: str) -> list[Message]:
+    async def read() -> list[Message]:
+        nc = await nats.connect(server)
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info(stream)
+            out: list[Message] = []
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                msg = await js.get_msg(stream, seq)
+                out.append(
+                    ((msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b""))
+                )
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def rabbitmq_messages(url: str, queue: str) -> list[Message]:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = conn.channel()
+        out: list[Message] = []
+        while True:
+            method, props, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return out
+            assert props.delivery_mode == 2  # persistent
+            out.append((props.message_id, json.loads(body)))
+    finally:
+        conn.close()
+
+
+def webhook_messages(receiver: WebhookReceiver) -> list[Message]:
+    out: list[Message] = []
+    for doc in receiver.batches:
+        for event in doc.get("events", []):
+            out.append((event.pop("id"), event))
+    return out
+
+
+@pytest.fixture(params=LOGS)
+def log_target(request: pytest.FixtureRequest) -> Iterator[LogTarget]:
+    kind = request.param
+    tag = uuid.uuid4().hex[:10]
+    if kind == "nats":
+        server = request.getfixturevalue("nats_url")
+        stream = f"S{tag}"
+        url = f"{server}?stream={stream}&subject=t{tag}"
+        yield LogTarget(kind, url, lambda: nats_messages(server, stream))
+    elif kind == "rabbitmq":
+        base = request.getfixturevalue("rabbitmq_url")
+        queue = f"q{tag}"
+        yield LogTarget(kind, f"{base}?queue={queue}", lambda: rabbitmq_messages(base, queue))
+    else:
+        with WebhookReceiver() as receiver:
+            yield LogTarget(kind, receiver.url, lambda: webhook_messages(receiver), receiver)
+
+
+def expected_messages(src: SourceSim, after: int, end: int) -> list[Message]:
+    out: list[Message] = []
+    for cid, seq, op, row in src.events_log:
+        if after < cid <= end:
+            body = {
+                c: (base64.b64encode(v).decode() if isinstance(v, bytes) else v)
+                for c, v in row.items()
+            }
+            doc = {"table": src.spec.name, "op": op, "cid": cid, "seq": seq}
+            doc |= {"key": {k: body[k] for k in src.spec.key}, "row": body}
+            out.append((message_id(cid, seq, op), doc))
+    return out
+
+
+def test_log_sink_sends_each_event_once_with_its_id(
+    log_target: LogTarget, opened: list[Sink]
+) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 13)])
+    src.commit(("delete", (3,)), ("upsert", {**sample_row(4), "n": 2**62}))
+    src.commit(("rekey", ((5,), {**sample_row(5), "id": 50})))
+    sink = open_tracked(opened, log_target.url, SPEC)
+    assert sink.kind == "log"
+    assert sink.write_changes(*batch(src, 0, 2)) is True
+    assert sink.write_changes(*batch(src, 2, 3)) is True
+    assert sink.applied_cid() == 3
+    # replays of applied batches send nothing
+    assert sink.write_changes(*batch(src, 0, 2)) is False
+    assert sink.write_changes(*batch(src, 2, 3)) is False
+    got = log_target.consume()
+    assert got == expected_messages(src, 0, 3)
+    assert len({msg_id for msg_id, _ in got}) == len(got)
+
+
+def test_log_sink_snapshot_rows(log_target: LogTarget, opened: list[Sink]) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 6)])
+    sink = open_tracked(opened, log_target.url, SPEC)
+    sink.write_snapshot(src.chunk(0, 100, 1))
+    got = log_target.consume()
+    assert [doc["op"] for _, doc in got] == ["snapshot"] * 5
+    assert [doc["key"] for _, doc in got] == [{"id": i} for i in range(1, 6)]
+    assert all(doc["cid"] == 1 for _, doc in got)
+    assert len({msg_id for msg_id, _ in got}) == 5
+
+
+def test_nats_drops_a_replayed_publish_and_keeps_progress(
+    nats_url: str, opened: list[Sink]
+) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 4)])
+    src.commit(("delete", (2,)))
+    tag = uuid.uuid4().hex[:10]
+    url = f"{nats_url}?stream=S{tag}&subject=t{tag}"
+    first = open_sink(url, SPEC, "sub")
+    assert first.write_changes(*batch(src, 0, 2)) is True
+    first.close()
+    # a new process has the progress (KV) ...
+    second = open_tracked(opened, url, SPEC)
+    assert second.applied_cid() == 2
+    assert second.write_changes(*batch(src, 0, 2)) is False
+    # ... and a publish replayed after a crash (progress not yet recorded) is dropped
+    # by JetStream's duplicate window
+    other = open_tracked(opened, url, SPEC, sub="crashed-before-recording")
+    assert other.write_changes(*batch(src, 0, 2)) is True
+    got = nats_messages(nats_url, f"S{tag}")
+    assert got == expected_messages(src, 0, 2)
+
+
+def test_webhook_retries_5xx_and_refuses_4xx(opened: list[Sink]) -> None:
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 4)])
+    with WebhookReceiver() as receiver:
+        sink = open_tracked(opened, receiver.url, SPEC)
+        assert isinstance(sink, WebhookSink)
+        sink.sleep = lambda _seconds: None
+        receiver.fail_next(2, 503)
+        assert sink.write_changes(*batch(src, 0, 1)) is True
+        ids = [r.header("webhook-id") for r in receiver.requests]
+        assert len(ids) == 3 and len(set(ids)) == 1  # the same id on every retry
+        assert webhook_messages(receiver) == expected_messages(src, 0, 1)
+        receiver.fail_next(1, 400)
+        src.commit(("delete", (1,)))
+        with pytest.raises(SinkError, match="HTTP 400"):
+            sink.write_changes(*batch(src, 1, 2))
+        assert sink.applied_cid() == 1
+
+
+def test_webhook_signs_with_the_secret(opened: list[Sink]) -> None:
+    secret = "whsec_" + base64.b64encode(b"k" * 24).decode()
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    with WebhookReceiver() as receiver:
+        sink = open_tracked(opened, f"{receiver.url}?litecdc_secret={secret}", SPEC)
+        assert sink.write_changes(*batch(src, 0, 1)) is True
+        assert [verify_standard_webhook(secret, r.headers, r.body) for r in receiver.requests] == [
+            True
+        ]
+
+
 # -- URLs and unreachable servers -------------------------------------------------------
 
 
@@ -275,7 +457,11 @@ def test_unreachable_server_is_a_quick_clear_sink_error(url: str) -> None:
     url = url.format(port=closed_port())
     started = time.monotonic()
     with pytest.raises(SinkError) as info:
-        open_sink(url, SPEC, "sub")
+        sink = open_sink(url, SPEC, "sub")  # a webhook is first contacted by a write
+        try:
+            sink.write_changes(SourceSim(SPEC).events(0, 0), ChangeBatch("sub", 0, 1))
+        finally:
+            sink.close()
     assert time.monotonic() - started < 10
     message = str(info.value)
     assert "s3cret" not in message

@@ -1,0 +1,87 @@
+"""The JSON form of rows and change events that the log sinks (NATS, RabbitMQ, webhook) send.
+
+One event::
+
+    {"table": "orders", "op": "upsert", "cid": 42, "seq": 0,
+     "key": {"id": 7}, "row": {"id": 7, "note": "…", "photo": "iVBORw0…"}}
+
+``op`` is 'upsert' (``row`` = the row after the change), 'delete' (``row`` = the row
+before) or 'snapshot' (a row of a snapshot chunk read at ``cid``; ``seq`` is null). An
+update of the key is a 'delete' of the old key then an 'upsert' of the new one, with the
+same cid and seq. Blobs are base64 strings, NULL is null, non-finite floats are the
+strings "Infinity" / "-Infinity"; integers are exact 64-bit JSON numbers (a JavaScript
+consumer needs a big-int aware parser above 2^53).
+
+Each message has a stable id for de-duplication: ``message_id(cid, seq, op)`` for a
+change event, ``snapshot_message_id`` for a snapshot row (the table and key hashed in,
+as one chunk's rows share a cid).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from litecdc.pipeline.sinks.base import message_id
+from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, SEQ_COLUMN, TableSpec
+
+OP_SNAPSHOT = "snapshot"
+
+
+def json_value(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "Infinity" if value > 0 else "-Infinity"  # SQLite has no NaN
+    return value
+
+
+def snapshot_message_id(table: str, cid: int, key: dict[str, Any]) -> str:
+    digest = hashlib.sha256(
+        json.dumps([table, key], sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()[:24]
+    return f"{cid}-snapshot-{digest}"
+
+
+def _records(rows: pa.Table, names: list[str]) -> Iterator[dict[str, Any]]:
+    columns = [rows[n].to_pylist() for n in names]
+    for values in zip(*columns, strict=True):
+        yield dict(zip(names, values, strict=True))
+
+
+def event_messages(events: pa.Table, spec: TableSpec) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(message id, document) of each change event, in (cid, seq) order as given."""
+    names = [CID_COLUMN, SEQ_COLUMN, OP_COLUMN, *spec.column_names]
+    for record in _records(events, names):
+        cid, seq, op = int(record[CID_COLUMN]), int(record[SEQ_COLUMN]), str(record[OP_COLUMN])
+        row = {c: json_value(record[c]) for c in spec.column_names}
+        doc = {
+            "table": spec.name,
+            "op": op,
+            "cid": cid,
+            "seq": seq,
+            "key": {k: row[k] for k in spec.key},
+            "row": row,
+        }
+        yield message_id(cid, seq, op), doc
+
+
+def snapshot_messages(rows: pa.Table, spec: TableSpec) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(message id, document) of each row of a snapshot chunk."""
+    for record in _records(rows, [*spec.column_names, CID_COLUMN]):
+        cid = int(record[CID_COLUMN])
+        row = {c: json_value(record[c]) for c in spec.column_names}
+        key = {k: row[k] for k in spec.key}
+        doc = {"table": spec.name, "op": OP_SNAPSHOT, "cid": cid, "seq": None, "key": key}
+        doc["row"] = row
+        yield snapshot_message_id(spec.name, cid, key), doc
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
