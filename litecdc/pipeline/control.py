@@ -9,6 +9,7 @@ from typing import Any
 
 from litecdc.errors import NotFoundError, SourceError
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
+from litecdc.pipeline.parquet_log import is_parquet_url, parse_parquet_url
 from litecdc.pipeline.sinks.registry import parse_sink_url
 from litecdc.pipeline.source_client import SourceClient, parse_urls
 
@@ -36,7 +37,10 @@ def subscribe(
 ) -> Subscription:
     """Add a subscription after checking that the sink URL is valid and the source table
     exists (an unreachable source or unknown table is refused here, not at run time)."""
-    parse_sink_url(sink)
+    if is_parquet_url(sink):
+        parse_parquet_url(sink)
+    else:
+        parse_sink_url(sink)
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     urls = parse_urls(sources)
     with _client(urls, opts) as client:

@@ -38,9 +38,12 @@ from litecdc.errors import (
     NotFoundError,
     PositionUnavailableError,
     SchemaMismatchError,
+    SinkError,
 )
+from litecdc.pipeline import parquet_log
 from litecdc.pipeline.metadata import MetadataStore, Subscription
 from litecdc.pipeline.metrics import PipelineMetrics
+from litecdc.pipeline.parquet_log import ParquetLog
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
@@ -48,7 +51,8 @@ from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 from litecdc.wire import decode_key, encode_key
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrameReader, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -89,8 +93,10 @@ class _Running:
     subscription: Subscription
     client: SourceClient
     spec: TableSpec
-    sink: Sink
+    sink: Sink | None  # None for a Parquet change log (Spark writes it)
     state: SubscriptionState
+    parquet: ParquetLog | None = None
+    query: StreamingQuery | None = None
     spec_checked: float = field(default_factory=time.monotonic)
     #: the node's hold for this subscription, as last moved, and when
     hold_cid: int = 0
@@ -119,6 +125,8 @@ class PipelineServer:
         self.states: dict[str, SubscriptionState] = {}
         self._running: dict[str, _Running] = {}
         self._stop = threading.Event()
+        #: until_caught_up: Parquet change logs run availableNow queries to completion
+        self._available_now = False
 
     # -- lifecycle -------------------------------------------------------------------
     def stop(self) -> None:
@@ -130,6 +138,7 @@ class PipelineServer:
         Returns how many subscriptions are still failing (0 = all healthy)."""
         targets: dict[str, int] = {}
         rounds = 0
+        self._available_now = until_caught_up
         try:
             while not self._stop.is_set():
                 busy = self.run_round(targets if until_caught_up else None)
@@ -145,12 +154,8 @@ class PipelineServer:
         return sum(1 for s in self.states.values() if s.last_error)
 
     def close(self) -> None:
-        for running in self._running.values():
-            try:
-                running.sink.close()
-            finally:
-                running.client.close()
-        self._running.clear()
+        for name in list(self._running):
+            self._forget_connections(name)
 
     def _caught_up(self, targets: dict[str, int]) -> bool:
         owned = self.meta.list_subscriptions(owner=self.owner)
@@ -202,8 +207,12 @@ class PipelineServer:
     def _start(self, sub: Subscription, state: SubscriptionState) -> _Running:
         client = SourceClient(list(sub.sources), **_auth(sub.options))
         spec = client.table_spec(sub.table_name)
-        sink = open_sink(sub.sink, spec, sub.name)
-        running = _Running(sub, client, spec, sink, state)
+        if parquet_log.is_parquet_url(sub.sink):
+            running = _Running(
+                sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
+            )
+        else:
+            running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
         progress = self.meta.progress(sub.name)
         state.stage = progress.stage or "register"
         state.applied_cid = progress.last_log_index or 0
@@ -212,10 +221,7 @@ class PipelineServer:
         return running
 
     def _forget(self, name: str) -> None:
-        running = self._running.pop(name, None)
-        if running is not None:
-            running.sink.close()
-            running.client.close()
+        self._forget_connections(name)
         self.states.pop(name, None)
 
     def _failed(self, state: SubscriptionState, exc: Exception) -> None:
@@ -231,11 +237,15 @@ class PipelineServer:
 
     def _forget_connections(self, name: str) -> None:
         running = self._running.pop(name, None)
-        if running is not None:
-            try:
+        if running is None:
+            return
+        try:
+            if running.query is not None:
+                running.query.stop()
+            if running.sink is not None:
                 running.sink.close()
-            finally:
-                running.client.close()
+        finally:
+            running.client.close()
 
     def _unsubscribe(self, sub: Subscription) -> None:
         # NotFoundError: never registered, or released already
@@ -268,6 +278,11 @@ class PipelineServer:
         sub = running.subscription
         registered = running.client.register(sub.name)
         if restart:
+            if running.query is not None:
+                running.query.stop()
+                running.query = None
+            if running.parquet is not None:
+                parquet_log.restart(running.parquet)
             self.meta.restart_snapshot(sub.name, registered.cid)
         else:
             self.meta.start_register(sub.name, registered.cid)
@@ -275,7 +290,9 @@ class PipelineServer:
         self._evolve(running, info.spec)
         partitions = int(sub.options.get("partitions", DEFAULT_PARTITIONS))
         splits = running.client.splits(sub.table_name, partitions)
-        self.meta.set_ranges(sub.name, [(lo, hi) for lo, hi in splits.ranges()])
+        # a Parquet snapshot is one Spark write (partitions in parallel): one range
+        ranges = [(None, None)] if running.parquet else list(splits.ranges())
+        self.meta.set_ranges(sub.name, ranges)
         running.state.snapshot_rows = 0
         running.state.snapshot_total = info.rows
         running.state.stage = "snapshot"
@@ -292,7 +309,7 @@ class PipelineServer:
         state.snapshot_rows = sum(r.rows_copied for r in progress.ranges)
         if not pending:
             init_cid = progress.init_snapshot_version or 0
-            swept = running.sink.finish_snapshot(init_cid)
+            swept = running.sink.finish_snapshot(init_cid) if running.sink is not None else 0
             self.meta.finish_snapshot(sub.name)
             state.stage = "incremental"
             state.applied_cid = init_cid
@@ -301,6 +318,24 @@ class PipelineServer:
                 sub.name, state.snapshot_rows, swept,
             )  # fmt: skip
             return True
+        if running.parquet is not None:
+            partitions = str(sub.options.get("partitions", DEFAULT_PARTITIONS))
+            rows_written = parquet_log.write_snapshot(
+                self._reader(running).option("partitions", partitions), running.parquet
+            )
+            for r in pending:
+                self.meta.record_chunk(
+                    sub.name,
+                    r.range_id,
+                    last_key=None,
+                    read_cid=progress.init_snapshot_version or 0,
+                    rows=rows_written,
+                    done=True,
+                )
+            state.snapshot_rows = rows_written
+            self.metrics.snapshot_rows(sub.name, rows_written)
+            return True
+        assert running.sink is not None
         page_rows = int(sub.options.get("page_rows", DEFAULT_PAGE_ROWS))
         chunk = [
             [
@@ -337,6 +372,9 @@ class PipelineServer:
         progress = self.meta.progress(sub.name)
         after = progress.last_log_index or 0
         state.applied_cid = after
+        if running.parquet is not None:
+            return self._parquet_round(running, after)
+        assert running.sink is not None
         max_events = int(sub.options.get("max_events", DEFAULT_MAX_EVENTS))
         position = running.client.position(sub.table_name, after=after, max_events=max_events)
         state.source_cid = position.last_cid
@@ -362,6 +400,44 @@ class PipelineServer:
             state.behind_since = None
         return position.end_cid < position.last_cid
 
+    def _parquet_round(self, running: _Running, after: int) -> bool:
+        """The change log is one structured-streaming query: run it to the head
+        (until caught up) or keep it running, and record where it got."""
+        assert running.parquet is not None
+        sub, state = running.subscription, running.state
+        if running.query is None:
+            options = self._source_options(sub) | {
+                "starting_cid": str(after),
+                "subscription": sub.name,
+                "max_events": str(sub.options.get("max_events", DEFAULT_MAX_EVENTS)),
+            }
+            running.query = parquet_log.start_changes(
+                self.spark,
+                options,
+                running.parquet,
+                available_now=self._available_now,
+                interval_seconds=self.poll_interval,
+            )
+        query = running.query
+        if self._available_now:
+            query.awaitTermination()
+            running.query = None
+        error = query.exception()
+        if error is not None:
+            running.query = None
+            raise SinkError(f"parquet change log {running.parquet.path}: {error}")
+        head = running.client.table_info(sub.table_name).last_cid
+        state.source_cid = head
+        cid = parquet_log.applied_cid(query)
+        if cid is not None and cid > after:
+            self.meta.record_log_position(sub.name, cid)
+            state.applied_cid = cid
+        if state.applied_cid >= head:
+            state.behind_since = None
+        elif state.behind_since is None:
+            state.behind_since = time.monotonic()
+        return False
+
     def _move_hold(self, running: _Running, cid: int, *, applied: bool) -> None:
         """Let the node prune what the sink has applied. Moving the hold is itself a
         commit on the node, so it is done after batches that carried events (at most
@@ -375,17 +451,26 @@ class PipelineServer:
         running.hold_cid, running.hold_moved = cid, now
 
     # -- reading through Spark -----------------------------------------------------------
-    def _read(self, running: _Running, options: dict[str, str]) -> pa.Table:
-        sub = running.subscription
-        reader = (
-            self.spark.read.format("litecdc")
-            .option("url", ",".join(sub.sources))
-            .option("table", sub.table_name)
-            .option("page_rows", str(sub.options.get("page_rows", DEFAULT_PAGE_ROWS)))
-        )
+    @staticmethod
+    def _source_options(sub: Subscription) -> dict[str, str]:
+        options = {
+            "url": ",".join(sub.sources),
+            "table": sub.table_name,
+            "page_rows": str(sub.options.get("page_rows", DEFAULT_PAGE_ROWS)),
+        }
         for key in ("user", "password", "ca_cert"):
             if sub.options.get(key):
-                reader = reader.option(key, str(sub.options[key]))
+                options[key] = str(sub.options[key])
+        return options
+
+    def _reader(self, running: _Running) -> DataFrameReader:
+        reader = self.spark.read.format("litecdc")
+        for key, value in self._source_options(running.subscription).items():
+            reader = reader.option(key, value)
+        return reader
+
+    def _read(self, running: _Running, options: dict[str, str]) -> pa.Table:
+        reader = self._reader(running)
         for key, value in options.items():
             reader = reader.option(key, value)
         table: pa.Table = reader.load().toArrow()
@@ -414,7 +499,8 @@ class PipelineServer:
                 "again to rebuild the mirror"
             )
         added = spec.added_columns(running.spec)
-        running.sink.evolve(spec)
+        if running.sink is not None:
+            running.sink.evolve(spec)
         running.spec = spec
         log.info(
             "subscription %s: source added column(s) %s; the sink follows",
