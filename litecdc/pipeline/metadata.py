@@ -542,7 +542,7 @@ class MetadataStore:
         if not existing.same_definition(wanted) or existing.cancel:
             raise MetadataError(
                 f"a subscription named {name!r} already exists (table {existing.table_name!r}, "
-                f"sink {existing.sink!r}, owner {existing.owner!r}"
+                f"sink {redact_url(existing.sink)!r}, owner {existing.owner!r}"
                 + (", being cancelled" if existing.cancel else "")
                 + "): choose another name or remove it first"
             )
