@@ -86,13 +86,18 @@ class SourceTable:
     columns: tuple[tuple[str, str, str, bool], ...]  # (name, declared type, arrow, not null)
     key: tuple[str, ...]
     rowid_key: bool  # key is ROWID_COLUMN (no declared primary key)
+    defaults: tuple[str | None, ...] = ()  # each column's DEFAULT as SQL text (None: none)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "table": self.name,
             "columns": [
-                {"name": n, "declared_type": d, "arrow": a, "not_null": nn}
-                for n, d, a, nn in self.columns
+                {"name": n, "declared_type": d, "arrow": a, "not_null": nn, "default": dflt}
+                for (n, d, a, nn), dflt in zip(
+                    self.columns,
+                    self.defaults or (None,) * len(self.columns),
+                    strict=True,
+                )
             ],
             "key": list(self.key),
         }
@@ -151,25 +156,31 @@ def user_tables(conn: apsw.Connection) -> list[str]:
 
 def describe(conn: apsw.Connection, table: str) -> SourceTable:
     """The table's columns and key; NotFoundError for anything that is not a user table."""
-    found: list[tuple[Any, ...]] = conn.execute(
+    found = _rows(
+        conn,
         "SELECT name, type, wr FROM pragma_table_list WHERE schema = 'main' AND name = ? "
         "COLLATE NOCASE",
         (table,),
-    ).fetchall()
+    )
     if not found or found[0][1] != "table" or _is_hidden(found[0][0]):
         raise NotFoundError(f"no table {table!r} in this database")
     name, _, without_rowid = found[0]
-    info: list[tuple[Any, ...]] = conn.execute(
-        'SELECT name, type, "notnull", pk, hidden FROM pragma_table_xinfo(?)', (name,)
-    ).fetchall()
+    info = _rows(
+        conn, 'SELECT name, type, "notnull", pk, dflt_value FROM pragma_table_xinfo(?)', (name,)
+    )
     columns = [(c[0], str(c[1] or ""), arrow_type_name(str(c[1] or "")), bool(c[2])) for c in info]
+    defaults = tuple(c[4] for c in info)
     pk = [c[0] for c in sorted((c for c in info if c[3]), key=lambda c: c[3])]
     if pk:
-        return SourceTable(name, tuple(columns), tuple(pk), rowid_key=False)
+        return SourceTable(name, tuple(columns), tuple(pk), rowid_key=False, defaults=defaults)
     if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
         raise NotFoundError(f"table {name!r} has no key")
     return SourceTable(
-        name, ((ROWID_COLUMN, "INTEGER", "int64", True), *columns), (ROWID_COLUMN,), True
+        name,
+        ((ROWID_COLUMN, "INTEGER", "int64", True), *columns),
+        (ROWID_COLUMN,),
+        True,
+        defaults=(None, *defaults),
     )
 
 

@@ -47,7 +47,7 @@ from litecdc.pipeline.parquet_log import ParquetLog
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
-from litecdc.pipeline.tables import CID_COLUMN, TableSpec
+from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 from litecdc.wire import decode_key, encode_key
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ DEFAULT_PAGE_ROWS = 50_000
 DEFAULT_MAX_EVENTS = 100_000
 DEFAULT_PARTITIONS = 2
 HOLD_INTERVAL = 5.0
+SCHEMA_CHECK_INTERVAL = 5.0
 IDLE_HOLD_INTERVAL = 300.0
 
 
@@ -212,7 +213,16 @@ class PipelineServer:
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
             )
         else:
-            running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
+            sink = open_sink(sub.sink, spec, sub.name)
+            running = _Running(sub, client, spec, sink, state)
+            if _need_recopy(spec, sink.added_columns):
+                # the source gained a column with a DEFAULT while we were not running
+                self._running[sub.name] = running
+                progress = self.meta.progress(sub.name)
+                if progress.stage not in (None, "register"):
+                    log.info("subscription %s: column(s) with a default added; re-snapshotting",
+                             sub.name)  # fmt: skip
+                    self._register(running, restart=True)
         progress = self.meta.progress(sub.name)
         state.stage = progress.stage or "register"
         state.applied_cid = progress.last_log_index or 0
@@ -386,7 +396,8 @@ class PipelineServer:
         if state.behind_since is None:
             state.behind_since = now
         if position.events:
-            self._check_schema(running, force=False)
+            if self._check_schema(running):
+                return True  # re-snapshotting
             events = self._read(
                 running,
                 {"mode": "changes", "after_cid": str(after), "until_cid": str(position.end_cid)},
@@ -477,17 +488,31 @@ class PipelineServer:
         return table
 
     # -- schema changes at the source ----------------------------------------------------
-    def _check_schema(self, running: _Running, *, force: bool = True) -> None:
+    def _check_schema(self, running: _Running, *, force: bool = True) -> bool:
+        """Follow the source table's columns; True when that needs a re-snapshot."""
         now = time.monotonic()
-        if not force and now - running.spec_checked < 5.0:
-            return
+        if not force and now - running.spec_checked < SCHEMA_CHECK_INTERVAL:
+            return False
         running.spec_checked = now
         spec = running.client.table_spec(running.subscription.table_name)
-        self._evolve(running, spec)
+        added = self._evolve(running, spec)
+        if _need_recopy(spec, [c.name for c in added]):
+            # existing rows took the default without any row change: copy them again
+            log.info(
+                "subscription %s: a column with a default was added; re-snapshotting",
+                running.subscription.name,
+            )
+            self._register(running, restart=True)
+            return True
+        return False
 
-    def _evolve(self, running: _Running, spec: TableSpec) -> None:
-        if spec == running.spec:
-            return
+    def _evolve(self, running: _Running, spec: TableSpec) -> list[Column]:
+        """Take a new description of the table; returns the columns it added."""
+        if [(c.name, c.arrow) for c in spec.columns] == [
+            (c.name, c.arrow) for c in running.spec.columns
+        ] and spec.key == running.spec.key:
+            running.spec = spec
+            return []
         old = {c.name: c.arrow for c in running.spec.columns}
         changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
         dropped = [n for n in old if n not in spec.column_names]
@@ -501,11 +526,25 @@ class PipelineServer:
         added = spec.added_columns(running.spec)
         if running.sink is not None:
             running.sink.evolve(spec)
+        if running.query is not None:  # a Parquet log: the next query has the new columns
+            running.query.stop()
+            running.query = None
         running.spec = spec
         log.info(
             "subscription %s: source added column(s) %s; the sink follows",
             running.subscription.name, ", ".join(c.name for c in added),
         )  # fmt: skip
+        return added
+
+
+def _need_recopy(spec: TableSpec, added: list[str]) -> bool:
+    """Whether columns added at the sink have a DEFAULT: SQLite gave existing rows that
+    value without any row change, so only a new snapshot brings it to the mirror."""
+    for name in added:
+        default = spec.column(name).default
+        if default is not None and default.strip().upper() != "NULL":
+            return True
+    return False
 
 
 def _rows_per_range(

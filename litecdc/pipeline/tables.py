@@ -39,6 +39,9 @@ class Column:
     declared_type: str  # as written in CREATE TABLE ('' when none)
     arrow: str  # one of ARROW_TYPES
     not_null: bool = False
+    #: the column's DEFAULT as SQL text, None when it has none. SQLite fills existing rows
+    #: with it on ALTER TABLE ADD COLUMN without any row change: a mirror must re-copy.
+    default: str | None = None
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -61,7 +64,13 @@ class TableSpec:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> TableSpec:
         columns = tuple(
-            Column(c["name"], c.get("declared_type", ""), c["arrow"], bool(c.get("not_null")))
+            Column(
+                c["name"],
+                c.get("declared_type", ""),
+                c["arrow"],
+                bool(c.get("not_null")),
+                c.get("default"),
+            )
             for c in doc["columns"]
         )
         return cls(doc["table"], columns, tuple(doc["key"]))
@@ -75,6 +84,7 @@ class TableSpec:
                     "declared_type": c.declared_type,
                     "arrow": c.arrow,
                     "not_null": c.not_null,
+                    "default": c.default,
                 }
                 for c in self.columns
             ],

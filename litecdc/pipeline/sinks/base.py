@@ -65,6 +65,9 @@ class Sink(ABC):
         self.url = url
         self.spec = spec
         self.subscription = subscription
+        #: columns the last ``prepare`` added to an existing destination: rows already
+        #: there lack their values (a column with a DEFAULT then needs a re-copy)
+        self.added_columns: list[str] = []
 
     @abstractmethod
     def prepare(self) -> None:

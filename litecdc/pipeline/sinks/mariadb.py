@@ -170,6 +170,9 @@ class MariaDBSink(Sink):
                         (self.subscription, self.table_name),
                     )
                 else:
+                    self.added_columns = [
+                        c.name for c in self.spec.columns if c.name not in existing
+                    ]
                     self._check_and_extend(cur, existing)
             conn.commit()
         except pymysql.err.MySQLError as exc:

@@ -151,6 +151,9 @@ class PostgresSink(Sink):
                         (self.subscription, self.table_name),
                     )
                 else:
+                    self.added_columns = [
+                        c.name for c in self.spec.columns if c.name not in existing
+                    ]
                     self._check_and_extend(conn, existing)
         except psycopg.Error as exc:
             raise self._fail("preparing", exc) from exc
