@@ -61,7 +61,8 @@ starting_cid    stream: ``latest`` (default) or a cid to start after; with
 max_events      stream: events per micro-batch, whole transactions (default 100000)
 subscription    stream: the subscriber whose hold each commit moves forward
 user, password  basic auth, when the node requires it
-ca_cert         PEM file of the CA of the node's HTTPS certificate
+ca_cert         PEM file of the CA of the node's HTTPS certificate (read on the driver;
+                executors get its text)
 ==============  ==========================================================================
 """
 
@@ -111,6 +112,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChangesRange",
+    "ChunkRange",
     "KeyRangePartition",
     "LitecdcDataSource",
     "LitecdcOptions",
@@ -161,13 +163,14 @@ class LitecdcOptions:
     subscription: str | None = None
     user: str | None = None
     password: str | None = field(default=None, repr=False)
-    ca_cert: str | None = None
+    ca_pem: str | None = field(default=None, repr=False)  # the ca_cert file's text
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LitecdcOptions:
-        # Spark hands over a case-insensitive dict; be explicit about it
-        opts = {str(k).lower(): v for k, v in options.items()}
         from litecdc.pipeline.source_client import parse_urls
+
+        # Spark hands over a case-insensitive dict of strings; a caller may not
+        opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
 
         url = opts.get("url", "").strip()
         if not url:
@@ -208,14 +211,14 @@ class LitecdcOptions:
             subscription=opts.get("subscription") or None,
             user=opts.get("user") or None,
             password=opts.get("password") or None,
-            ca_cert=opts.get("ca_cert") or None,
+            ca_pem=_read_ca(opts.get("ca_cert")),
         )
 
     def client(self) -> SourceClient:
         from litecdc.pipeline.source_client import SourceClient
 
         return SourceClient(
-            list(self.urls), user=self.user, password=self.password, ca_cert=self.ca_cert
+            list(self.urls), user=self.user, password=self.password, ca_pem=self.ca_pem
         )
 
 
@@ -232,6 +235,18 @@ def _int_option(opts: Mapping[str, str], name: str, default: int, *, minimum: in
     if value < minimum:
         raise ConfigError(f'litecdc data source: option "{name}" must be >= {minimum}')
     return value
+
+
+def _read_ca(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f'litecdc data source: option "ca_cert": cannot read {path} ({exc})'
+        ) from exc
 
 
 def _ranges_option(raw: str | None) -> tuple[ChunkRange, ...] | None:

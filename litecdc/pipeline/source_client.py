@@ -137,7 +137,8 @@ def parse_urls(urls: str | Sequence[str]) -> list[str]:
 class SourceClient:
     """Calls one source node (or the first reachable of several).
 
-    ``ca_cert`` is a PEM file of the CA that signed the node's HTTPS certificate.
+    ``ca_cert`` is a PEM file of the CA that signed the node's HTTPS certificate, or
+    ``ca_pem`` its text (what a Spark executor gets: it may not have the driver's files).
     ``timeout`` (seconds, default 60) bounds connecting and each read.
     """
 
@@ -148,6 +149,7 @@ class SourceClient:
         user: str | None = None,
         password: str | None = None,
         ca_cert: str | None = None,
+        ca_pem: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.urls = parse_urls(urls)
@@ -156,6 +158,7 @@ class SourceClient:
         self.user = user
         self.password = password
         self.ca_cert = ca_cert
+        self.ca_pem = ca_pem
         self.timeout = timeout
         self._current = 0  # index of the address that answered last
         self._client: httpx.Client | None = None
@@ -187,8 +190,11 @@ class SourceClient:
     def client(self) -> httpx.Client:
         if self._client is None:
             verify: ssl.SSLContext | bool = True
-            if self.ca_cert:
-                verify = ssl.create_default_context(cafile=self.ca_cert)
+            if self.ca_cert or self.ca_pem:
+                try:
+                    verify = ssl.create_default_context(cafile=self.ca_cert, cadata=self.ca_pem)
+                except (OSError, ssl.SSLError) as exc:
+                    raise SourceError(f"source: cannot load the CA certificate ({exc})") from exc
             auth = (self.user, self.password or "") if self.user else None
             self._client = httpx.Client(timeout=self.timeout, verify=verify, auth=auth)
         return self._client

@@ -364,3 +364,7 @@ def test_options_parse_once_and_pickle() -> None:
         LitecdcOptions.parse({"url": "http://a:1", "table": "t", "partitions": "many"})
     with pytest.raises(Exception, match='"ranges" must be a JSON list'):
         LitecdcOptions.parse({"url": "http://a:1", "table": "t", "ranges": "[1]"})
+    with pytest.raises(Exception, match='option "ca_cert": cannot read /nonexistent'):
+        LitecdcOptions.parse({"url": "https://a:1", "table": "t", "ca_cert": "/nonexistent"})
+    with pytest.raises(Exception, match='"mode" must be'):
+        LitecdcOptions.parse({"url": "http://a:1", "table": "t", "mode": "stream"})

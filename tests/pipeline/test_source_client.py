@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trustme
 from e2e.litecdc_node import Node, free_port
 
 from litecdc.errors import NotFoundError, PositionUnavailableError, SourceError
@@ -255,27 +255,59 @@ def test_basic_auth(tmp_path: Path, people: str) -> None:
         secured.stop()
 
 
-def test_pruned_position_is_unavailable(tmp_path: Path) -> None:
-    """A node keeping only the 3 newest commits answers 410 for an older position."""
-    serve_help = subprocess.run(
-        [sys.executable, "-m", "litecdc", "serve", "--help"], capture_output=True, text=True
-    ).stdout
-    if "--retention-cids" not in serve_help:
-        pytest.skip("litecdc serve has no --retention-cids option yet")
-    small = Node(tmp_path / "data", "--retention-cids", "3", "--retention-interval", "0.1").start()
+def test_https_with_a_ca_file_or_its_text(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    tls = Node(
+        tmp_path / "data",
+        "--http-cert",
+        str(cert_file),
+        "--http-key",
+        str(key_file),
+        https=True,
+        verify=ssl.create_default_context(cafile=str(ca_file)),
+    ).start()
+    try:
+        with tls.client() as h:
+            tls.execute(h, ["CREATE TABLE t (id INTEGER PRIMARY KEY)"])
+        with SourceClient([tls.url], ca_cert=str(ca_file)) as by_file:
+            assert by_file.table_spec("t").key == ("id",)
+        with SourceClient([tls.url], ca_pem=ca_file.read_text()) as by_text:
+            assert pickle.loads(pickle.dumps(by_text)).table_spec("t").key == ("id",)
+        with SourceClient([tls.url], timeout=5) as untrusted, pytest.raises(SourceError):
+            untrusted.table_spec("t")
+    finally:
+        tls.stop()
+
+
+def test_pruned_position_and_expired_subscription(tmp_path: Path) -> None:
+    """A node keeping 3 commits: an older position and a subscriber left behind get 410."""
+    small = Node(tmp_path / "data", "--retention-cids", "3").start()
     try:
         with SourceClient([small.url]) as c:
             with httpx.Client(base_url=small.url) as h:
                 small.execute(h, ["CREATE TABLE p (id INTEGER PRIMARY KEY)"])
+                c.register("slow")
                 for i in range(20):
                     small.execute(h, [["INSERT INTO p VALUES (?)", i]])
-            deadline = time.monotonic() + 10
-            while c.subscriptions().pruned_cid <= 1 and time.monotonic() < deadline:
-                time.sleep(0.1)  # pruning runs every retention interval
-            assert c.subscriptions().pruned_cid > 1
-            with pytest.raises(PositionUnavailableError, match="p"):
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:  # the node enforces the cap every few seconds
+                listed = c.subscriptions()
+                slow = listed.get("slow")
+                assert slow is not None
+                if slow.expired:
+                    break
+                time.sleep(0.2)
+            assert slow.expired and listed.pruned_cid > slow.cid
+            with pytest.raises(PositionUnavailableError, match="no longer available"):
                 c.changes("p", after=1, limit=100)
             with pytest.raises(PositionUnavailableError):
                 c.position("p", after=1, max_events=10)
+            with pytest.raises(PositionUnavailableError):
+                c.progress("slow", listed.last_cid)
     finally:
         small.stop()
