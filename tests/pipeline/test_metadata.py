@@ -9,9 +9,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from servers.process import free_port
 
 from litecdc.errors import MetadataError
+from litecdc.localservers import free_port
 from litecdc.pipeline.metadata import (
     RANGE_DONE,
     STAGE_INCREMENTAL,

@@ -13,11 +13,13 @@ from typing import TypeVar
 
 import pytest
 
-from .mariadb_server import MariaDBServer
-from .nats_server import NATSServer
-from .postgresql_server import PostgreSQLServer
-from .process import ServerUnavailableError
-from .rabbitmq_server import RabbitMQServer
+from litecdc.localservers import (
+    MariaDBServer,
+    NATSServer,
+    PostgreSQLServer,
+    RabbitMQServer,
+    ServerUnavailableError,
+)
 
 log = logging.getLogger("litecdc.tests.servers")
 

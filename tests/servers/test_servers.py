@@ -11,7 +11,7 @@ import pymysql
 import pytest
 from nats.aio.client import Client as NATS
 
-from servers.process import ServerUnavailableError, find_binary
+from litecdc.localservers.process import ServerUnavailableError, find_binary
 
 
 def test_postgresql_session_and_fresh_database(postgresql_url: str, postgresql_db_url: str) -> None:

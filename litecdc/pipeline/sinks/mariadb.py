@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pymysql  # type: ignore[import-untyped]
+import pymysql
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes

@@ -25,8 +25,8 @@ import ssl
 from collections.abc import Iterable
 from typing import Any
 
-import pika  # type: ignore[import-untyped]
-import pika.exceptions  # type: ignore[import-untyped]
+import pika
+import pika.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
 

@@ -16,7 +16,12 @@ from types import TracebackType
 
 import pymysql
 
-from .process import ServerProcess, ServerUnavailableError, find_binary, free_port
+from litecdc.localservers.process import (
+    ServerProcess,
+    ServerUnavailableError,
+    find_binary,
+    free_port,
+)
 
 
 class MariaDBServer:

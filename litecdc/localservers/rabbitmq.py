@@ -16,7 +16,7 @@ from types import TracebackType
 
 import pika
 
-from .process import (
+from litecdc.localservers.process import (
     ServerProcess,
     ServerUnavailableError,
     find_binary,

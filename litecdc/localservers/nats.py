@@ -8,7 +8,12 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from .process import ServerProcess, ServerUnavailableError, find_binary, free_port
+from litecdc.localservers.process import (
+    ServerProcess,
+    ServerUnavailableError,
+    find_binary,
+    free_port,
+)
 
 
 class NATSServer:

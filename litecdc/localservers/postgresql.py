@@ -18,7 +18,7 @@ from types import TracebackType
 
 import psycopg
 
-from .process import (
+from litecdc.localservers.process import (
     ServerProcess,
     ServerUnavailableError,
     find_binary,
