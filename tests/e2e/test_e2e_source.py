@@ -273,7 +273,8 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
     node.execute(
         c,
         [
-            "CREATE TABLE d_ipk (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+            "CREATE TABLE d_ipk (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "n REAL DEFAULT 1.5, s TEXT DEFAULT 'it''s')",
             "CREATE TABLE d_comp (region TEXT, n INT, payload BLOB, PRIMARY KEY (region, n))"
             " WITHOUT ROWID",
             "CREATE TABLE d_nokey (a, b TEXT)",
@@ -301,12 +302,43 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
     def arrows(doc: dict[str, Any]) -> dict[str, str]:
         return {col["name"]: col["arrow"] for col in doc["columns"]}
 
+    def columns(doc: dict[str, Any]) -> list[dict[str, Any]]:
+        """What the description says of each column (fields added later are not checked)."""
+        fields = ("name", "declared_type", "arrow", "not_null", "default")
+        return [{f: col[f] for f in fields} for col in doc["columns"]]
+
     ipk = describe("d_ipk")
     assert ipk["key"] == ["id"]
     assert ipk["rows"] == 0
-    assert ipk["columns"] == [
-        {"name": "id", "declared_type": "INTEGER", "arrow": "int64", "not_null": False},
-        {"name": "name", "declared_type": "TEXT", "arrow": "string", "not_null": True},
+    assert columns(ipk) == [
+        {
+            "name": "id",
+            "declared_type": "INTEGER",
+            "arrow": "int64",
+            "not_null": False,
+            "default": None,
+        },
+        {
+            "name": "name",
+            "declared_type": "TEXT",
+            "arrow": "string",
+            "not_null": True,
+            "default": None,
+        },
+        {
+            "name": "n",
+            "declared_type": "REAL",
+            "arrow": "float64",
+            "not_null": False,
+            "default": "1.5",
+        },
+        {
+            "name": "s",
+            "declared_type": "TEXT",
+            "arrow": "string",
+            "not_null": False,
+            "default": "'it''s'",
+        },
     ]
 
     comp = describe("d_comp")
@@ -316,7 +348,7 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
     nokey = describe("d_nokey")
     assert nokey["key"] == [ROWID]
     assert nokey["rows"] == 2
-    assert nokey["columns"][0] == {
+    assert columns(nokey)[0] == {
         "name": ROWID,
         "declared_type": "INTEGER",
         "arrow": "int64",

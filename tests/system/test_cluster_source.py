@@ -1,0 +1,114 @@
+"""The pull source on a real three-node cluster (`litecdc serve --etcd` over a real etcd).
+
+Subscriptions are internal writes: one registered on a follower is forwarded to the
+leader, and the hold reaches every node through the log. Rows and changes are served
+by any node once it has applied the cid asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc
+import pytest
+from e2e.litecdc_node import Node
+from etcd_cluster import EtcdCluster
+from serve_cluster import leader as _leader
+from serve_cluster import start_nodes
+from serve_cluster import wait as _wait
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
+    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
+    yield started
+    for node in started:
+        node.stop()
+
+
+def _subscriptions(node: Node) -> dict[str, Any]:
+    with node.client() as c:
+        r = c.get("/cdc/subscriptions")
+        assert r.status_code == 200, r.text
+        doc: dict[str, Any] = r.json()
+        return doc
+
+
+def _holds(node: Node) -> dict[str, Any]:
+    return {h["name"]: (h["cid"], h["expired"]) for h in _subscriptions(node)["subscriptions"]}
+
+
+def _arrow(node: Node, path: str, **params: Any) -> pa.Table:
+    with node.client() as c:
+        r = c.get(path, params={"format": "arrow", **params})
+        assert r.status_code == 200, r.text
+        return pyarrow.ipc.open_stream(r.content).read_all()
+
+
+def test_subscriptions_and_reads_through_a_follower(nodes: list[Node]) -> None:
+    leader = _leader(nodes)
+    followers = [n for n in nodes if n is not leader]
+    follower = followers[0]
+    with follower.client() as c:
+        r = c.post(
+            "/db/execute",
+            json=[
+                "CREATE TABLE src (id INTEGER PRIMARY KEY, v TEXT, b BLOB)",
+                ["INSERT INTO src VALUES (1, 'a', ?)", [0, 255]],
+            ],
+        )
+        assert r.status_code == 200, r.text
+        # registering on a follower: forwarded to the leader, which writes the hold
+        r = c.post("/cdc/subscriptions", json={"name": "pipe"})
+        assert r.status_code == 200, r.text
+        cid = r.json()["cid"]
+        assert r.json()["name"] == "pipe"
+
+    # the hold reaches every node, identically
+    for node in nodes:
+        _wait(lambda n=node: "pipe" in _holds(n), f"the hold on {node.url}")
+    assert len({tuple(sorted(_holds(n).items())) for n in nodes}) == 1
+    pipe_cid, expired = _holds(leader)["pipe"]
+    assert not expired and cid - 1 <= pipe_cid <= cid
+
+    with followers[1].client() as c:
+        r = c.post("/db/execute", json=["INSERT INTO src VALUES (2, 'b', NULL)"])
+        assert r.status_code == 200, r.text
+        r = c.post("/db/execute", json=["UPDATE src SET id = 3 WHERE id = 1"])
+        assert r.status_code == 200, r.text
+    last = _subscriptions(leader)["last_cid"]
+
+    # a follower serves the same snapshot rows and changes once it has applied ``last``
+    for node in followers:
+        _wait(lambda n=node: _subscriptions(n)["last_cid"] >= last, f"{node.url} to catch up")
+        rows = _arrow(node, "/cdc/tables/src/rows")
+        assert rows.select(["id", "v", "b"]).to_pylist() == [
+            {"id": 2, "v": "b", "b": None},
+            {"id": 3, "v": "a", "b": b"\x00\xff"},
+        ]
+        assert (rows.schema.metadata or {})[b"litecdc.cid"] == str(last).encode()
+        changes = _arrow(node, "/cdc/tables/src/changes", after=cid)
+        assert [
+            (e["_litecdc_op"], e["id"]) for e in changes.select(["_litecdc_op", "id"]).to_pylist()
+        ] == [("upsert", 2), ("delete", 1), ("upsert", 3)]
+        assert (changes.schema.metadata or {})[b"litecdc.end_cid"] == str(last).encode()
+        with node.client() as c:  # older changes were pruned on every replica alike
+            r = c.get("/cdc/tables/src/changes", params={"after": pipe_cid - 1})
+            assert r.status_code == 410, r.text
+
+    # progress and release through another follower, seen everywhere
+    with followers[1].client() as c:
+        r = c.post("/cdc/subscriptions/pipe/progress", json={"cid": last})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"name": "pipe", "cid": last}
+    for node in nodes:
+        _wait(lambda n=node: _holds(n).get("pipe") == (last, False), f"progress on {node.url}")
+        _wait(lambda n=node: _subscriptions(n)["pruned_cid"] == last, f"pruning on {node.url}")
+    with follower.client() as c:
+        r = c.delete("/cdc/subscriptions/pipe")
+        assert r.status_code == 200, r.text
+    for node in nodes:
+        _wait(lambda n=node: "pipe" not in _holds(n), f"the release on {node.url}")
