@@ -353,6 +353,7 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
         "declared_type": "INTEGER",
         "arrow": "int64",
         "not_null": True,
+        "default": None,
     }
     assert arrows(nokey) == {ROWID: "int64", "a": "string", "b": "string"}
 
