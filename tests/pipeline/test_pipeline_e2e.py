@@ -17,13 +17,17 @@ Each ``pipeline run`` costs ~8 s of Spark start-up here, so the tests keep them 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e.litecdc_node import Node
+from e2e.litecdc_node import Node, free_port
 from pipeline_proc import PipelineCLI, Writer, execute, scalar
 
 from litecdc.pipeline.metadata import sqlite_url
@@ -218,3 +222,206 @@ def test_unsubscribe_releases_the_hold(mirrored: Mirrored) -> None:
     assert "events-delta" not in after, after
     assert "orders-delta" in after, after
     assert "events-delta" not in cli.ok("list")
+
+
+# -- 2: kill -9 mid-snapshot and mid-stream -------------------------------------------------
+KILL_ROWS = 100_000
+
+
+def _head(node: Node) -> int:
+    with node.client() as c:
+        r = c.get("/cdc/subscriptions")
+    assert r.status_code == 200, r.text
+    return int(r.json()["last_cid"])
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_mid_snapshot_and_mid_stream_then_restart_converges(
+    node: Node, tmp_path: Path, postgresql_db_url: str
+) -> None:
+    cli = PipelineCLI(sqlite_url(tmp_path / "meta.db"), tmp_path)
+    with node.client() as c:
+        create_orders(c, "big", KILL_ROWS)
+    names = ["big-delta", "big-pg"]
+    small = ("--page-rows", "10000", "--partitions", "2", "--max-events", "800")
+    cli.subscribe("big-delta", node.url, "big", f"delta:{tmp_path / 'lake' / 'big'}", *small)
+    cli.subscribe("big-pg", node.url, "big", f"{postgresql_db_url}?table=big", *small)
+
+    # mid-snapshot: some ranges have copied rows, not all are done
+    def mid_snapshot() -> bool:
+        progress = [cli.progress(n) for n in names]
+        return all(p.stage == "snapshot" and p.rows_copied > 0 for p in progress) and not all(
+            p.snapshot_done for p in progress
+        )
+
+    run = cli.start()
+    try:
+        run.wait_for(mid_snapshot, "the snapshot to be part done")
+    finally:
+        run.kill9()
+    killed = {n: cli.progress(n) for n in names}
+    assert any(0 < p.rows_copied < KILL_ROWS for p in killed.values()), killed
+
+    # restart (until killed again): it resumes the snapshot, catches up, and is exact
+    run = cli.start()
+    try:
+        head = _head(node)
+
+        def caught_up(after: int) -> bool:
+            progress = [cli.progress(n) for n in names]
+            return all(p.stage == "incremental" and (p.last_log_index or 0) >= after
+                       for p in progress)  # fmt: skip
+
+        run.wait_for(lambda: caught_up(head), "the restarted snapshot to catch up")
+        assert "registered at" not in run.log(), "the restart registered again instead of resuming"
+        for name in names:
+            cli.assert_verified(name)
+
+        # mid-stream: a backlog of ~40 commits, micro-batches of at most 800 events
+        start = {n: cli.progress(n).last_log_index or 0 for n in names}
+        with node.client() as c:
+            for k in range(40):
+                execute(
+                    c,
+                    [
+                        f"UPDATE big SET qty = coalesce(qty, 0) + {k}, note = 'pass {k} ✓' "
+                        f"WHERE id % 40 = {k}",
+                        f"DELETE FROM big WHERE id % 400 = {k} + 1",
+                        f"UPDATE big SET id = id + 2000000 WHERE id % 1000 = {k} + 2",
+                    ],
+                )
+        target = _head(node)
+
+        def mid_stream() -> bool:
+            applied = [cli.progress(n).last_log_index or 0 for n in names]
+            return all(a > start[n] for a, n in zip(applied, names, strict=True)) and any(
+                a < target for a in applied
+            )
+
+        run.wait_for(mid_stream, "the backlog to be part applied")
+    finally:
+        run.kill9()
+    applied = [cli.progress(n).last_log_index or 0 for n in names]
+    assert any(a < target for a in applied), (applied, target)
+
+    cli.run_until_caught_up()
+    for name in names:
+        cli.assert_verified(name)
+
+
+# -- 4: past the retention cap ------------------------------------------------------------
+@pytest.mark.timeout(600)
+def test_subscriber_past_the_retention_cap_resnapshots_and_converges(tmp_path: Path) -> None:
+    capped = Node(tmp_path / "node", "--retention-cids", "20").start()
+    try:
+        cli = PipelineCLI(sqlite_url(tmp_path / "meta.db"), tmp_path / "work")
+        with capped.client() as c:
+            create_orders(c, "capped", 3000)
+        cli.subscribe("capped", capped.url, "capped", f"delta:{tmp_path / 'lake'}")
+        cli.run_until_caught_up()
+        cli.assert_verified("capped")
+
+        # more than 20 commits behind, deletes among them (only the sweep can remove those)
+        with capped.client() as c:
+            for k in range(30):
+                execute(c, [["DELETE FROM capped WHERE id % 30 = ?", k],
+                            ["UPDATE capped SET name = ? WHERE id % 31 = ?", f"gap {k}", k],
+                            ["INSERT INTO capped VALUES(?, ?, ?, ?, ?, ?)",
+                             *order_row(10_000 + k)]])  # fmt: skip
+            # the node's retention keeper (every 5 s) expires the hold
+            deadline = time.monotonic() + 30
+            while not _holds(capped)["capped"]["expired"]:
+                assert time.monotonic() < deadline, _holds(capped)
+                time.sleep(0.2)
+
+        done = cli.run_until_caught_up()
+        assert "re-snapshotting" in done.stderr, done.stderr[-4000:]
+        cli.assert_verified("capped")
+    finally:
+        capped.stop()
+
+
+# -- 5: two owners, one PostgreSQL metadata store -----------------------------------------
+@pytest.mark.timeout(600)
+def test_two_owners_share_a_postgresql_metadata_store(
+    node: Node, tmp_path: Path, postgresql_db_url: str
+) -> None:
+    cli = PipelineCLI(postgresql_db_url, tmp_path)
+    with node.client() as c:
+        for table in ("owned_a", "owned_b"):
+            create_orders(c, table, 1000)
+    lake_a, lake_b = tmp_path / "lake-a", tmp_path / "lake-b"
+    cli.subscribe("sub-a", node.url, "owned_a", f"delta:{lake_a}", "--owner", "a")
+    cli.subscribe("sub-b", node.url, "owned_b", f"delta:{lake_b}", "--owner", "b")
+
+    done = cli.run_until_caught_up("--owner", "a")
+    assert "sub-b" not in done.stderr, done.stderr[-4000:]
+    cli.assert_verified("sub-a")
+    assert not lake_b.exists(), "owner a's server touched owner b's sink"
+    untouched = cli.progress("sub-b")
+    assert untouched.stage is None and not untouched.ranges, untouched
+    assert "sub-b" not in _holds(node)
+    applied_a = cli.progress("sub-a").last_log_index
+
+    done = cli.run_until_caught_up("--owner", "b")
+    assert "sub-a" not in done.stderr, done.stderr[-4000:]
+    cli.assert_verified("sub-b")
+    assert cli.progress("sub-a").last_log_index == applied_a
+    listing = cli.ok("list")
+    assert "sub-a" in listing and "owner a" in listing and "owner b" in listing, listing
+
+
+# -- 6: bad input -------------------------------------------------------------------------
+MULTI_LINE_PG_ERROR = pytest.mark.xfail(
+    strict=True,
+    reason="bug: an unreachable PostgreSQL metadata store gives a two-line error: libpq's "
+    "message ('connection refused\\n\\tIs the server running…') is printed as is by the "
+    "metadata store's 'cannot connect to the metadata database' error",
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unreachable source",
+        "unknown table",
+        "unknown sink scheme",
+        "delta sink without a path",
+        "unknown metadata URL",
+        pytest.param("unreachable metadata store", marks=MULTI_LINE_PG_ERROR),
+    ],
+)
+def test_bad_subscribe_fails_with_one_error_line_and_adds_nothing(
+    node: Node, tmp_path: Path, case: str
+) -> None:
+    meta = sqlite_url(tmp_path / "meta.db")
+    cli = PipelineCLI(meta, tmp_path)
+    closed_port = str(free_port())
+    lake = f"delta:{tmp_path / 'lake'}"
+    with node.client() as c:
+        execute(c, ["CREATE TABLE IF NOT EXISTS badin (id INTEGER PRIMARY KEY, v TEXT)"])
+    # metadata URL, source, table, sink, what the error must name
+    store, source, table, sink, named = {
+        "unreachable source": (meta, f"http://127.0.0.1:{closed_port}", "badin", lake, closed_port),
+        "unknown table": (meta, node.url, "no_such_table", lake, "no_such_table"),
+        "unknown sink scheme": (meta, node.url, "badin", "nosuch://x", "nosuch"),
+        "delta sink without a path": (meta, node.url, "badin", "delta:", "delta"),
+        "unknown metadata URL": ("mongodb://x/y", node.url, "badin", lake, "mongodb"),
+        "unreachable metadata store": (
+            f"postgresql://postgres@127.0.0.1:{closed_port}/x", node.url, "badin", lake,
+            closed_port,
+        ),
+    }[case]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "litecdc", "pipeline", "subscribe", "--meta", store,
+         "--source", source, "--table", table, "--name", "bad", "--sink", sink],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "bad" not in _holds(node)
+    assert cli.ok("list").strip() == "no subscriptions"
+    assert not (tmp_path / "litecdc-pipeline.db").exists()
+    assert done.returncode in (1, 2), done
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert named in lines[0], done.stderr
