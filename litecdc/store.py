@@ -70,6 +70,8 @@ class SubscriberList:
     pruned_cid: int
     last_cid: int
     retention_cids: int
+    #: the CDC webhook's high watermark; None when no CDC service ever recorded one
+    webhook_hwm: int | None = None
 
 
 def _check_subscriber_name(name: object) -> None:
@@ -209,7 +211,11 @@ class Store:
                 rows = []
             holds = [Hold(name, cid, bool(expired)) for name, cid, expired in rows]
             return SubscriberList(
-                holds, source.pruned_cid(conn), source.head_cid(conn), self.config.retention_cids
+                holds,
+                source.pruned_cid(conn),
+                source.head_cid(conn),
+                self.config.retention_cids,
+                source.webhook_hwm(conn),
             )
 
         return self.engine.read_consistent(read)
@@ -231,6 +237,12 @@ class Store:
         _check_subscriber_name(name)
         if not 0 <= cid <= MAX_CID:
             raise RequestError(f"cid must be between 0 and {MAX_CID}, got {cid}")
+        subs = self.subscribers()
+        if cid > subs.last_cid:
+            raise RequestError(
+                f"cid {cid} is beyond the head of this node's journal (cid {subs.last_cid}): a "
+                "subscriber can only have applied changes that exist"
+            )
         hold = self._hold(name)
         if hold.expired:
             raise PositionUnavailableError(
@@ -248,20 +260,25 @@ class Store:
         self._internal_writer(release_hold_sql(name, self.config.retention_cids))
 
     def retention_due(self) -> bool:
-        """Whether the retention cap calls for pruning (a hold to expire or changes older
-        than the cap with nothing else keeping them)."""
+        """Whether the retention cap calls for pruning: a hold to expire, or (with neither
+        a webhook nor a hold) changes older than the cap.
+
+        Pruning is itself a commit that moves the head, so the cap is enforced only once
+        it is exceeded by a slack (a tenth of it): an idle node settles instead of pruning
+        one more commit at every check.
+        """
         subs = self.subscribers()
         floor = subs.last_cid - self.config.retention_cids
         if any(not h.expired and h.cid < floor for h in subs.holds):
             return True
+        live = [h.cid for h in subs.holds if not h.expired]
+        if live or subs.webhook_hwm is not None:
+            return False  # the webhook and the holds prune as they move
         count, oldest = self.engine.queue_stats()
         if not count or oldest is None:
             return False
-        live = [h.cid for h in subs.holds if not h.expired]
-        hwm = self.engine.cdc_high_watermark()
-        if not live and hwm is None:
-            return oldest <= floor
-        return False  # webhook and holds prune as they move
+        slack = max(self.config.retention_cids // 10, 1)
+        return bool(oldest <= floor - slack)
 
     def prune_changes(self) -> None:
         self._internal_writer(prune_sql(self.config.retention_cids))

@@ -634,6 +634,7 @@ class Engine:
             try:
                 if entry.internal:
                     self._execute_internal_text(entry.query)
+                    access.schema = True  # a barrier, as in run_internal
                 else:
                     self._authorizer.recording = access
                     try:
@@ -696,7 +697,9 @@ class Engine:
                 entry = JournalEntry(
                     decision.cid, query, decision.snapshot, timestamp_ms, seed, internal=True
                 )
-                self._append(entry, Access(), state)
+                # a barrier: later entries depend on it (pruning reads the journal's head,
+                # which must be the same on every replica when it runs)
+                self._append(entry, Access(schema=True), state)
                 self._commit()
             except BaseException:
                 self._rollback()

@@ -84,7 +84,7 @@ def sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def prune_sql(retention_cids: int) -> str:
+def prune_sql(retention_cids: int, *, create: bool = True) -> str:
     """The internal statements that expire holds past the cap and prune the change log.
 
     What is kept: everything after the CDC webhook's high watermark (when a CDC service
@@ -105,8 +105,8 @@ def prune_sql(retention_cids: int) -> str:
         f"ELSE min(coalesce({hwm}, {head}), coalesce({oldest_hold}, {head})) END"
     )
     return (
-        f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
-        f"UPDATE {HOLDS_TABLE} SET expired = 1 WHERE expired = 0 AND cid < {head} - {cap};\n"
+        (f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n" if create else "")
+        + f"UPDATE {HOLDS_TABLE} SET expired = 1 WHERE expired = 0 AND cid < {head} - {cap};\n"
         f"INSERT INTO {state}(name, value) SELECT 'pruned', p FROM "
         f"(SELECT {prune_to} AS p) "
         f"WHERE p > coalesce((SELECT value FROM {state} WHERE name = 'pruned'), 0) "
@@ -123,7 +123,7 @@ def register_hold_sql(name: str, retention_cids: int) -> str:
         f"INSERT INTO {HOLDS_TABLE}(name, cid, expired) "
         f"SELECT {sql_text(name)}, max(cid), 0 FROM {JOURNAL_TABLE} WHERE true "
         "ON CONFLICT(name) DO UPDATE SET cid = excluded.cid, expired = 0;\n"
-        + prune_sql(retention_cids)
+        + prune_sql(retention_cids, create=False)
     )
 
 
@@ -132,7 +132,8 @@ def advance_hold_sql(name: str, cid: int, retention_cids: int) -> str:
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
         f"UPDATE {HOLDS_TABLE} SET cid = max(cid, {int(cid)}) "
-        f"WHERE name = {sql_text(name)} AND expired = 0;\n" + prune_sql(retention_cids)
+        f"WHERE name = {sql_text(name)} AND expired = 0;\n"
+        + prune_sql(retention_cids, create=False)
     )
 
 
@@ -140,7 +141,8 @@ def release_hold_sql(name: str, retention_cids: int) -> str:
     """Drop the hold of ``name``, then prune what only it kept."""
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
-        f"DELETE FROM {HOLDS_TABLE} WHERE name = {sql_text(name)};\n" + prune_sql(retention_cids)
+        f"DELETE FROM {HOLDS_TABLE} WHERE name = {sql_text(name)};\n"
+        + prune_sql(retention_cids, create=False)
     )
 
 
@@ -154,5 +156,5 @@ def high_watermark_sql(hwm: int, retention_cids: int = DEFAULT_RETENTION_CIDS) -
     return (
         f"INSERT INTO {CDC_STATE_TABLE}(name, value) VALUES('hwm', {hwm}) "
         "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value);\n"
-        + prune_sql(retention_cids)
+        + prune_sql(retention_cids)  # creates the holds table on nodes that have none yet
     )

@@ -146,6 +146,15 @@ def pruned_cid(conn: apsw.Connection) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+def webhook_hwm(conn: apsw.Connection) -> int | None:
+    """The CDC webhook's high watermark; None when no CDC service recorded one."""
+    try:
+        rows = _rows(conn, f"SELECT value FROM {CDC_STATE_TABLE} WHERE name = 'hwm'")
+    except apsw.SQLError:  # no CDC state table yet
+        return None
+    return int(rows[0][0]) if rows else None
+
+
 def user_tables(conn: apsw.Connection) -> list[str]:
     rows = _rows(
         conn,
@@ -271,16 +280,31 @@ class ChangesPage:
     count: int
 
 
+_CHANGE_COLUMNS = "cid, seq, op, old_rowid, new_rowid, before, after"
+
+
+def _moves_key(table: SourceTable, row: tuple[Any, ...]) -> bool:
+    """Whether a change-log row is an update that changes the key (served as a delete of
+    the old key, then an upsert of the new one)."""
+    _, _, op, old_rowid, new_rowid, before, after = row
+    if op != "update":
+        return False
+    if table.rowid_key:
+        return bool(old_rowid != new_rowid)
+    old, new = _decode_image(before), _decode_image(after)
+    return any(old.get(k) != new.get(k) for k in table.key)
+
+
 def _walk_changes(
     conn: apsw.Connection,
     table: SourceTable,
     after: int,
     until: int | None,
     max_events: int,
-    columns: str,
-) -> tuple[list[tuple[Any, ...]], int, int]:
-    """This table's change rows after ``after``: whole transactions, stopping at the first
-    cid boundary past ``max_events``. Returns (rows, end cid, head)."""
+) -> tuple[list[tuple[Any, ...]], int, int, int]:
+    """This table's change-log rows after ``after``: whole transactions, stopping at the
+    first cid boundary once ``max_events`` events (as served: a key change counts two)
+    are in. Returns (rows, events, end cid, head)."""
     if max_events < 1:
         raise RequestError(f"limit must be at least 1, got {max_events}")
     head = head_cid(conn)
@@ -293,34 +317,35 @@ def _walk_changes(
         )
     stop = head if until is None else min(until, head)
     if stop <= after:
-        return [], max(after, 0), head
+        return [], 0, max(after, 0), head
     cursor = conn.execute(
-        f"SELECT {columns} FROM {CHANGES_TABLE} WHERE id > ? AND id <= ? AND tbl = ? ORDER BY id",
+        f"SELECT {_CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? AND id <= ? AND tbl = ? "
+        "ORDER BY id",
         (last_change_id(after), last_change_id(stop), table.name),
     )
     rows: list[tuple[Any, ...]] = []
+    events = 0
     for row in cursor:
-        if len(rows) >= max_events and row[0] != rows[-1][0]:
-            return rows, int(rows[-1][0]), head
+        if events >= max_events and row[0] != rows[-1][0]:
+            return rows, events, int(rows[-1][0]), head
         rows.append(row)
-    return rows, stop, head
+        events += 2 if _moves_key(table, row) else 1
+    return rows, events, stop, head
 
 
 def change_position(
     conn: apsw.Connection, table: SourceTable, after: int, max_events: int
 ) -> tuple[int, int, int]:
     """(end cid, events, head) of the next batch of at most ``max_events`` events."""
-    rows, end, head = _walk_changes(conn, table, after, None, max_events, "cid")
-    return end, len(rows), head
+    _, events, end, head = _walk_changes(conn, table, after, None, max_events)
+    return end, events, head
 
 
 def read_table_changes(
     conn: apsw.Connection, table: SourceTable, after: int, until: int | None, max_events: int
 ) -> ChangesPage:
     """The table's events with ``after < cid <= until`` (whole transactions)."""
-    rows, end, head = _walk_changes(
-        conn, table, after, until, max_events, "cid, seq, op, old_rowid, new_rowid, before, after"
-    )
+    rows, _, end, head = _walk_changes(conn, table, after, until, max_events)
     names = table.stored_columns
     key_names = list(table.key)
     cids: list[int] = []

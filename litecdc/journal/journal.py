@@ -148,7 +148,10 @@ class Journal:
           writes (it must see that write);
         * the last cid that **read** any table the transaction writes (that reader must
           not see this write: a replica may not run it first);
-        * the last schema change (every statement is prepared against the schema).
+        * the last schema change (every statement is prepared against the schema) — and
+          the last internal entry, which counts as one: litecdc's own entries (CDC high
+          watermark, retention holds, pruning) read the journal's head, so they are
+          barriers that no later transaction may overtake on a replica.
 
         A schema change, and a transaction that reads ``sqlite_sequence``, depend on
         ``cid - 1`` (everything before them). Objects never touched through the journal
@@ -254,7 +257,8 @@ class Journal:
             entry = self._engine.run_internal(
                 query, timestamp_ms=time.time_ns() // 1_000_000, seed=0, decide=decide
             )
-            self._record(cid, Access())
+            # a barrier: every later entry depends on it (see Engine.run_internal)
+            self._record(cid, Access(schema=True))
             return entry
 
     # -- the cluster's log (LogEntry): the leader prepares, every node applies ---------------
@@ -370,7 +374,7 @@ class Journal:
                 decide=fixed,
                 state=state,
             )
-            return WriteOutcome([], entry.cid, entry.snapshot), Access()
+            return WriteOutcome([], entry.cid, entry.snapshot), Access(schema=True)
         run = self._engine.run_write(
             [Statement(text) for text in entry.statements],
             transaction=entry.transaction,

@@ -697,11 +697,6 @@ def test_changes_keep_transactions_whole_and_respect_until_and_table(
                 }, (start, max_events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: position counts change-log rows, but /changes serves a key change as two "
-    "events (delete + upsert), so position's 'events' under-counts the batch",
-)
 def test_position_counts_key_changes_as_served(node: Node, client: httpx.Client) -> None:
     c = client
     node.execute(c, ["CREATE TABLE pk_move (id INTEGER PRIMARY KEY, v TEXT)"])
@@ -917,11 +912,6 @@ def test_permissions_reader_reads_but_cannot_register(tmp_path: Path) -> None:
         n.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: progress accepts a cid beyond the node's head; the hold then lets every "
-    "later change up to that cid be pruned before the subscriber read it, and never expires",
-)
 def test_progress_beyond_the_head_is_refused(node: Node, client: httpx.Client) -> None:
     c = client
     node.execute(c, ["CREATE TABLE far (id INTEGER PRIMARY KEY)"])

@@ -16,7 +16,7 @@ import pytest
 from litecdc.cdc.retention import RetentionKeeper
 from litecdc.config import NodeConfig
 from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
-from litecdc.errors import NotFoundError, PositionUnavailableError
+from litecdc.errors import NotFoundError, PositionUnavailableError, SnapshotUnavailableError
 from litecdc.journal.journal import Mode
 from litecdc.results import Statement
 from litecdc.store import Store
@@ -232,12 +232,6 @@ def test_keeper_expires_a_hold_past_the_cap(make_store: StoreFactory) -> None:
     assert hold(store, "a").expired
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Engine.cdc_high_watermark returns 0 (not None) once the CDC state table "
-    "exists without an 'hwm' row, so Store.retention_due takes a webhook for granted after "
-    "the first pruning entry and the keeper never enforces the cap again",
-)
 def test_keeper_keeps_enforcing_the_cap_after_the_first_prune(make_store: StoreFactory) -> None:
     store = make_store(retention_cids=5)
     keeper = RetentionKeeper(store, FakeLeadership(leader=True), interval=3600)
@@ -248,11 +242,6 @@ def test_keeper_keeps_enforcing_the_cap_after_the_first_prune(make_store: StoreF
     assert change_cids(store) == [c for c in cids if c > head(store) - 1 - 5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: same cause: after a subscriber registered and left, a node without a "
-    "webhook never prunes its change log again (Engine.cdc_high_watermark returns 0)",
-)
 def test_keeper_prunes_after_the_last_subscriber_left(make_store: StoreFactory) -> None:
     store = make_store(retention_cids=5)
     keeper = RetentionKeeper(store, FakeLeadership(leader=True), interval=3600)
@@ -306,27 +295,24 @@ def test_followers_replaying_the_journal_prune_the_same_rows(make_store: StoreFa
     assert _replica_state(twin)["holds"] == state["holds"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: prune_sql reads the head as max(cid) of the journal when it runs; internal "
-    "entries record no access, so a later entry need not depend on one and a follower may "
-    "apply it first (hctree-style), which changes the head the pruning sees and so the rows "
-    "it deletes",
-)
 def test_pruning_does_not_depend_on_the_followers_apply_order(make_store: StoreFactory) -> None:
+    """Pruning reads the journal's head when it runs, so an internal entry is a barrier:
+    every later entry depends on it, and a follower cannot run one before it."""
     leader = make_store("leader", retention_cids=3)
     write(leader, 1, table="x")  # table x: cids 2, 3
     write(leader, 8)  # table t
     leader.prune_changes()  # internal entry P: no hold, no webhook → keep the newest 3
-    leader.execute([Statement("INSERT INTO x(v) VALUES (x'01')")])  # does not depend on P
+    leader.execute([Statement("INSERT INTO x(v) VALUES (x'01')")])  # must depend on P
     entries = leader.journal_page(1, 1000).entries
     internal = next(e for e in entries if e.internal)
     later = entries[-1]
-    assert later.cid == internal.cid + 1 and later.snapshot < internal.cid
+    assert later.cid == internal.cid + 1 and later.snapshot >= internal.cid
     follower = make_store("follower")
     follower.journal.set_mode(Mode.FOLLOWER)
     for entry in entries[:-2]:
         follower.journal.follower_commit(entry)
-    follower.journal.follower_commit(later)  # allowed: its snapshot is available
+    with pytest.raises(SnapshotUnavailableError):
+        follower.journal.follower_commit(later)  # not before the internal entry
     follower.journal.follower_commit(internal)
+    follower.journal.follower_commit(later)
     assert _replica_state(follower) == _replica_state(leader)
