@@ -256,13 +256,24 @@ def serve(
     help="Run a local 3-node cluster with its own etcd instead, write through a follower, "
     "kill the leader and show the new one taking writes (needs Debian's etcd-server).",
 )
-def demo(data_dir: str | None, cluster: bool) -> None:
-    """Start a standalone node, run a short workload over HTTP, and show the journal entries
-    and captured row changes it produced (what `make run` runs)."""
+@click.option(
+    "--no-pipeline",
+    is_flag=True,
+    help="Stop after the node's part (no Spark, no PostgreSQL).",
+)
+def demo(data_dir: str | None, cluster: bool, no_pipeline: bool) -> None:
+    """Start a standalone node pushing its changes to a webhook, run a short workload over
+    HTTP and show the journal entries and row changes it produced, then mirror the table
+    into Delta Lake and PostgreSQL with the Spark pipeline and verify both (`make run`)."""
     from litecdc.demo import run_demo
 
     try:
-        code = run_demo(click.echo, Path(data_dir) if data_dir else None, cluster=cluster)
+        code = run_demo(
+            click.echo,
+            Path(data_dir) if data_dir else None,
+            cluster=cluster,
+            pipeline=not no_pipeline,
+        )
     except RuntimeError as exc:
         _fail(str(exc), 1)
     sys.exit(code)

@@ -195,6 +195,7 @@ class PipelineServer:
                 running = self._running.get(name) or self._start(sub, state)
                 if targets is not None and name not in targets:
                     targets[name] = running.client.table_info(running.spec.name).last_cid
+                    state.source_cid = max(state.source_cid, targets[name])
                 busy = self._step(running) or busy
                 state.last_error = None
                 state.failures = 0
