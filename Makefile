@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_http.py
 	$(BIN)/python bench/bench_cdc.py
 	$(BIN)/python bench/bench_cluster.py
+	$(BIN)/python bench/bench_pipeline.py
 
 ## make run-cluster: set up, then a local 3-node cluster with its own etcd, and a failover.
 run-cluster: $(STAMP)
