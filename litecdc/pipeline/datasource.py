@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -127,6 +128,9 @@ MODE_CHANGES = "changes"
 DEFAULT_PARTITIONS = 2
 DEFAULT_PAGE_ROWS = 50_000
 DEFAULT_MAX_EVENTS = 100_000
+#: seconds between micro-batches that carry no event of the table (an idle stream's
+#: offset and hold still follow the node's head, without a commit at every trigger)
+IDLE_BATCH_INTERVAL = 30.0
 
 
 def register(spark: SparkSession) -> None:
@@ -490,6 +494,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.names = names
         self._target: int | None = None  # availableNow: never go past this cid
         self._held: int | None = None  # where this reader last moved the hold to
+        self._committed: int | None = None  # the last offset Spark committed
+        self._idle_batch_at = 0.0  # when the last batch without events was let through
         self._client: SourceClient | None = None
 
     @property
@@ -527,16 +533,26 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark asks for the next batch only once the previous one, ending at ``start``,
         # is done; commit(end) comes later still (when the next batch is planned, never
         # for the last batch of an availableNow run): move the hold now
+        self._committed = max(self._committed or 0, after)
         self._advance(after)
         if isinstance(limit, ReadMaxRows):
-            end = self.client.position(self.opts.table, after=after, max_events=limit.max_rows)
-            end_cid = end.end_cid
+            position = self.client.position(self.opts.table, after=after, max_events=limit.max_rows)
+            end_cid = position.end_cid
         else:
             if not isinstance(limit, ReadAllAvailable):
                 log.debug("litecdc stream: read limit %r treated as all available", limit)
-            end_cid = self.client.position(self.opts.table, after=after, max_events=1).last_cid
+            position = self.client.position(self.opts.table, after=after, max_events=1)
+            end_cid = position.last_cid
         if self._target is not None:
             end_cid = min(end_cid, self._target)
+        if position.events == 0 and end_cid > after:
+            # nothing for this table: other tables' commits (or the hold moves of
+            # this very stream, which are commits too) would make an empty batch at every
+            # trigger; let one through now and then so the offset and the hold follow
+            now = time.monotonic()
+            if now - self._idle_batch_at < IDLE_BATCH_INTERVAL:
+                return {"cid": after}
+            self._idle_batch_at = now
         return {"cid": max(end_cid, after)}
 
     def reportLatestOffset(self) -> dict[str, int]:
@@ -562,10 +578,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def commit(self, end: dict[str, int]) -> None:
-        self._advance(int(end["cid"]))
+        self._committed = int(end["cid"])
+        self._advance(self._committed)
 
     def _advance(self, cid: int) -> None:
-        """Move the subscription's hold to ``cid``: everything up to it is processed."""
+        """Move the subscription's hold to ``cid``: everything up to it is processed.
+
+        Moving a hold is itself a commit on the node; latestOffset keeps an idle stream
+        from making a batch (and so a move) at every trigger.
+        """
         name = self.opts.subscription
         if name is None or (self._held is not None and cid <= self._held):
             return
@@ -578,6 +599,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._held = cid
 
     def stop(self) -> None:
+        if self._committed is not None:  # leave the hold where the query got to
+            self._advance(self._committed)
         if self._client is not None:
             self._client.close()
             self._client = None
