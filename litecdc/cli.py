@@ -6,7 +6,8 @@
                   [--etcd HOST:PORT[,…] --cluster NAME [--etcd-ca-cert F --etcd-cert F
                    --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
                    [--advertise-url URL] [--node-ca-cert F] [--node-user U --node-password P]
-                   [--compact-interval S] [--compact-keep N]] [--retention-cids N]
+                   [--compact-interval S] [--compact-keep N]]
+                  [--retention-cids N] [--source-workers N]
     litecdc demo [--data-dir DIR] [--cluster]
     litecdc pipeline subscribe|run|list|status|unsubscribe|verify …  (litecdc/pipeline/cli.py)
 
@@ -162,6 +163,14 @@ def cli() -> None:
     "must re-snapshot; with no webhook and no subscriber, the newest this many are kept.",
 )
 @click.option(
+    "--source-workers",
+    envvar="LITECDC_SOURCE_WORKERS",
+    default="2",
+    show_default=True,
+    help="Processes that build the pull source's snapshot chunks in parallel (0 = in the "
+    "node's process).",
+)
+@click.option(
     "--cdc-config",
     envvar="LITECDC_CDC_CONFIG",
     default=None,
@@ -193,6 +202,7 @@ def serve(
     compact_interval: str,
     compact_keep: str,
     retention_cids: str,
+    source_workers: str,
     cdc_config: str | None,
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
@@ -231,6 +241,7 @@ def serve(
             compact_interval=_number("--compact-interval", compact_interval),
             compact_keep=_integer("--compact-keep", compact_keep),
             retention_cids=_integer("--retention-cids", retention_cids),
+            source_workers=_integer("--source-workers", source_workers),
             cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )
         from litecdc.http.server import serve as serve_http

@@ -76,6 +76,9 @@ class NodeConfig:
     retention_cids: int = DEFAULT_RETENTION_CIDS
     #: seconds between the leader's checks that the cap is enforced; default 5.
     retention_interval: float = 5.0
+    #: processes that build the pull source's snapshot chunks (Arrow) in parallel; 0 =
+    #: build them in the node's process; default 2.
+    source_workers: int = 2
 
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS_LEVELS:
@@ -110,6 +113,8 @@ class NodeConfig:
             )
         if self.retention_cids < 1:
             raise ConfigError(f"retention must keep at least 1 commit, got {self.retention_cids}")
+        if not 0 <= self.source_workers <= 64:
+            raise ConfigError(f"source workers must be between 0 and 64, got {self.source_workers}")
         if self.retention_interval <= 0:
             raise ConfigError(f"retention interval must be positive, got {self.retention_interval}")
         if self.compact_keep < 1:

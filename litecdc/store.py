@@ -20,6 +20,7 @@ from typing import Any
 from litecdc.config import NodeConfig
 from litecdc.db import source
 from litecdc.db.engine import Engine
+from litecdc.db.page_workers import PageWorkers
 from litecdc.db.schema import (
     HOLDS_TABLE,
     advance_hold_sql,
@@ -46,6 +47,7 @@ from litecdc.results import (
     StatementResult,
     WriteOutcome,
 )
+from litecdc.wire import to_ipc
 
 log = logging.getLogger("litecdc.store")
 
@@ -89,6 +91,11 @@ class Store:
             config.db_path, synchronous=config.synchronous, foreign_keys=config.foreign_keys
         )
         self.journal = Journal(self.engine)
+        self._page_workers = (
+            PageWorkers(str(config.db_path), config.source_workers)
+            if config.source_workers
+            else None
+        )
         self._closed = False
         self._lock = threading.Lock()
         self._writer: Callable[[Sequence[Statement], bool], WriteOutcome] = self._commit_locally
@@ -323,6 +330,21 @@ class Store:
             )
         )
 
+    def source_rows_ipc(
+        self,
+        table: str,
+        after_key: list[Any] | None,
+        until_key: list[Any] | None,
+        limit: int,
+    ) -> bytes:
+        """A snapshot chunk as Arrow IPC bytes, built by a worker process when there are
+        any (``source_workers``): parallel chunks then use every core."""
+        if not 1 <= limit <= MAX_SOURCE_PAGE:
+            raise RequestError(f"limit must be between 1 and {MAX_SOURCE_PAGE}, got {limit}")
+        if self._page_workers is None:
+            return to_ipc(self.source_rows(table, after_key, until_key, limit).rows)
+        return self._page_workers.rows_ipc(table, after_key, until_key, limit)
+
     def source_changes(
         self, table: str, after: int, until: int | None, limit: int
     ) -> source.ChangesPage:
@@ -443,4 +465,6 @@ class Store:
             if self._closed:
                 return
             self._closed = True
+            if self._page_workers is not None:
+                self._page_workers.close()
             self.engine.close()

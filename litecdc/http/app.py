@@ -575,13 +575,14 @@ class _Api:
         after_key = decode_key(params.get("after_key"), "after_key")
         until_key = decode_key(params.get("until_key"), "until_key")
         limit = _int_param(params, "limit", SOURCE_PAGE_DEFAULT, minimum=1)
-        arrow = self._want_arrow(request)
+        if self._want_arrow(request):
+            body = await to_thread.run_sync(
+                lambda: self.store.source_rows_ipc(name, after_key, until_key, limit)
+            )
+            return Response(body, media_type=ARROW_STREAM)
         page = await to_thread.run_sync(
             lambda: self.store.source_rows(name, after_key, until_key, limit)
         )
-        if arrow:
-            body = await to_thread.run_sync(lambda: to_ipc(page.rows))
-            return Response(body, media_type=ARROW_STREAM)
         doc = table_to_json(page.rows) | {
             "cid": page.cid,
             "last_key": json.loads(encode_key(page.last_key)),
