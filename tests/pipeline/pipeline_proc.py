@@ -32,7 +32,7 @@ class PipelineCLI:
         self.meta = meta
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._background = 0
+        self._background = 0  # runs started, to name their logs
 
     def _cmd(self, command: str, *args: str) -> list[str]:
         return [sys.executable, "-m", "litecdc", "pipeline", command, "--meta", self.meta, *args]
@@ -66,6 +66,8 @@ class PipelineCLI:
             "run", "--master", MASTER, "--until-caught-up", "--quiet", "--poll-interval", "0.2",
             *extra, timeout=RUN_TIMEOUT,
         )  # fmt: skip
+        self._background += 1  # kept beside the background runs' logs, for debugging
+        (self.workdir / f"run-{self._background}.log").write_text(done.stderr + done.stdout)
         assert done.returncode == 0, _describe(done)
         assert "every subscription has caught up" in done.stdout, _describe(done)
         return done
