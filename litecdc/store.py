@@ -341,9 +341,12 @@ class Store:
         any (``source_workers``): parallel chunks then use every core."""
         if not 1 <= limit <= MAX_SOURCE_PAGE:
             raise RequestError(f"limit must be between 1 and {MAX_SOURCE_PAGE}, got {limit}")
-        if self._page_workers is None:
-            return to_ipc(self.source_rows(table, after_key, until_key, limit).rows)
-        return self._page_workers.rows_ipc(table, after_key, until_key, limit)
+        if self._page_workers is not None:
+            spec = self.engine.read_consistent(lambda conn: source.describe(conn, table))
+            data = self._page_workers.rows_ipc(spec, after_key, until_key, limit)
+            if data is not None:
+                return data
+        return to_ipc(self.source_rows(table, after_key, until_key, limit).rows)
 
     def source_changes(
         self, table: str, after: int, until: int | None, limit: int

@@ -1,19 +1,20 @@
-"""Snapshot chunks built in worker processes, as Arrow IPC bytes.
+"""Snapshot chunks read by worker processes straight into Arrow.
 
-Building a chunk is mostly Python work (a tuple per row, then columns, then Arrow), so in
-the node's process every chunk holds the GIL and parallel partitions of a Spark read
-queue up behind each other. Each worker process opens the database file read-only with
-its own APSW connection — the same SQLite library as the node, in another process, so
-no file locks are shared (a second SQLite library inside one process could break
-them) — and answers one chunk at a time: ``BEGIN``, the chunk and the cid it saw
-(``db.source.read_rows``), ``COMMIT``, then the Arrow IPC stream. The garbage collector
-is paused while a chunk is built: the tuples it creates hold no cycles, and its
-collections cost about as much as building them.
+Building a chunk in Python (a tuple per row, then columns, then Arrow) costs about
+2 µs a row and holds the GIL, so parallel partitions of a Spark read queued up behind
+each other in the node. Each worker process reads with ADBC's SQLite driver, which
+fills Arrow arrays in C (about 6x faster), from ONE SELECT that also returns the
+journal's head (``db.source.rows_query``): one statement is one read transaction, so the
+chunk and its cid agree. ADBC brings its own SQLite library: it is only ever opened in
+these processes (two SQLite libraries in one process can release each other's file
+locks), read-only. ADBC converts mixed storage classes on its own terms, so a chunk
+holding a value that is not of its column's exact class, or an empty chunk, comes back
+as None and the node builds it with ``db.source.read_rows`` (which converts or refuses
+as documented).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import multiprocessing
 import threading
@@ -22,42 +23,41 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-import apsw
-
 from litecdc.db import source
 from litecdc.wire import to_ipc
 
 log = logging.getLogger("litecdc.db")
 
-BUSY_TIMEOUT_MS = 5000
-
-_conn: apsw.Connection | None = None
+_conn: Any = None  # the worker's ADBC connection
 
 
 def _open(path: str) -> None:
+    import adbc_driver_sqlite.dbapi as adbc
+
     global _conn
-    _conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
-    _conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    _conn = adbc.connect(f"file:{path}?mode=ro", autocommit=True)
 
 
 def _rows_ipc(
-    table: str,
+    table: source.SourceTable,
     after_key: Sequence[Any] | None,
     until_key: Sequence[Any] | None,
     limit: int,
-) -> bytes:
-    conn = _conn
-    assert conn is not None, "worker not initialised"
-    gc.disable()
+) -> bytes | None:
+    """The chunk as Arrow IPC, or None when the node must build it itself (an empty
+    chunk, or values that need converting or refusing: ``source.read_rows``)."""
+    assert _conn is not None, "worker not initialised"
+    sql, params = source.rows_query(table, after_key, until_key, limit)
+    cursor = _conn.cursor()
     try:
-        conn.execute("BEGIN")
-        try:
-            page = source.read_rows(conn, source.describe(conn, table), after_key, until_key, limit)
-        finally:
-            conn.execute("COMMIT")
-        return to_ipc(page.rows)
+        cursor.execute(sql, params)
+        data = cursor.fetch_arrow_table()
+    except Exception:  # a value of another type than the first ones: the careful path
+        return None
     finally:
-        gc.enable()
+        cursor.close()
+    page = source.page_from_arrow(table, data, limit)
+    return None if page is None else to_ipc(page.rows)
 
 
 class PageWorkers:
@@ -87,12 +87,13 @@ class PageWorkers:
 
     def rows_ipc(
         self,
-        table: str,
+        table: source.SourceTable,
         after_key: Sequence[Any] | None,
         until_key: Sequence[Any] | None,
         limit: int,
-    ) -> bytes:
-        """A snapshot chunk as an Arrow IPC stream (schema metadata as ``read_rows``)."""
+    ) -> bytes | None:
+        """A snapshot chunk as an Arrow IPC stream (schema metadata as ``read_rows``), or
+        None when the caller must build it (see the module docstring)."""
         try:
             return self._executor().submit(_rows_ipc, table, after_key, until_key, limit).result()
         except BrokenProcessPool:

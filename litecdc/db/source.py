@@ -24,6 +24,7 @@ from typing import Any
 import apsw
 import msgspec
 import pyarrow as pa
+import pyarrow.compute
 
 from litecdc.db.schema import (
     CDC_STATE_TABLE,
@@ -270,6 +271,108 @@ def read_rows(
     arrays = _columns(table, rows, key_positions)
     arrays.append(pa.array([cid] * len(rows), pa.int64()))
     return RowsPage(pa.Table.from_arrays(arrays, schema=schema), cid, last_key, done)
+
+
+MISMATCH_COLUMN = "_litecdc_mismatch"
+_SAFE_FLOAT_INT = 2**53
+
+
+def _mismatch_check(name: str, declared: str, arrow: str) -> str | None:
+    """An SQL condition true for a value ADBC would convert silently where ``read_rows``
+    converts differently or refuses; None when ADBC itself refuses every such value
+    (INTEGER columns; REAL affinity, which stores only floats, text and blobs)."""
+    column = _quote(name)
+    t = declared.upper()
+    if arrow == "binary":
+        return f"typeof({column}) NOT IN ('blob', 'null')"
+    if arrow == "string":
+        if "CHAR" in t or "CLOB" in t or "TEXT" in t:  # TEXT affinity: numbers become text
+            return f"typeof({column}) = 'blob'"
+        return f"typeof({column}) NOT IN ('text', 'null')"
+    if arrow == "float64" and not ("REAL" in t or "FLOA" in t or "DOUB" in t):
+        # NUMERIC affinity keeps integers: exact as floats only up to 2**53
+        return (
+            f"(typeof({column}) = 'integer' AND {column} NOT BETWEEN "
+            f"-{_SAFE_FLOAT_INT} AND {_SAFE_FLOAT_INT})"
+        )
+    return None
+
+
+def rows_query(
+    table: SourceTable,
+    after_key: Sequence[Any] | None,
+    until_key: Sequence[Any] | None,
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """A chunk as ONE SELECT (one implicit read transaction): the table's columns, the
+    journal's head as ``_litecdc_cid``, and ``_litecdc_mismatch`` counting values a reader
+    that converts types on its own (ADBC) would get wrong: such a chunk is left to
+    ``read_rows``. ADBC refuses (errors on) the other mixes itself."""
+    keys = table.key_sql()
+    where: list[str] = []
+    params: list[Any] = []
+    for bound, op in ((after_key, ">"), (until_key, "<=")):
+        if bound is None:
+            continue
+        if len(bound) != len(keys):
+            raise RequestError(
+                f"a key of table {table.name} has {len(keys)} value(s) ({', '.join(table.key)}),"
+                f" got {len(bound)}"
+            )
+        where.append(f"({', '.join(keys)}) {op} ({', '.join('?' * len(keys))})")
+        params.extend(bound)
+    stored = [c for c in table.columns if not (table.rowid_key and c[0] == ROWID_COLUMN)]
+    checks = [
+        f"({check})"
+        for name, declared, arrow, _ in stored
+        if (check := _mismatch_check(name, declared, arrow)) is not None
+    ]
+    select = [
+        *(["rowid"] if table.rowid_key else []),
+        *(_quote(c[0]) for c in stored),
+        f"(SELECT max(cid) FROM {JOURNAL_TABLE})",
+        " + ".join(checks) if checks else "0",
+    ]
+    sql = (
+        f"SELECT {', '.join(select)} FROM {_quote(table.name)}"
+        + (f" WHERE {' AND '.join(where)}" if where else "")
+        + f" ORDER BY {', '.join(keys)} LIMIT ?"
+    )
+    return sql, [*params, limit]
+
+
+def page_from_arrow(table: SourceTable, data: pa.Table, limit: int) -> RowsPage | None:
+    """The chunk ``rows_query`` read into Arrow by another reader, checked: None when it
+    held no row (its cid is unknown) or a value that needs ``read_rows``' care."""
+    if data.num_rows == 0:
+        return None
+    mismatch = data.column(data.num_columns - 1)
+    if pa.compute.max(mismatch).as_py():
+        return None
+    schema = table.row_schema()
+    arrays = []
+    for index, field in enumerate(schema):
+        if index == len(table.columns):  # the cid column
+            cid = data.column(index)[0].as_py()
+            arrays.append(pa.array([cid] * data.num_rows, pa.int64()))
+            continue
+        column = data.column(index)
+        if column.type != field.type:
+            if column.null_count != len(column):
+                return None
+            column = pa.nulls(len(column), field.type)
+        arrays.append(column)
+    key_positions = [table.column_names.index(k) for k in table.key]
+    last = data.slice(data.num_rows - 1, 1)
+    last_key = [last.column(i)[0].as_py() for i in key_positions]
+    done = data.num_rows < limit
+    meta = {
+        b"litecdc.cid": str(cid).encode(),
+        b"litecdc.last_key": encode_key(last_key).encode(),
+        b"litecdc.done": b"true" if done else b"false",
+    }
+    rows = pa.Table.from_arrays(arrays, schema=table.row_schema(meta))
+    return RowsPage(rows, int(cid), last_key, done)
 
 
 @dataclass(frozen=True)
