@@ -261,6 +261,8 @@ def test_kill_9_mid_snapshot_and_mid_stream_then_restart_converges(
         run.kill9()
     killed = {n: cli.progress(n) for n in names}
     assert any(0 < p.rows_copied < KILL_ROWS for p in killed.values()), killed
+    status = cli.ok("status", "big-delta")
+    assert "stage: snapshot" in status and "range(s) done" in status, status
 
     # restart (until killed again): it resumes the snapshot, catches up, and is exact
     run = cli.start()
