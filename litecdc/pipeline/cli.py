@@ -52,11 +52,16 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_one_line(exc)}", err=True)
         sys.exit(2)
     except LitecdcError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_one_line(exc)}", err=True)
         sys.exit(1)
+
+
+def _one_line(exc: BaseException) -> str:
+    """Drivers' messages may span lines (libpq's hints): the CLI promises one."""
+    return " ".join(str(exc).split())
 
 
 def _open(meta: str | None, owner: str | None = None) -> MetadataStore:

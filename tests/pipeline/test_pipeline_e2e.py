@@ -374,14 +374,6 @@ def test_two_owners_share_a_postgresql_metadata_store(
 
 
 # -- 6: bad input -------------------------------------------------------------------------
-MULTI_LINE_PG_ERROR = pytest.mark.xfail(
-    strict=True,
-    reason="bug: an unreachable PostgreSQL metadata store gives a two-line error: libpq's "
-    "message ('connection refused\\n\\tIs the server running…') is printed as is by the "
-    "metadata store's 'cannot connect to the metadata database' error",
-)
-
-
 @pytest.mark.parametrize(
     "case",
     [
@@ -390,7 +382,7 @@ MULTI_LINE_PG_ERROR = pytest.mark.xfail(
         "unknown sink scheme",
         "delta sink without a path",
         "unknown metadata URL",
-        pytest.param("unreachable metadata store", marks=MULTI_LINE_PG_ERROR),
+        "unreachable metadata store",
     ],
 )
 def test_bad_subscribe_fails_with_one_error_line_and_adds_nothing(
