@@ -70,10 +70,12 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -109,7 +111,7 @@ from litecdc.pipeline.tables import OP_COLUMN, TableSpec
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from litecdc.pipeline.source_client import Key, SourceClient
+    from litecdc.pipeline.source_client import Key, RowsPage, SourceClient
 
 __all__ = [
     "ChangesRange",
@@ -122,6 +124,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("litecdc.pipeline")
+T = TypeVar("T")
 
 MODE_SNAPSHOT = "snapshot"
 MODE_CHANGES = "changes"
@@ -412,17 +415,63 @@ def read_key_range(
     page_rows: int,
     names: Sequence[str],
 ) -> Iterator[pa.RecordBatch]:
-    """Page through one key range; every page is one read transaction on the node."""
-    remaining = max_rows
-    while remaining is None or remaining > 0:
-        limit = page_rows if remaining is None else min(page_rows, remaining)
-        page = client.rows(table, after_key=after_key, until_key=until_key, limit=limit)
+    """Page through one key range; every page is one read transaction on the node.
+
+    The next page is fetched while Spark consumes this one (a thread a page ahead): the
+    node builds and sends a page while the JVM converts the previous one.
+    """
+
+    def pages() -> Iterator[RowsPage]:
+        after, remaining = after_key, max_rows
+        while remaining is None or remaining > 0:
+            limit = page_rows if remaining is None else min(page_rows, remaining)
+            page = client.rows(table, after_key=after, until_key=until_key, limit=limit)
+            yield page
+            if remaining is not None:
+                remaining -= page.table.num_rows
+            if page.done or page.last_key is None:
+                return
+            after = page.last_key
+
+    for page in _read_ahead(pages()):
         yield from _output(page.table, names)
-        if remaining is not None:
-            remaining -= page.table.num_rows
-        if page.done or page.last_key is None:
-            return
-        after_key = page.last_key
+
+
+_DONE = object()
+
+
+def _read_ahead(source: Iterator[T]) -> Iterator[T]:
+    """``source``'s items, produced one ahead by a thread (errors re-raised here)."""
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in source:
+                while not stop.is_set():
+                    try:
+                        ahead.put(item, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put(_DONE)
+        except BaseException as exc:  # handed to the consumer
+            ahead.put(exc)
+
+    thread = threading.Thread(target=produce, name="litecdc-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 # -- changes --------------------------------------------------------------------------
