@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from litecdc.errors import PipelineError
 from litecdc.pipeline.metadata import Subscription
+from litecdc.pipeline.parquet_log import is_parquet_url
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
@@ -104,6 +105,11 @@ def compare(
 
 def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
     """Compare ``sub``'s source table with its sink's mirror."""
+    if is_parquet_url(sub.sink):
+        raise PipelineError(
+            f"subscription {sub.name}: its sink is a Parquet change log, which keeps no rows "
+            "to compare (read snapshot/ and changes/ with Spark)"
+        )
     with SourceClient(
         list(sub.sources),
         user=sub.options.get("user") or None,

@@ -17,12 +17,23 @@ def _documentation() -> str:
     return "\n".join(parts)
 
 
+def _commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
+    found: list[tuple[str, click.Command]] = []
+    for name, command in group.commands.items():
+        found.append((f"{prefix} {name}", command))
+        if isinstance(command, click.Group):
+            found += _commands(command, f"{prefix} {name}")
+    return found
+
+
 def test_every_command_and_option_is_documented() -> None:
     docs = _documentation()
     assert isinstance(cli, click.Group)
-    for name, command in cli.commands.items():
-        assert f"litecdc {name}" in docs, f"`litecdc {name}` is not documented"
+    commands = _commands(cli, "litecdc")
+    assert "litecdc pipeline verify" in dict(commands)  # subcommands are checked too
+    for name, command in commands:
+        assert name in docs, f"`{name}` is not documented"
         for param in command.params:
             for option in getattr(param, "opts", []):
                 if option.startswith("--") and option != "--help":
-                    assert option in docs, f"`litecdc {name} {option}` is not documented"
+                    assert option in docs, f"`{name} {option}` is not documented"
