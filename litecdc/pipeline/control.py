@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,8 @@ class StatusReport:
     progress: Progress
     source_cid: int | None
     source_error: str | None
+    #: age in seconds of the oldest change of the table the sink has not applied
+    lag_seconds: float | None = None
 
     @property
     def lag_cids(self) -> int | None:
@@ -107,11 +110,22 @@ class StatusReport:
             lines.append(f"  source: unreachable ({self.source_error})")
         elif self.source_cid is not None:
             lag = self.lag_cids
+            seconds = f", {self.lag_seconds:.1f} s" if self.lag_seconds is not None else ""
             lines.append(
                 f"  source head: cid {self.source_cid}"
-                + (f", lag {lag} cid(s)" if lag is not None else "")
+                + (f", lag {lag} cid(s){seconds}" if lag is not None else "")
             )
         return "\n".join(lines)
+
+
+def _lag_seconds(client: SourceClient, table: str, applied: int) -> float:
+    """How old the oldest change of ``table`` the sink has not applied is (0 when none:
+    commits of other tables, or the node's own entries, are no lag)."""
+    pending = client.position(table, after=applied, max_events=1)
+    if pending.events == 0:
+        return 0.0
+    committed = client.commit_time_ms(pending.end_cid - 1)  # that transaction's commit
+    return 0.0 if committed is None else max(time.time() - committed / 1000, 0.0)
 
 
 def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
@@ -124,12 +138,14 @@ def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
         progress = store.progress(sub.name)
         head: int | None = None
         error: str | None = None
+        seconds: float | None = None
         try:
             with _client(list(sub.sources), sub.options) as client:
                 head = client.table_info(sub.table_name).last_cid
-        except SourceError as exc:
+                applied = progress.last_log_index
+                if applied is not None:
+                    seconds = _lag_seconds(client, sub.table_name, applied)
+        except (SourceError, NotFoundError) as exc:
             error = str(exc)
-        except NotFoundError as exc:
-            error = str(exc)
-        reports.append(StatusReport(sub, progress, head, error))
+        reports.append(StatusReport(sub, progress, head, error, seconds))
     return reports

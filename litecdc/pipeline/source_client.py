@@ -287,6 +287,13 @@ class SourceClient:
         )
         return Position(int(doc["end_cid"]), int(doc["events"]), int(doc["last_cid"]))
 
+    def commit_time_ms(self, after: int) -> int | None:
+        """When the first commit after cid ``after`` was made (its journal timestamp, Unix
+        ms), or None when there is none yet: the age of the oldest unapplied change."""
+        doc = self._json("GET", "/journal", params={"after": after, "limit": 1})
+        entries = doc.get("entries") or []
+        return int(entries[0]["timestamp_ms"]) if entries else None
+
     # -- transport -------------------------------------------------------------------
 
     def _arrow(self, path: str, params: dict[str, Any]) -> tuple[pa.Table, dict[bytes, bytes]]:

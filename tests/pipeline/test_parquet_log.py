@@ -8,6 +8,7 @@ runs and a ``kill -9`` of ``pipeline run`` in the middle of the stream.
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,7 @@ def test_parquet_log_rebuilds_the_table_with_every_event_once(tmp_path: Path, sp
         assert len(keys) > first_events
         status = cli.ok("status", "items-log")
         assert "stage: incremental" in status, status
+        assert re.search(r"source head: cid \d+, lag \d+ cid\(s\), 0\.0 s", status), status
         # a log keeps no rows: verify says so instead of comparing
         done = cli.call("verify", "items-log")
         assert done.returncode == 1 and "keeps no rows" in done.stderr, done.stderr
