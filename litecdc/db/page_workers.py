@@ -50,6 +50,9 @@ def _rows_ipc(
     sql, params = source.rows_query(table, after_key, until_key, limit)
     cursor = _conn.cursor()
     try:
+        # one Arrow batch per chunk (ADBC's default is 1024 rows): every batch costs Spark
+        # a round of its own on the way into the JVM
+        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(limit)})
         cursor.execute(sql, params)
         data = cursor.fetch_arrow_table()
     except Exception:  # a value of another type than the first ones: the careful path
