@@ -88,7 +88,9 @@ def pipeline() -> None:
 )
 @click.option("--owner", default="default", show_default=True, help="The server that runs it.")
 @click.option("--partitions", default=2, show_default=True, help="Snapshot key ranges.")
-@click.option("--page-rows", default=50_000, show_default=True, help="Snapshot rows per chunk.")
+@click.option(
+    "--page-rows", default=200_000, show_default=True, help="Snapshot rows per chunk and range."
+)
 @click.option(
     "--max-events", default=100_000, show_default=True, help="Change events per micro-batch."
 )

@@ -49,7 +49,7 @@ table           the source table (required)
 mode            ``snapshot`` (default: rows, ``TableSpec.row_schema()``) or ``changes``
                 (events, ``TableSpec.change_schema()``); a stream needs ``changes``
 partitions      key ranges of a snapshot read, read in parallel (default 2)
-page_rows       rows (or events) asked of the node per request (default 50000)
+page_rows       rows (or events) asked of the node per request (default 200000)
 ranges          JSON list of ``[after_key, until_key, max_rows]``: read exactly these
                 chunks, one partition each, instead of ``partitions`` (resumable snapshots)
 after_cid       ``changes`` batch read: events after this cid (default 0)
@@ -129,7 +129,7 @@ T = TypeVar("T")
 MODE_SNAPSHOT = "snapshot"
 MODE_CHANGES = "changes"
 DEFAULT_PARTITIONS = 2
-DEFAULT_PAGE_ROWS = 50_000
+DEFAULT_PAGE_ROWS = 200_000
 DEFAULT_MAX_EVENTS = 100_000
 #: seconds between micro-batches that carry no event of the table (an idle stream's
 #: offset and hold still follow the node's head, without a commit at every trigger)

@@ -15,7 +15,7 @@ import pytest
 from e2e.litecdc_node import Node, free_port
 
 import litecdc.pipeline.datasource as datasource_module
-from litecdc.pipeline.datasource import LitecdcOptions
+from litecdc.pipeline.datasource import DEFAULT_PAGE_ROWS, LitecdcOptions
 from litecdc.pipeline.source_client import SourceClient
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, ROWID_COLUMN, SEQ_COLUMN
 
@@ -356,7 +356,9 @@ def test_options_parse_once_and_pickle() -> None:
         }
     )
     assert opts.urls == ("http://a:1", "http://b:2")
-    assert opts.partitions == 8 and opts.page_rows == 50_000 and opts.max_events == 100_000
+    assert (
+        opts.partitions == 8 and opts.page_rows == DEFAULT_PAGE_ROWS and opts.max_events == 100_000
+    )
     assert opts.starting_cid is None and opts.mode == "snapshot"
     assert pickle.loads(pickle.dumps(opts)) == opts
     assert "hunter2" not in repr(opts)
