@@ -352,9 +352,9 @@ def page_from_arrow(table: SourceTable, data: pa.Table, limit: int) -> RowsPage 
     schema = table.row_schema()
     arrays = []
     for index, field in enumerate(schema):
-        if index == len(table.columns):  # the cid column
+        if index == len(table.columns):  # the cid column: the same value in every row
             cid = data.column(index)[0].as_py()
-            arrays.append(pa.array([cid] * data.num_rows, pa.int64()))
+            arrays.append(data.column(index).cast(pa.int64()))
             continue
         column = data.column(index)
         if column.type != field.type:
