@@ -17,6 +17,23 @@ from litecdc.errors import RequestError
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
+#: Columns litecdc adds to mirrored rows and change events.
+CID_COLUMN = "_litecdc_cid"  # the version: commit id of the change, or cid a chunk was read at
+SEQ_COLUMN = "_litecdc_seq"  # order of the change inside its transaction
+OP_COLUMN = "_litecdc_op"  # 'upsert' or 'delete' (an update of the key = delete + upsert)
+#: The key of a rowid table that declares no primary key (its rowid).
+ROWID_COLUMN = "_litecdc_rowid"
+OP_UPSERT = "upsert"
+OP_DELETE = "delete"
+
+#: The Arrow type of each name a column's mirrored type can have.
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+}
+
 
 def to_ipc(table: pa.Table) -> bytes:
     """``table`` (schema metadata included) as one Arrow IPC stream."""

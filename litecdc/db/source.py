@@ -35,20 +35,16 @@ from litecdc.db.schema import (
     last_change_id,
 )
 from litecdc.errors import DataTypeError, NotFoundError, PositionUnavailableError, RequestError
-from litecdc.wire import encode_key, jsonable
+from litecdc.wire import (
+    ARROW_TYPES,
+    CID_COLUMN,
+    OP_COLUMN,
+    ROWID_COLUMN,
+    SEQ_COLUMN,
+    encode_key,
+    jsonable,
+)
 
-#: The key column of a rowid table that declares no primary key (its rowid).
-ROWID_COLUMN = "_litecdc_rowid"
-CID_COLUMN = "_litecdc_cid"
-SEQ_COLUMN = "_litecdc_seq"
-OP_COLUMN = "_litecdc_op"
-
-_ARROW: dict[str, pa.DataType] = {
-    "int64": pa.int64(),
-    "float64": pa.float64(),
-    "string": pa.string(),
-    "binary": pa.binary(),
-}
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 
 
@@ -116,11 +112,11 @@ class SourceTable:
         return ["rowid"] if self.rowid_key else [_quote(k) for k in self.key]
 
     def row_schema(self, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-        fields = [pa.field(n, _ARROW[a]) for n, _, a, _ in self.columns]
+        fields = [pa.field(n, ARROW_TYPES[a]) for n, _, a, _ in self.columns]
         return pa.schema([*fields, pa.field(CID_COLUMN, pa.int64(), nullable=False)], metadata)
 
     def change_schema(self, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-        fields = [pa.field(n, _ARROW[a]) for n, _, a, _ in self.columns]
+        fields = [pa.field(n, ARROW_TYPES[a]) for n, _, a, _ in self.columns]
         head = [
             pa.field(CID_COLUMN, pa.int64(), nullable=False),
             pa.field(SEQ_COLUMN, pa.int64(), nullable=False),
@@ -239,18 +235,7 @@ def read_rows(
     if limit < 1:
         raise RequestError(f"limit must be at least 1, got {limit}")
     keys = table.key_sql()
-    where: list[str] = []
-    params: list[Any] = []
-    for bound, op in ((after_key, ">"), (until_key, "<=")):
-        if bound is None:
-            continue
-        if len(bound) != len(keys):
-            raise RequestError(
-                f"a key of table {table.name} has {len(keys)} value(s) ({', '.join(table.key)}),"
-                f" got {len(bound)}"
-            )
-        where.append(f"({', '.join(keys)}) {op} ({', '.join('?' * len(keys))})")
-        params.extend(bound)
+    where, params = _key_bounds(table, after_key, until_key)
     select = [*(["rowid"] if table.rowid_key else []), *map(_quote, table.stored_columns)]
     sql = (
         f"SELECT {', '.join(select)} FROM {_quote(table.name)}"
@@ -298,16 +283,10 @@ def _mismatch_check(name: str, declared: str, arrow: str) -> str | None:
     return None
 
 
-def rows_query(
-    table: SourceTable,
-    after_key: Sequence[Any] | None,
-    until_key: Sequence[Any] | None,
-    limit: int,
-) -> tuple[str, list[Any]]:
-    """A chunk as ONE SELECT (one implicit read transaction): the table's columns, the
-    journal's head as ``_litecdc_cid``, and ``_litecdc_mismatch`` counting values a reader
-    that converts types on its own (ADBC) would get wrong: such a chunk is left to
-    ``read_rows``. ADBC refuses (errors on) the other mixes itself."""
+def _key_bounds(
+    table: SourceTable, after_key: Sequence[Any] | None, until_key: Sequence[Any] | None
+) -> tuple[list[str], list[Any]]:
+    """WHERE conditions (and their parameters) for ``after_key < key <= until_key``."""
     keys = table.key_sql()
     where: list[str] = []
     params: list[Any] = []
@@ -321,6 +300,21 @@ def rows_query(
             )
         where.append(f"({', '.join(keys)}) {op} ({', '.join('?' * len(keys))})")
         params.extend(bound)
+    return where, params
+
+
+def rows_query(
+    table: SourceTable,
+    after_key: Sequence[Any] | None,
+    until_key: Sequence[Any] | None,
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """A chunk as ONE SELECT (one implicit read transaction): the table's columns, the
+    journal's head as ``_litecdc_cid``, and ``_litecdc_mismatch`` counting values a reader
+    that converts types on its own (ADBC) would get wrong: such a chunk is left to
+    ``read_rows``. ADBC refuses (errors on) the other mixes itself."""
+    keys = table.key_sql()
+    where, params = _key_bounds(table, after_key, until_key)
     stored = [c for c in table.columns if not (table.rowid_key and c[0] == ROWID_COLUMN)]
     checks = [
         f"({check})"
@@ -499,12 +493,12 @@ def _columns(
 ) -> list[pa.Array]:
     """Column arrays of ``rows`` (one value per table column), typed as the spec says."""
     if not rows:
-        return [pa.array([], _ARROW[c[2]]) for c in table.columns]
+        return [pa.array([], ARROW_TYPES[c[2]]) for c in table.columns]
     arrays = []
     for i, column in enumerate(zip(*rows, strict=True)):
         name, declared, arrow, _ = table.columns[i]
         try:
-            arrays.append(pa.array(column, _ARROW[arrow]))
+            arrays.append(pa.array(column, ARROW_TYPES[arrow]))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             arrays.append(_coerced(table, name, declared, arrow, column, rows, key_positions))
     return arrays
@@ -539,7 +533,7 @@ def _coerced(
                 f"{declared or 'no type'!r}); give the column a type that matches its values, "
                 "or fix the row"
             )
-    return pa.array(values, _ARROW[arrow])
+    return pa.array(values, ARROW_TYPES[arrow])
 
 
 def _fits(arrow: str, value: Any) -> bool:

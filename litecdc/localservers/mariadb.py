@@ -7,16 +7,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 import pymysql
 
 from litecdc.localservers.process import (
+    LocalServer,
     ServerProcess,
     ServerUnavailableError,
     find_binary,
@@ -24,7 +23,7 @@ from litecdc.localservers.process import (
 )
 
 
-class MariaDBServer:
+class MariaDBServer(LocalServer):
     """``with MariaDBServer() as db: db.create_database()`` → a mysql:// URL."""
 
     def __init__(self, *, base_dir: Path | None = None, start_timeout: float = 60.0) -> None:
@@ -36,11 +35,6 @@ class MariaDBServer:
         self.base_dir = base_dir
         self.start_timeout = start_timeout
         self.port = 0
-        self._process: ServerProcess | None = None
-
-    @property
-    def startup_seconds(self) -> float:
-        return self._process.startup_seconds if self._process else 0.0
 
     def url(self, dbname: str = "mysql") -> str:
         return f"mysql://root@127.0.0.1:{self.port}/{dbname}"
@@ -117,27 +111,3 @@ class MariaDBServer:
                 cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
         finally:
             conn.close()
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop_quietly()
-            self._process = None
-        if self._own_dir and self.base_dir is not None:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-            self.base_dir = None
-
-    def __enter__(self) -> MariaDBServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

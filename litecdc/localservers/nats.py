@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import tempfile
 from pathlib import Path
-from types import TracebackType
 
 from litecdc.localservers.process import (
+    LocalServer,
     ServerProcess,
     ServerUnavailableError,
     find_binary,
@@ -16,7 +15,7 @@ from litecdc.localservers.process import (
 )
 
 
-class NATSServer:
+class NATSServer(LocalServer):
     """``with NATSServer() as nats: nats.url`` → nats://127.0.0.1:PORT, JetStream on."""
 
     def __init__(self, *, start_timeout: float = 30.0) -> None:
@@ -24,11 +23,6 @@ class NATSServer:
         self.start_timeout = start_timeout
         self.port = 0
         self.base_dir: Path | None = None
-        self._process: ServerProcess | None = None
-
-    @property
-    def startup_seconds(self) -> float:
-        return self._process.startup_seconds if self._process else 0.0
 
     @property
     def url(self) -> str:
@@ -60,27 +54,3 @@ class NATSServer:
         # JetStream is up by then (it is enabled before the client listener opens).
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
             return sock.recv(4096).startswith(b"INFO ")
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop_quietly()
-            self._process = None
-        if self.base_dir is not None:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-            self.base_dir = None
-
-    def __enter__(self) -> NATSServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -8,17 +8,16 @@ account (Debian's package creates it) or ``nobody``, in a directory of its own u
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 import psycopg
 
 from litecdc.localservers.process import (
+    LocalServer,
     ServerProcess,
     ServerUnavailableError,
     find_binary,
@@ -29,7 +28,7 @@ from litecdc.localservers.process import (
 SUPERUSER = "postgres"
 
 
-class PostgreSQLServer:
+class PostgreSQLServer(LocalServer):
     """``with PostgreSQLServer() as pg: pg.create_database()`` → a postgresql:// URL."""
 
     def __init__(self, *, start_timeout: float = 60.0) -> None:
@@ -44,11 +43,6 @@ class PostgreSQLServer:
         self.start_timeout = start_timeout
         self.port = 0
         self.base_dir: Path | None = None
-        self._process: ServerProcess | None = None
-
-    @property
-    def startup_seconds(self) -> float:
-        return self._process.startup_seconds if self._process else 0.0
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}"
@@ -116,27 +110,3 @@ class PostgreSQLServer:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             # FORCE: a test may leave a connection open; it must not keep the database.
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop_quietly()
-            self._process = None
-        if self.base_dir is not None:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-            self.base_dir = None
-
-    def __enter__(self) -> PostgreSQLServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

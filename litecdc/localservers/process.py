@@ -15,7 +15,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from mirakuru import Executor
 from mirakuru.exceptions import ProcessExitedWithError, TimeoutExpired
@@ -171,3 +172,48 @@ class ServerProcess(Executor):
             self.kill()
         finally:
             self._log_file.close()
+
+
+class LocalServer:
+    """A throwaway server: ``start()`` it, ``stop()`` it (its process, then its
+    directory), or use it as a context manager. Subclasses start ``_process`` (a
+    ServerProcess) in ``base_dir``."""
+
+    base_dir: Path | None = None
+    _process: ServerProcess | None = None
+    #: False when the caller gave the directory: stop() leaves it
+    _own_dir: bool = True
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def startup_seconds(self) -> float:
+        return self._process.startup_seconds if self._process else 0.0
+
+    def _stop_processes(self) -> None:
+        if self._process is not None:
+            self._process.stop_quietly()
+            self._process = None
+
+    def stop(self) -> None:
+        self._stop_processes()
+        if self._own_dir and self.base_dir is not None:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            self.base_dir = None
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

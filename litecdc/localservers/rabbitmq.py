@@ -8,15 +8,14 @@ neither uses nor leaves behind the shared epmd on 4369. /etc/rabbitmq is not rea
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 import pika
 
 from litecdc.localservers.process import (
+    LocalServer,
     ServerProcess,
     ServerUnavailableError,
     find_binary,
@@ -29,7 +28,7 @@ from litecdc.localservers.process import (
 RABBITMQ_SCRIPT_GLOBS = ["/usr/lib/rabbitmq/bin/rabbitmq-server"]
 
 
-class RabbitMQServer:
+class RabbitMQServer(LocalServer):
     """``with RabbitMQServer() as mq: mq.url`` → amqp://guest:guest@127.0.0.1:PORT/."""
 
     def __init__(self, *, start_timeout: float = 90.0) -> None:
@@ -39,7 +38,6 @@ class RabbitMQServer:
         self.port = 0
         self.base_dir: Path | None = None
         self._epmd: ServerProcess | None = None
-        self._process: ServerProcess | None = None
 
     @property
     def startup_seconds(self) -> float:
@@ -105,27 +103,8 @@ class RabbitMQServer:
         pika.BlockingConnection(params).close()
         return True
 
-    def stop(self) -> None:
-        for proc in (self._process, self._epmd):
-            if proc is not None:
-                proc.stop_quietly()
-        self._process = self._epmd = None
-        if self.base_dir is not None:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-            self.base_dir = None
-
-    def __enter__(self) -> RabbitMQServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def _stop_processes(self) -> None:
+        super()._stop_processes()
+        if self._epmd is not None:  # after the node that registered with it
+            self._epmd.stop_quietly()
+            self._epmd = None

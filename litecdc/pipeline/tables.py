@@ -15,22 +15,29 @@ from typing import Any
 
 import pyarrow as pa
 
-#: Columns the pipeline adds to every mirrored row / change event.
-CID_COLUMN = "_litecdc_cid"  # the version: commit id of the change, or cid a chunk was read at
-SEQ_COLUMN = "_litecdc_seq"  # order of the change inside its transaction
-OP_COLUMN = "_litecdc_op"  # 'upsert' or 'delete' (an update of the key = delete + upsert)
-#: The key of a rowid table that declares no primary key.
-ROWID_COLUMN = "_litecdc_rowid"
+# the names both ends agree on (litecdc.wire), re-exported for the pipeline's modules
+from litecdc.wire import (
+    ARROW_TYPES,
+    CID_COLUMN,
+    OP_COLUMN,
+    OP_DELETE,
+    OP_UPSERT,
+    ROWID_COLUMN,
+    SEQ_COLUMN,
+)
 
-OP_UPSERT = "upsert"
-OP_DELETE = "delete"
-
-ARROW_TYPES: Mapping[str, pa.DataType] = {
-    "int64": pa.int64(),
-    "float64": pa.float64(),
-    "string": pa.string(),
-    "binary": pa.binary(),
-}
+__all__ = [
+    "ARROW_TYPES",
+    "CID_COLUMN",
+    "OP_COLUMN",
+    "OP_DELETE",
+    "OP_UPSERT",
+    "ROWID_COLUMN",
+    "SEQ_COLUMN",
+    "Column",
+    "TableSpec",
+    "same_columns",
+]
 
 
 @dataclass(frozen=True)
