@@ -60,6 +60,11 @@ DEFAULT_PAGE_ROWS = 200_000
 DEFAULT_MAX_EVENTS = 100_000
 DEFAULT_PARTITIONS = 2
 HOLD_INTERVAL = 5.0
+#: --until-caught-up gives up after this many failures in a row of one subscription
+#: (with the back-off, about 15 s)
+GIVE_UP_FAILURES = 5
+RETRY_DELAY = 0.5
+RETRY_MAX_DELAY = 30.0
 SCHEMA_CHECK_INTERVAL = 5.0
 IDLE_HOLD_INTERVAL = 300.0
 
@@ -116,8 +121,12 @@ class PipelineServer:
         poll_interval: float = 1.0,
         metrics: PipelineMetrics | None = None,
         on_progress: Callable[[SubscriptionState], None] | None = None,
+        retry_delay: float = RETRY_DELAY,
     ) -> None:
+        """``retry_delay``: seconds before a failed subscription's first retry, doubling
+        up to 30 s (default 0.5)."""
         self.meta = meta
+        self.retry_delay = retry_delay
         self.spark = spark
         self.owner = owner
         self.poll_interval = poll_interval
@@ -135,7 +144,8 @@ class PipelineServer:
 
     def run(self, *, until_caught_up: bool = False, max_rounds: int | None = None) -> int:
         """Run every owned subscription until stopped; with ``until_caught_up``, return
-        once each has applied every change committed at its source before this call.
+        once each has applied every change committed at its source before this call, or
+        once one has failed GIVE_UP_FAILURES times in a row (it would never catch up).
         Returns how many subscriptions are still failing (0 = all healthy)."""
         targets: dict[str, int] = {}
         rounds = 0
@@ -145,6 +155,10 @@ class PipelineServer:
                 busy = self.run_round(targets if until_caught_up else None)
                 rounds += 1
                 if until_caught_up and self._caught_up(targets):
+                    break
+                if until_caught_up and any(
+                    s.failures >= GIVE_UP_FAILURES for s in self.states.values()
+                ):
                     break
                 if max_rounds is not None and rounds >= max_rounds:
                     break
@@ -214,20 +228,17 @@ class PipelineServer:
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
             )
         else:
-            sink = open_sink(sub.sink, spec, sub.name)
-            running = _Running(sub, client, spec, sink, state)
-            if _need_recopy(spec, sink.added_columns):
-                # the source gained a column with a DEFAULT while we were not running
-                self._running[sub.name] = running
-                progress = self.meta.progress(sub.name)
-                if progress.stage not in (None, "register"):
-                    log.info("subscription %s: column(s) with a default added; re-snapshotting",
-                             sub.name)  # fmt: skip
-                    self._register(running, restart=True)
+            running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
+        self._running[sub.name] = running  # from here on, a failure closes it
+        recopy = running.sink is not None and _need_recopy(spec, running.sink.added_columns)
+        if recopy and self.meta.progress(sub.name).stage not in (None, "register"):
+            # the source gained a column with a DEFAULT while we were not running
+            log.info("subscription %s: column(s) with a default added; re-snapshotting",
+                     sub.name)  # fmt: skip
+            self._register(running, restart=True)
         progress = self.meta.progress(sub.name)
         state.stage = progress.stage or "register"
         state.applied_cid = progress.last_log_index or 0
-        self._running[sub.name] = running
         log.info("subscription %s: %s stage, table %s", sub.name, state.stage, sub.table_name)
         return running
 
@@ -240,7 +251,7 @@ class PipelineServer:
         state.last_error = (
             str(exc) if isinstance(exc, LitecdcError) else f"{type(exc).__name__}: {exc}"
         )
-        delay = min(0.5 * 2 ** min(state.failures, 6), 30.0)
+        delay = min(self.retry_delay * 2 ** min(state.failures - 1, 6), RETRY_MAX_DELAY)
         state.retry_at = time.monotonic() + delay
         log.warning("subscription %s: %s (retrying in %.1fs)", state.name, state.last_error, delay)
         # a broken connection or sink is rebuilt on the next attempt
