@@ -532,3 +532,13 @@ def test_mask_url_hides_passwords_and_secrets() -> None:
     )
     assert "whsec" not in mask_url("https://h/x?litecdc_secret=whsec_abc&a=1")
     assert mask_url("nats://h:4222") == "nats://h:4222"
+
+
+def test_delta_read_rows_does_not_create_a_missing_table(tmp_path: Path) -> None:
+    """`pipeline verify` reads a mirror: before any run there is none, and it says so
+    instead of creating an empty one."""
+    path = tmp_path / "never-written"
+    sink = open_sink(f"delta:{path}", SPEC, "verify-only", prepare=False)
+    with pytest.raises(SinkError, match="no Delta table"):
+        sink.read_rows()
+    assert not path.exists()

@@ -217,6 +217,12 @@ class DeltaSink(Sink):
         return int(version or 0)
 
     def read_rows(self) -> pa.Table:
+        if self._table is None and not DeltaTable.is_deltatable(self.path):
+            # verify must not create what it checks
+            raise SinkError(
+                f"delta sink: there is no Delta table at {self.path} yet: has `litecdc "
+                "pipeline run` copied this subscription?"
+            )
         table = self._dt()
         try:
             table.update_incremental()
