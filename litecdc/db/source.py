@@ -258,7 +258,6 @@ def read_rows(
     return RowsPage(pa.Table.from_arrays(arrays, schema=schema), cid, last_key, done)
 
 
-MISMATCH_COLUMN = "_litecdc_mismatch"
 _SAFE_FLOAT_INT = 2**53
 
 

@@ -44,11 +44,3 @@ def net_changes(events: pa.Table, spec: TableSpec) -> NetChanges:
     upserts = picked.filter(pc.invert(is_delete)).select(row_columns)
     deletes = picked.filter(is_delete).select([*spec.key, CID_COLUMN])
     return NetChanges(upserts, deletes)
-
-
-def cid_bounds(events: pa.Table) -> tuple[int, int] | None:
-    """(smallest, largest) cid of a batch, or None when it is empty."""
-    if events.num_rows == 0:
-        return None
-    bounds = pc.min_max(events[CID_COLUMN]).as_py()
-    return int(bounds["min"]), int(bounds["max"])

@@ -9,8 +9,8 @@ schema mismatch, never silently converted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -36,7 +36,6 @@ __all__ = [
     "SEQ_COLUMN",
     "Column",
     "TableSpec",
-    "same_columns",
 ]
 
 
@@ -66,7 +65,6 @@ class TableSpec:
     name: str
     columns: tuple[Column, ...]
     key: tuple[str, ...]
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> TableSpec:
@@ -130,7 +128,3 @@ class TableSpec:
         """Columns of this description that ``previous`` did not have (source ALTER TABLE)."""
         known = set(previous.column_names)
         return [c for c in self.columns if c.name not in known]
-
-
-def same_columns(a: Sequence[Column], b: Sequence[Column]) -> bool:
-    return [(c.name, c.arrow) for c in a] == [(c.name, c.arrow) for c in b]
