@@ -281,8 +281,8 @@ class Store:
         live = [h.cid for h in subs.holds if not h.expired]
         if live or subs.webhook_hwm is not None:
             return False  # the webhook and the holds prune as they move
-        count, oldest = self.engine.queue_stats()
-        if not count or oldest is None:
+        oldest = self.engine.read_consistent(source.oldest_change_cid)
+        if oldest is None:
             return False
         slack = max(self.config.retention_cids // 10, 1)
         return bool(oldest <= floor - slack)

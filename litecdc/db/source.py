@@ -143,6 +143,12 @@ def pruned_cid(conn: apsw.Connection) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+def oldest_change_cid(conn: apsw.Connection) -> int | None:
+    """The cid of the oldest change still kept (one B-tree seek, not a count)."""
+    rows = _rows(conn, f"SELECT cid FROM {CHANGES_TABLE} ORDER BY id LIMIT 1")
+    return int(rows[0][0]) if rows else None
+
+
 def webhook_hwm(conn: apsw.Connection) -> int | None:
     """The CDC webhook's high watermark; None when no CDC service recorded one."""
     try:
