@@ -293,12 +293,16 @@ class Store:
     def source_tables(self) -> list[str]:
         return self.engine.read_consistent(source.user_tables)
 
-    def source_table(self, table: str) -> tuple[source.SourceTable, int, int]:
-        """(description, row count, head cid) of ``table``."""
+    def source_table(
+        self, table: str, *, count_rows: bool = False
+    ) -> tuple[source.SourceTable, int | None, int]:
+        """(description, row count — only with ``count_rows``: it reads the whole table —,
+        head cid) of ``table``."""
 
-        def read(conn: Any) -> tuple[source.SourceTable, int, int]:
+        def read(conn: Any) -> tuple[source.SourceTable, int | None, int]:
             spec = source.describe(conn, table)
-            return spec, source.approximate_rows(conn, spec), source.head_cid(conn)
+            rows = source.approximate_rows(conn, spec) if count_rows else None
+            return spec, rows, source.head_cid(conn)
 
         return self.engine.read_consistent(read)
 

@@ -548,10 +548,15 @@ class _Api:
     async def source_table(self, request: Request) -> Response:
         if r := self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"pretty"})
+        _check_params(request, {"pretty", "count"})
         name = request.path_params["table"]
-        spec, rows, last_cid = await to_thread.run_sync(lambda: self.store.source_table(name))
-        doc = spec.to_json() | {"rows": rows, "last_cid": last_cid}
+        count = _flag_param(request.query_params, "count")
+        spec, rows, last_cid = await to_thread.run_sync(
+            lambda: self.store.source_table(name, count_rows=count)
+        )
+        doc = spec.to_json() | {"last_cid": last_cid}
+        if rows is not None:
+            doc["rows"] = rows
         return _json(doc, pretty="pretty" in request.query_params)
 
     async def source_splits(self, request: Request) -> Response:
@@ -630,6 +635,18 @@ class _Api:
 
 
 SOURCE_PAGE_DEFAULT = 50_000
+
+
+def _flag_param(params: Mapping[str, str], name: str) -> bool:
+    """A boolean query parameter: absent = false; present empty, true or 1 = true."""
+    text = params.get(name)
+    if text is None:
+        return False
+    if text.lower() in ("", "true", "1"):
+        return True
+    if text.lower() in ("false", "0"):
+        return False
+    raise RequestError(f"{name} must be true or false, got {text!r}")
 
 
 def _check_params(request: Request, allowed: set[str]) -> None:

@@ -506,6 +506,17 @@ def read_changes(
         after = page.end_cid
 
 
+def _read_changes_range(
+    opts: LitecdcOptions, names: Sequence[str], partition: InputPartition
+) -> Iterator[pa.RecordBatch]:
+    """A ChangesRange partition of a batch read or a stream's micro-batch."""
+    assert isinstance(partition, ChangesRange)
+    with opts.client() as client:
+        yield from read_changes(
+            client, opts.table, partition.after, partition.until, opts.page_rows, names
+        )
+
+
 class ChangesReader(DataSourceReader):
     """``mode=changes`` batch read: one partition, after_cid to until_cid."""
 
@@ -523,16 +534,7 @@ class ChangesReader(DataSourceReader):
         return [ChangesRange(self.opts.after_cid, until)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ChangesRange)
-        with self.opts.client() as client:
-            yield from read_changes(
-                client,
-                self.opts.table,
-                partition.after,
-                partition.until,
-                self.opts.page_rows,
-                self.names,
-            )
+        return _read_changes_range(self.opts, self.names, partition)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -615,16 +617,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [ChangesRange(after, until)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ChangesRange)
-        with self.opts.client() as client:
-            yield from read_changes(
-                client,
-                self.opts.table,
-                partition.after,
-                partition.until,
-                self.opts.page_rows,
-                self.names,
-            )
+        return _read_changes_range(self.opts, self.names, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         self._committed = int(end["cid"])

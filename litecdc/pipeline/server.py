@@ -308,7 +308,7 @@ class PipelineServer:
             self.meta.restart_snapshot(sub.name, registered.cid)
         else:
             self.meta.start_register(sub.name, registered.cid)
-        info = running.client.table_info(sub.table_name)
+        info = running.client.table_info(sub.table_name, count_rows=True)  # progress total
         self._evolve(running, info.spec)
         partitions = int(sub.options.get("partitions", DEFAULT_PARTITIONS))
         splits = running.client.splits(sub.table_name, partitions)
@@ -316,7 +316,7 @@ class PipelineServer:
         ranges = [(None, None)] if running.parquet else list(splits.ranges())
         self.meta.set_ranges(sub.name, ranges)
         running.state.snapshot_rows = 0
-        running.state.snapshot_total = info.rows
+        running.state.snapshot_total = info.rows or 0
         running.state.stage = "snapshot"
         log.info(
             "subscription %s: registered at cid %d, %d range(s), ~%d rows",

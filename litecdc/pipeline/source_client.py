@@ -83,7 +83,7 @@ class Subscriptions:
 @dataclass(frozen=True)
 class TableInfo:
     spec: TableSpec
-    rows: int  # approximate
+    rows: int | None  # with count_rows only
     last_cid: int
 
 
@@ -230,9 +230,15 @@ class SourceClient:
 
     # -- tables ----------------------------------------------------------------------
 
-    def table_info(self, table: str) -> TableInfo:
-        doc = self._json("GET", f"/cdc/tables/{_seg(table)}")
-        return TableInfo(TableSpec.from_json(doc), int(doc.get("rows", 0)), int(doc["last_cid"]))
+    def table_info(self, table: str, *, count_rows: bool = False) -> TableInfo:
+        """The table's description and the node's head; its row count (a read of the whole
+        table on the node) only with ``count_rows``."""
+        params = {"count": "true"} if count_rows else None
+        doc = self._json("GET", f"/cdc/tables/{_seg(table)}", params=params)
+        rows = doc.get("rows")
+        return TableInfo(
+            TableSpec.from_json(doc), int(rows) if rows is not None else None, int(doc["last_cid"])
+        )
 
     def table_spec(self, table: str) -> TableSpec:
         return self.table_info(table).spec

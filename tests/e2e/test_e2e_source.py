@@ -292,7 +292,8 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
     assert not [t for t in tables if t.startswith(("_litecdc_", "sqlite_"))]
 
     def describe(t: str) -> dict[str, Any]:
-        r = c.get(f"/cdc/tables/{t}")
+        assert "rows" not in c.get(f"/cdc/tables/{t}").json()  # counting only when asked
+        r = c.get(f"/cdc/tables/{t}", params={"count": "true"})
         assert r.status_code == 200, r.text
         doc: dict[str, Any] = r.json()
         assert doc["table"] == t
@@ -772,6 +773,7 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], Any, str]] = [
     ("GET", "/cdc/tables/br/changes", {"max_events": "5"}, None, "unknown query parameter"),
     ("GET", "/cdc/tables/br/position", {"max_events": "0"}, None, "max_events must be at least"),
     ("GET", "/cdc/tables/br/position", {"limit": "5"}, None, "unknown query parameter"),
+    ("GET", "/cdc/tables/br", {"count": "maybe"}, None, "count must be true or false"),
 ]
 
 
