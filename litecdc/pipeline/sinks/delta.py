@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError
 
@@ -226,7 +227,13 @@ class DeltaSink(Sink):
         table = self._dt()
         try:
             table.update_incremental()
-            rows = table.to_pyarrow_table(columns=self.spec.column_names)
+            # The current version's files, read with pyarrow's own local filesystem: going
+            # through to_pyarrow_table (delta-rs's filesystem handler) made the process abort
+            # at exit more often than not ("terminate called without an active exception",
+            # delta-io/delta-rs#2184). The sink's tables are local, written by MERGE/append
+            # without deletion vectors; files from before an added column read it as NULL.
+            files = ds.dataset(table.file_uris(), format="parquet", schema=self.spec.row_schema())
+            rows = files.to_table(columns=self.spec.column_names)
         except _ERRORS as exc:
             raise SinkError(f"delta sink: reading {self.path} failed: {exc}") from exc
         return rows.sort_by([(k, "ascending") for k in self.spec.key])
