@@ -33,6 +33,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_META_FILE = "litecdc-pipeline.db"
 
 
+def mask_url(url: str) -> str:
+    """A sink URL fit to print: passwords and secrets masked."""
+    from litecdc.pipeline.sinks.registry import mask_url as mask
+
+    return mask(url)
+
+
 def default_meta_url() -> str:
     return f"sqlite:///{Path.cwd() / DEFAULT_META_FILE}"
 
@@ -144,7 +151,7 @@ def subscribe(
             store.close()
         click.echo(
             f"subscription {sub.name}: table {sub.table_name} at {', '.join(sub.sources)} -> "
-            f"{sub.sink} (owner {sub.owner}); `litecdc pipeline run` starts it"
+            f"{mask_url(sub.sink)} (owner {sub.owner}); `litecdc pipeline run` starts it"
         )
 
 
@@ -220,7 +227,8 @@ def list_command(meta: str | None) -> None:
         for sub in subs:
             flag = " (unsubscribing)" if sub.cancel else ""
             click.echo(
-                f"{sub.name}\ttable {sub.table_name}\tsink {sub.sink}\towner {sub.owner}{flag}"
+                f"{sub.name}\ttable {sub.table_name}\tsink {mask_url(sub.sink)}\towner "
+                f"{sub.owner}{flag}"
             )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from litecdc.errors import NotFoundError, SourceError
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url, parse_parquet_url
-from litecdc.pipeline.sinks.registry import parse_sink_url
+from litecdc.pipeline.sinks.registry import mask_url, parse_sink_url
 from litecdc.pipeline.source_client import SourceClient, parse_urls
 
 log = logging.getLogger("litecdc.pipeline")
@@ -92,7 +92,8 @@ class StatusReport:
     def describe(self) -> str:
         sub, progress = self.subscription, self.progress
         stage = progress.stage or "not started"
-        lines = [f"{sub.name}: table {sub.table_name} -> {sub.sink} (owner {sub.owner})"]
+        sink = mask_url(sub.sink)  # never print a password
+        lines = [f"{sub.name}: table {sub.table_name} -> {sink} (owner {sub.owner})"]
         if sub.cancel:
             lines.append("  unsubscribing: the owning server releases the hold")
         lines.append(f"  stage: {stage}")

@@ -126,3 +126,23 @@ def _raise_unreachable(node: Node) -> None:
 
     with SourceClient([node.url]) as client:
         client.subscriptions()
+
+
+def test_passwords_in_sink_urls_are_never_printed(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    sink = "postgresql://mirror:s3cret-pw@127.0.0.1:1/db"
+    control.subscribe(store, name="pg", sources=node.url, table="t", sink=sink)
+    (report,) = control.status(store, "pg")
+    assert "s3cret-pw" not in report.describe() and "mirror:***@" in report.describe()
+    meta = sqlite_url(tmp_path / "meta.db")
+    for args in (["list"], ["status", "pg"]):
+        result = CliRunner().invoke(cli, ["pipeline", *args, "--meta", meta])
+        assert result.exit_code == 0, result.output
+        assert "s3cret-pw" not in result.output and "pg" in result.output
