@@ -57,7 +57,8 @@ until_cid       ``changes`` batch read: up to this cid (default: the node's head
                 read is planned)
 starting_cid    stream: ``latest`` (default) or a cid to start after; with
                 ``subscription``, ``latest`` means the subscription's hold (it is
-                registered first when the node does not know it)
+                registered first when the node does not know it; an expired hold
+                is an error, not a silent restart at the head)
 max_events      stream: events per micro-batch, whole transactions (default 100000)
 subscription    stream: the subscriber whose hold each commit moves forward
 user, password  basic auth, when the node requires it
@@ -568,7 +569,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if name is None:
             return {"cid": self.client.subscriptions().last_cid}
         sub = self.client.subscriptions().get(name)
-        if sub is not None and not sub.expired:
+        if sub is not None and sub.expired:
+            # starting over at the head would skip what the node pruned: say so instead
+            raise PositionUnavailableError(
+                f"litecdc stream: subscription {name!r} fell behind the node's retention cap "
+                "and its hold expired: changes it had not read are gone; take a new snapshot "
+                "(or delete the subscription on the node to start from its head)"
+            )
+        if sub is not None:
             return {"cid": sub.cid}
         # register: the node keeps the changes from this cid on for us
         return {"cid": self.client.register(name).cid}

@@ -370,3 +370,31 @@ def test_options_parse_once_and_pickle() -> None:
         LitecdcOptions.parse({"url": "https://a:1", "table": "t", "ca_cert": "/nonexistent"})
     with pytest.raises(Exception, match='"mode" must be'):
         LitecdcOptions.parse({"url": "http://a:1", "table": "t", "mode": "stream"})
+
+
+def test_stream_of_an_expired_subscription_fails_instead_of_skipping(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Restarting at the head would silently skip what the node pruned."""
+    capped = Node(tmp_path / "capped", "--retention-cids", "3").start()
+    try:
+        execute(capped, ["CREATE TABLE moves (id INTEGER PRIMARY KEY, v TEXT)"])
+        with SourceClient([capped.url]) as client:
+            client.register("late")
+            for i in range(8):  # more than 3 commits behind; the keeper expires the hold
+                execute(capped, [["INSERT INTO moves VALUES (?, ?)", i, "x"]])
+            deadline = time.monotonic() + 30
+            while not client.subscriptions().get("late").expired:  # type: ignore[union-attr]
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        query = (
+            stream(spark, capped, subscription="late")
+            .writeStream.format("memory")
+            .queryName("late_changes")
+            .trigger(availableNow=True)
+            .start()
+        )
+        with pytest.raises(Exception, match="hold expired"):
+            query.awaitTermination(60)
+    finally:
+        capped.stop()
