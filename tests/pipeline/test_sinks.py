@@ -217,8 +217,10 @@ def test_mirror_schema_evolution_adds_the_column(mirror: Mirror, opened: list[Si
     sink = open_tracked(opened, url, SPEC)
     assert sink.write_changes(*batch(src, 0, 1)) is True
 
+    assert sink.added_columns == []
     wider = replace(SPEC, columns=(*SPEC.columns, Column("note", "TEXT", "string")))
     sink.evolve(wider)
+    assert sink.added_columns == ["note"]  # existing rows lack it: the server decides a re-copy
     src2 = SourceSim(wider, cid=src.cid, rows={k: {**r, "note": None} for k, r in src.rows.items()})
     src2.states[src.cid] = dict(src2.rows)
     src2.commit(("upsert", {**sample_row(2), "note": "new column"}), ("upsert", sample_row(9)))
@@ -226,6 +228,7 @@ def test_mirror_schema_evolution_adds_the_column(mirror: Mirror, opened: list[Si
     assert_mirror(sink, src2, mirror)
     # a sink opened later with the wider description finds the column there
     again = open_tracked(opened, url, wider)
+    assert again.added_columns == []
     assert again.applied_cid() == src2.cid
     assert_mirror(again, src2, mirror)
 

@@ -27,11 +27,13 @@ stable id (``message_id``) so consumers can de-duplicate.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from litecdc.pipeline.tables import TableSpec
+from litecdc.errors import SchemaMismatchError
+from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,33 @@ class ChangeBatch:
     subscription: str
     after_cid: int
     end_cid: int
+
+
+def check_mirror_columns(
+    sink: str,
+    where: str,
+    existing: Mapping[str, str],
+    spec: TableSpec,
+    accepted: Mapping[str, Collection[str]],
+    native: Mapping[str, str],
+) -> list[Column]:
+    """Check an existing SQL mirror table's columns (name → the database's type name)
+    against ``spec``; returns the source columns it lacks (to add). ``accepted``: the type
+    names each Arrow type may have there; ``native``: the type litecdc would create."""
+    if existing.get(CID_COLUMN) != "bigint":
+        raise SchemaMismatchError(
+            f"{sink} sink: {where} has no BIGINT {CID_COLUMN} column: it is not a litecdc "
+            "mirror; choose another table (?table=NAME)"
+        )
+    for column in spec.columns:
+        found = existing.get(column.name)
+        if found is not None and found not in accepted[column.arrow]:
+            raise SchemaMismatchError(
+                f"{sink} sink: column {column.name!r} of {where} is {found}, the source has "
+                f"{column.arrow} ({native[column.arrow]}): alter or drop the sink table, or "
+                "choose another (?table=NAME)"
+            )
+    return [c for c in spec.columns if c.name not in existing]
 
 
 def message_id(cid: int, seq: int, op: str) -> str:

@@ -40,7 +40,7 @@ import pymysql
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_mirror_columns
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 
@@ -170,9 +170,6 @@ class MariaDBSink(Sink):
                         (self.subscription, self.table_name),
                     )
                 else:
-                    self.added_columns = [
-                        c.name for c in self.spec.columns if c.name not in existing
-                    ]
                     self._check_and_extend(cur, existing)
             conn.commit()
         except pymysql.err.MySQLError as exc:
@@ -191,19 +188,10 @@ class MariaDBSink(Sink):
         log.info("mariadb sink: created table %s", self.table_name)
 
     def _check_and_extend(self, cur: Any, existing: dict[str, str]) -> None:
-        if existing.get(CID_COLUMN) != "bigint":
-            raise SchemaMismatchError(
-                f"mariadb sink: {self._where} has no BIGINT {CID_COLUMN} column: it is not a "
-                "litecdc mirror; choose another table (?table=NAME)"
-            )
-        for column in self.spec.columns:
-            found = existing.get(column.name)
-            if found is not None and found not in ACCEPTED_TYPES[column.arrow]:
-                raise SchemaMismatchError(
-                    f"mariadb sink: column {column.name!r} of {self._where} is {found}, the "
-                    f"source has {column.arrow} ({MY_TYPES[column.arrow]}): alter or drop the "
-                    "sink table, or choose another (?table=NAME)"
-                )
+        added = check_mirror_columns(
+            "mariadb", self._where, existing, self.spec, ACCEPTED_TYPES, MY_TYPES
+        )
+        self.added_columns = [c.name for c in added]
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE "
             "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY'",
@@ -216,7 +204,6 @@ class MariaDBSink(Sink):
                 f"the source key is ({', '.join(self.spec.key)}): choose another table "
                 "(?table=NAME)"
             )
-        added = [c for c in self.spec.columns if c.name not in existing]
         if added:
             columns = ", ".join(f"ADD COLUMN {self._column_def(c)}" for c in added)
             cur.execute(f"ALTER TABLE {_q(self.table_name)} {columns}")

@@ -38,7 +38,7 @@ from psycopg import sql
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_mirror_columns
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 
@@ -151,9 +151,6 @@ class PostgresSink(Sink):
                         (self.subscription, self.table_name),
                     )
                 else:
-                    self.added_columns = [
-                        c.name for c in self.spec.columns if c.name not in existing
-                    ]
                     self._check_and_extend(conn, existing)
         except psycopg.Error as exc:
             raise self._fail("preparing", exc) from exc
@@ -186,19 +183,10 @@ class PostgresSink(Sink):
         log.info("postgresql sink: created table %s.%s", self.schema_name, self.table_name)
 
     def _check_and_extend(self, conn: psycopg.Connection[Any], existing: dict[str, str]) -> None:
-        if existing.get(CID_COLUMN) != "bigint":
-            raise SchemaMismatchError(
-                f"postgresql sink: {self._where} has no BIGINT {CID_COLUMN} column: it is "
-                "not a litecdc mirror; choose another table (?table=NAME)"
-            )
-        for column in self.spec.columns:
-            found = existing.get(column.name)
-            if found is not None and found not in ACCEPTED_TYPES[column.arrow]:
-                raise SchemaMismatchError(
-                    f"postgresql sink: column {column.name!r} of {self._where} is {found}, "
-                    f"the source has {column.arrow} ({PG_TYPES[column.arrow]}): alter or drop "
-                    "the sink table, or choose another (?table=NAME)"
-                )
+        added = check_mirror_columns(
+            "postgresql", self._where, existing, self.spec, ACCEPTED_TYPES, PG_TYPES
+        )
+        self.added_columns = [c.name for c in added]
         key = conn.execute(
             "SELECT a.attname FROM pg_index i "
             "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
@@ -211,7 +199,6 @@ class PostgresSink(Sink):
                 f"({', '.join(sorted(str(r[0]) for r in key)) or 'none'}), the source key is "
                 f"({', '.join(self.spec.key)}): choose another table (?table=NAME)"
             )
-        added = [c for c in self.spec.columns if c.name not in existing]
         for column in added:
             conn.execute(
                 sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(
