@@ -130,8 +130,11 @@ def _rows(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> list[t
     return rows
 
 
+HEAD_CID_SQL = f"SELECT max(cid) FROM {JOURNAL_TABLE}"
+
+
 def head_cid(conn: apsw.Connection) -> int:
-    return int(_rows(conn, f"SELECT max(cid) FROM {JOURNAL_TABLE}")[0][0])
+    return int(_rows(conn, HEAD_CID_SQL)[0][0])
 
 
 def pruned_cid(conn: apsw.Connection) -> int:
@@ -314,24 +317,31 @@ def rows_query(
     until_key: Sequence[Any] | None,
     limit: int,
 ) -> tuple[str, list[Any]]:
-    """A chunk as ONE SELECT (one implicit read transaction): the table's columns, the
-    journal's head as ``_litecdc_cid``, and ``_litecdc_mismatch`` counting values a reader
-    that converts types on its own (ADBC) would get wrong: such a chunk is left to
-    ``read_rows``. ADBC refuses (errors on) the other mixes itself."""
+    """A chunk as one SELECT for a reader that converts types on its own (ADBC), to run
+    in the same read transaction as ``HEAD_CID_SQL``.
+
+    Rows holding a value such a reader would get wrong (``_mismatch_check``) are marked
+    so that ``page_from_arrow`` leaves the chunk to ``read_rows``: the first INTEGER
+    column (the rowid, when there is one) carries a blob instead of its value there,
+    which ADBC refuses or types as binary (either way not the column's int64). Each
+    extra result column costs ADBC about a fifth of a clean chunk's read time, so the
+    mark only gets a column of its own when the table has no INTEGER column.
+    """
     keys = table.key_sql()
     where, params = _key_bounds(table, after_key, until_key)
-    stored = [c for c in table.columns if not (table.rowid_key and c[0] == ROWID_COLUMN)]
+    select = [*(["rowid"] if table.rowid_key else []), *map(_quote, table.stored_columns)]
     checks = [
         f"({check})"
-        for name, declared, arrow, _ in stored
+        for name, declared, arrow, _ in table.columns
         if (check := _mismatch_check(name, declared, arrow)) is not None
     ]
-    select = [
-        *(["rowid"] if table.rowid_key else []),
-        *(_quote(c[0]) for c in stored),
-        f"(SELECT max(cid) FROM {JOURNAL_TABLE})",
-        " + ".join(checks) if checks else "0",
-    ]
+    if checks:
+        marked = " OR ".join(checks)
+        carrier = next((i for i, c in enumerate(table.columns) if c[2] == "int64"), None)
+        if carrier is None:
+            select.append(marked)
+        else:  # select[i] reads table.columns[i]
+            select[carrier] = f"CASE WHEN {marked} THEN x'' ELSE {select[carrier]} END"
     sql = (
         f"SELECT {', '.join(select)} FROM {_quote(table.name)}"
         + (f" WHERE {' AND '.join(where)}" if where else "")
@@ -340,23 +350,22 @@ def rows_query(
     return sql, [*params, limit]
 
 
-def page_from_arrow(table: SourceTable, data: pa.Table, limit: int) -> RowsPage | None:
-    """The chunk ``rows_query`` read into Arrow by another reader, checked: None when it
-    held no row (its cid is unknown) or a value that needs ``read_rows``' care."""
+def page_from_arrow(table: SourceTable, data: pa.Table, cid: int, limit: int) -> RowsPage | None:
+    """The chunk ``rows_query`` read into Arrow by another reader at ``cid``, checked:
+    None when it held no row or a value that needs ``read_rows``' care."""
     if data.num_rows == 0:
         return None
-    mismatch = data.column(data.num_columns - 1)
-    if pa.compute.max(mismatch).as_py():
-        return None
+    marks = data.column(data.num_columns - 1)
+    if data.num_columns > len(table.columns) and pa.compute.max(marks).as_py():
+        return None  # a marked row (the mark has a column of its own)
     schema = table.row_schema()
     arrays = []
     for index, field in enumerate(schema):
         if index == len(table.columns):  # the cid column: the same value in every row
-            cid = data.column(index)[0].as_py()
-            arrays.append(data.column(index).cast(pa.int64()))
+            arrays.append(pa.repeat(pa.scalar(cid, pa.int64()), data.num_rows))
             continue
         column = data.column(index)
-        if column.type != field.type:
+        if column.type != field.type:  # a marked row, or a column of NULLs only
             if column.null_count != len(column):
                 return None
             column = pa.nulls(len(column), field.type)
@@ -371,7 +380,7 @@ def page_from_arrow(table: SourceTable, data: pa.Table, limit: int) -> RowsPage 
         b"litecdc.done": b"true" if done else b"false",
     }
     rows = pa.Table.from_arrays(arrays, schema=table.row_schema(meta))
-    return RowsPage(rows, int(cid), last_key, done)
+    return RowsPage(rows, cid, last_key, done)
 
 
 @dataclass(frozen=True)

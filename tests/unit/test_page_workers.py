@@ -3,14 +3,16 @@ and every value ADBC would convert on its own terms sends the chunk back to it."
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import apsw
 import pytest
 
-from litecdc.db import source
+from litecdc.db import page_workers, source
 from litecdc.db.page_workers import PageWorkers
 from litecdc.db.schema import CREATE_INTERNAL
 from litecdc.wire import from_ipc
@@ -27,6 +29,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[apsw.Connecti
         "CREATE TABLE keyed(region TEXT, n INT, v REAL, PRIMARY KEY(region, n)) WITHOUT ROWID;"
         "CREATE TABLE nokey(a TEXT, b INT);"
         "CREATE TABLE odd(id INTEGER PRIMARY KEY, t TEXT, u, num NUMERIC, b BLOB);"
+        # no INTEGER column to carry the mark of a value ADBC would convert
+        "CREATE TABLE words(k TEXT PRIMARY KEY, v BLOB, w REAL) WITHOUT ROWID;"
     )
     with conn:
         conn.executemany(
@@ -42,6 +46,10 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[apsw.Connecti
         )
         conn.executemany("INSERT INTO nokey VALUES(?, ?)", [(f"a{i}", i) for i in range(700)])
         conn.execute("INSERT INTO clean(id, t) VALUES (9000, NULL)")  # a row of NULLs
+        conn.executemany(
+            "INSERT INTO words VALUES(?, ?, ?)",
+            [(f"w{i:04}", b"v%d" % i, i / 3) for i in range(900)],
+        )
     yield conn, path
     conn.close()
 
@@ -61,7 +69,7 @@ def _bits(table: Any) -> list[list[Any]]:
     ]
 
 
-@pytest.mark.parametrize("table", ["clean", "keyed", "nokey"])
+@pytest.mark.parametrize("table", ["clean", "keyed", "nokey", "words"])
 def test_worker_chunks_equal_read_rows(
     db: tuple[apsw.Connection, str], workers: PageWorkers, table: str
 ) -> None:
@@ -104,6 +112,38 @@ def test_values_adbc_would_convert_go_to_read_rows(
     assert workers.rows_ipc(source.describe(conn, "odd"), None, None, 100) is None
 
 
+def test_a_table_without_integer_columns_marks_such_values_in_a_column_of_their_own(
+    db: tuple[apsw.Connection, str], workers: PageWorkers
+) -> None:
+    conn, _ = db
+    spec = source.describe(conn, "words")
+    sql, _ = source.rows_query(spec, None, None, 10)
+    assert "CASE" not in sql
+    with conn:
+        conn.execute("INSERT INTO words VALUES ('w0500x', 'text in a BLOB column', 1.0)")
+    try:
+        assert workers.rows_ipc(spec, ["w0490"], None, 100) is None
+        assert workers.rows_ipc(spec, None, ["w0490"], 100) is not None  # before it: clean
+    finally:
+        with conn:
+            conn.execute("DELETE FROM words WHERE k = 'w0500x'")
+
+
+def test_the_chunk_cid_is_the_head_it_was_read_at(
+    db: tuple[apsw.Connection, str], workers: PageWorkers
+) -> None:
+    conn, _ = db
+    spec = source.describe(conn, "clean")
+    before = from_ipc(workers.rows_ipc(spec, None, None, 10) or b"")
+    with conn:
+        conn.execute("INSERT INTO _litecdc_journal(query, snapshot) VALUES ('', 0)")
+    after = from_ipc(workers.rows_ipc(spec, None, None, 10) or b"")
+    cids = [t.column("_litecdc_cid").to_pylist() for t in (before, after)]
+    head = source.head_cid(conn)
+    assert cids == [[head - 1] * 10, [head] * 10]
+    assert before.schema.metadata[b"litecdc.cid"] == str(head - 1).encode()
+
+
 def test_an_empty_chunk_goes_to_read_rows(
     db: tuple[apsw.Connection, str], workers: PageWorkers
 ) -> None:
@@ -120,3 +160,52 @@ def test_mixed_classes_adbc_refuses_go_to_read_rows(
         conn.executemany("INSERT INTO late VALUES(?, ?)", [(k, k) for k in range(3000)])
         conn.execute("INSERT INTO late VALUES(5000, 'text after 3000 integers')")
     assert workers.rows_ipc(source.describe(conn, "late"), None, None, 10_000) is None
+
+
+def test_chunks_come_through_the_spool_and_leave_nothing_behind(
+    db: tuple[apsw.Connection, str],
+) -> None:
+    conn, path = db
+    spec = source.describe(conn, "clean")
+    pool = PageWorkers(path, 2)
+    try:
+        first = pool.rows_ipc(spec, None, None, 500)
+        spool = pool._spool
+        assert spool is not None and spool.startswith(page_workers.SHM)
+        assert first is not None and from_ipc(first).num_rows == 500
+        assert os.listdir(spool) == []  # read once, unlinked
+    finally:
+        pool.close()
+    assert not os.path.exists(spool)
+
+
+def test_without_a_spool_chunks_come_through_the_pipe(
+    db: tuple[apsw.Connection, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn, path = db
+    monkeypatch.setattr(page_workers, "SHM", "/nonexistent")  # as on a machine without it
+    spec = source.describe(conn, "clean")
+    pool = PageWorkers(path, 1)
+    try:
+        data = pool.rows_ipc(spec, None, None, 500)
+        assert pool._spool is None
+        assert data is not None and from_ipc(data).num_rows == 500
+    finally:
+        pool.close()
+
+
+def test_spools_of_dead_nodes_are_removed(db: tuple[apsw.Connection, str]) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = os.path.join(page_workers.SHM, f"litecdc-pages-{dead.pid}-x1")
+    os.makedirs(stale)
+    with open(os.path.join(stale, "chunk.arrows"), "wb") as f:
+        f.write(b"left by a killed node")
+    conn, path = db
+    pool = PageWorkers(path, 1)
+    try:
+        assert pool.rows_ipc(source.describe(conn, "clean"), None, None, 10) is not None
+        assert not os.path.exists(stale)
+        assert pool._spool is not None and os.path.isdir(pool._spool)  # its own stays
+    finally:
+        pool.close()
