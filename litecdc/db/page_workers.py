@@ -86,15 +86,17 @@ def _rows_ipc(
     if page is None:
         return None
     if _spool is not None:
-        fd, name = tempfile.mkstemp(dir=_spool, suffix=".arrows")
-        os.close(fd)
+        name = None
         try:
+            fd, name = tempfile.mkstemp(dir=_spool, suffix=".arrows")
+            os.close(fd)
             with pa.OSFile(name, "wb") as out, pa.ipc.new_stream(out, page.rows.schema) as w:
                 w.write_table(page.rows)
             return name
-        except OSError:  # /dev/shm full: the pipe
-            with contextlib.suppress(OSError):
-                os.unlink(name)
+        except OSError:  # /dev/shm full, or the spool gone: the pipe
+            if name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
     return to_ipc(page.rows)
 
 

@@ -4,6 +4,7 @@ and every value ADBC would convert on its own terms sends the chunk back to it."
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -207,5 +208,21 @@ def test_spools_of_dead_nodes_are_removed(db: tuple[apsw.Connection, str]) -> No
         assert pool.rows_ipc(source.describe(conn, "clean"), None, None, 10) is not None
         assert not os.path.exists(stale)
         assert pool._spool is not None and os.path.isdir(pool._spool)  # its own stays
+    finally:
+        pool.close()
+
+
+def test_a_spool_that_cannot_be_written_falls_back_to_the_pipe(
+    db: tuple[apsw.Connection, str],
+) -> None:
+    conn, path = db
+    spec = source.describe(conn, "clean")
+    pool = PageWorkers(path, 1)
+    try:
+        assert pool.rows_ipc(spec, None, None, 10) is not None
+        assert pool._spool is not None
+        shutil.rmtree(pool._spool)  # removed under the node (as a full /dev/shm fails)
+        data = pool.rows_ipc(spec, None, None, 300)
+        assert data is not None and from_ipc(data).num_rows == 300
     finally:
         pool.close()
