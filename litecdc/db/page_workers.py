@@ -21,16 +21,18 @@ pipe.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import multiprocessing
 import os
-import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -41,6 +43,7 @@ from litecdc.wire import to_ipc
 log = logging.getLogger("litecdc.db")
 
 _conn: Any = None  # the worker's ADBC connection
+_path: str | None = None  # the database file it reads
 _spool: str | None = None  # the worker's spool directory (None: hand chunks over the pipe)
 
 SHM = "/dev/shm"
@@ -48,12 +51,55 @@ _SPOOL_PREFIX = "litecdc-pages-"
 
 
 def _open(path: str, spool: str | None) -> None:
+    global _path, _spool
+    _path, _spool = path, spool
+    _connect()
+
+
+def _connect() -> None:
     import adbc_driver_sqlite.dbapi as adbc
 
-    global _conn, _spool
-    _spool = spool
+    global _conn
     # not autocommit: the head and the chunk are read in one transaction (rolled back)
-    _conn = adbc.connect(f"file:{path}?mode=ro", autocommit=False)
+    _conn = adbc.connect(f"file:{_path}?mode=ro", autocommit=False)
+
+
+def _end_read(cursor: Any) -> bool:
+    """Close the cursor and end the read transaction. False when that failed (SQLite may
+    have ended the transaction itself, on an I/O error): what was read may not be one
+    transaction, and the connection is replaced so no stale snapshot lives on."""
+    global _conn
+    try:
+        cursor.close()
+        _conn.rollback()
+        return True
+    except Exception:
+        log.warning("page worker: ending a read transaction failed; reconnecting", exc_info=True)
+        with contextlib.suppress(Exception):
+            _conn.close()
+        _connect()
+        return False
+
+
+def _read_chunk(sql: str, params: Sequence[Any], limit: int) -> tuple[int, pa.Table] | None:
+    """The journal's head and the chunk, read in one transaction; None when ADBC refused a
+    value (one of another type than the first ones: the careful path)."""
+    assert _conn is not None, "worker not initialised"
+    read = None
+    cursor = _conn.cursor()
+    try:
+        # one Arrow batch per chunk (ADBC's default is 1024 rows): every batch costs Spark
+        # a round of its own on the way into the JVM
+        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(limit)})
+        cursor.execute(source.HEAD_CID_SQL)
+        head = cursor.fetchone()
+        cursor.execute(sql, params)
+        read = (int(head[0]), cursor.fetch_arrow_table())
+    except Exception:
+        read = None
+    finally:
+        ended = _end_read(cursor)
+    return read if ended else None
 
 
 def _rows_ipc(
@@ -65,24 +111,12 @@ def _rows_ipc(
     """The chunk as Arrow IPC, in a spool file (its path) or as bytes, or None when the
     node must build it itself (an empty chunk, or values that need converting or
     refusing: ``source.read_rows``)."""
-    assert _conn is not None, "worker not initialised"
     sql, params = source.rows_query(table, after_key, until_key, limit)
-    cursor = _conn.cursor()
-    try:
-        # one Arrow batch per chunk (ADBC's default is 1024 rows): every batch costs Spark
-        # a round of its own on the way into the JVM
-        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(limit)})
-        cursor.execute(source.HEAD_CID_SQL)
-        head = cursor.fetchone()
-        cursor.execute(sql, params)
-        data = cursor.fetch_arrow_table()
-    except Exception:  # a value of another type than the first ones: the careful path
+    read = _read_chunk(sql, params, limit)
+    if read is None:
         return None
-    finally:
-        cursor.close()
-        _conn.rollback()  # ends the read transaction
-    assert head is not None
-    page = source.page_from_arrow(table, data, int(head[0]), limit)
+    cid, data = read
+    page = source.page_from_arrow(table, data, cid, limit)
     if page is None:
         return None
     if _spool is not None:
@@ -100,38 +134,64 @@ def _rows_ipc(
     return to_ipc(page.rows)
 
 
-def _take(name: str) -> bytes:
-    """A spool file's contents; the file is gone afterwards."""
+def _take(name: str) -> bytes | None:
+    """A spool file's contents (None if it is gone); the file is gone afterwards."""
     try:
         with open(name, "rb") as f:
             return f.read()
+    except FileNotFoundError:
+        return None
     finally:
-        os.unlink(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
 
 
-def _new_spool() -> str | None:
+@dataclass(frozen=True)
+class _Spool:
+    path: str
+    lock_fd: int  # holds an exclusive flock on path/OWNER_LOCK while the node lives
+
+
+OWNER_LOCK = "owner.lock"
+_FRESH_S = 60.0  # a spool without its lock file yet is being created, unless older
+
+
+def _new_spool() -> _Spool | None:
     """A private directory in /dev/shm for this node's chunks (None without /dev/shm).
-    Spools of node processes that no longer exist (killed) are removed first."""
+    Spools no process holds the lock of (their node was killed) are removed first: a
+    lock, not a pid, because pids are reused and differ between containers that share
+    /dev/shm."""
     if not os.path.isdir(SHM) or not os.access(SHM, os.W_OK):
         return None
     with contextlib.suppress(OSError):
         for entry in os.listdir(SHM):
-            match = re.fullmatch(rf"{_SPOOL_PREFIX}(\d+)-\w+", entry)
-            if match and not _alive(int(match.group(1))):
-                shutil.rmtree(os.path.join(SHM, entry), ignore_errors=True)
+            path = os.path.join(SHM, entry)
+            if entry.startswith(_SPOOL_PREFIX) and _abandoned(path):
+                shutil.rmtree(path, ignore_errors=True)
     try:
-        return tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-", dir=SHM)
+        path = tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-", dir=SHM)
+        fd = os.open(os.path.join(path, OWNER_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
     except OSError:
         return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return _Spool(path, fd)
 
 
-def _alive(pid: int) -> bool:
+def _abandoned(path: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(os.path.join(path, OWNER_LOCK), os.O_RDWR)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            return time.time() - os.stat(path).st_mtime > _FRESH_S
         return False
-    except PermissionError:  # someone else's process
-        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its node is alive
+        return False
+    finally:
+        os.close(fd)  # releases the lock if it was taken
     return True
 
 
@@ -142,7 +202,7 @@ class PageWorkers:
         self.path = path
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
-        self._spool: str | None = None
+        self._spool: _Spool | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -159,7 +219,7 @@ class PageWorkers:
                     self.workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_open,
-                    initargs=(self.path, self._spool),
+                    initargs=(self.path, self._spool.path if self._spool else None),
                 )
             return self._pool
 
@@ -179,7 +239,7 @@ class PageWorkers:
             with self._lock:
                 self._pool = None
             raise
-        return _take(data) if isinstance(data, str) else data
+        return _take(data) if isinstance(data, str) else data  # None: read_rows builds it
 
     def close(self) -> None:
         with self._lock:
@@ -188,4 +248,5 @@ class PageWorkers:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         if self._spool is not None:
-            shutil.rmtree(self._spool, ignore_errors=True)
+            shutil.rmtree(self._spool.path, ignore_errors=True)
+            os.close(self._spool.lock_fd)

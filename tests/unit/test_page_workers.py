@@ -3,10 +3,11 @@ and every value ADBC would convert on its own terms sends the chunk back to it."
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import struct
-import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -171,10 +172,11 @@ def test_chunks_come_through_the_spool_and_leave_nothing_behind(
     pool = PageWorkers(path, 2)
     try:
         first = pool.rows_ipc(spec, None, None, 500)
-        spool = pool._spool
-        assert spool is not None and spool.startswith(page_workers.SHM)
+        assert pool._spool is not None
+        spool = pool._spool.path
+        assert spool.startswith(page_workers.SHM)
         assert first is not None and from_ipc(first).num_rows == 500
-        assert os.listdir(spool) == []  # read once, unlinked
+        assert os.listdir(spool) == [page_workers.OWNER_LOCK]  # the chunk: read once, unlinked
     finally:
         pool.close()
     assert not os.path.exists(spool)
@@ -195,21 +197,38 @@ def test_without_a_spool_chunks_come_through_the_pipe(
         pool.close()
 
 
-def test_spools_of_dead_nodes_are_removed(db: tuple[apsw.Connection, str]) -> None:
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    stale = os.path.join(page_workers.SHM, f"litecdc-pages-{dead.pid}-x1")
-    os.makedirs(stale)
-    with open(os.path.join(stale, "chunk.arrows"), "wb") as f:
-        f.write(b"left by a killed node")
+def test_spools_nobody_holds_are_removed_and_held_ones_kept(
+    db: tuple[apsw.Connection, str],
+) -> None:
+    def spool(name: str, *, lock: bool) -> str:
+        path = os.path.join(page_workers.SHM, f"litecdc-pages-{name}")
+        os.makedirs(path)
+        with open(os.path.join(path, "chunk.arrows"), "wb") as f:
+            f.write(b"a chunk")
+        if lock:
+            with open(os.path.join(path, page_workers.OWNER_LOCK), "wb"):
+                pass
+        return path
+
+    killed = spool("1-killed", lock=True)  # its node died: nobody holds the lock
+    old = spool("2-old", lock=False)  # no lock file, an hour old
+    os.utime(old, (time.time() - 3600,) * 2)
+    fresh = spool("3-fresh", lock=False)  # being created by another node right now
+    live = spool("4-live", lock=True)  # another node (here: another open file) holds it
+    holder = os.open(os.path.join(live, page_workers.OWNER_LOCK), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
     conn, path = db
     pool = PageWorkers(path, 1)
     try:
         assert pool.rows_ipc(source.describe(conn, "clean"), None, None, 10) is not None
-        assert not os.path.exists(stale)
-        assert pool._spool is not None and os.path.isdir(pool._spool)  # its own stays
+        assert not os.path.exists(killed) and not os.path.exists(old)
+        assert os.path.exists(fresh) and os.path.exists(live)
+        assert pool._spool is not None and os.path.isdir(pool._spool.path)  # its own
     finally:
         pool.close()
+        os.close(holder)
+        shutil.rmtree(fresh)
+        shutil.rmtree(live)
 
 
 def test_a_spool_that_cannot_be_written_falls_back_to_the_pipe(
@@ -221,8 +240,37 @@ def test_a_spool_that_cannot_be_written_falls_back_to_the_pipe(
     try:
         assert pool.rows_ipc(spec, None, None, 10) is not None
         assert pool._spool is not None
-        shutil.rmtree(pool._spool)  # removed under the node (as a full /dev/shm fails)
+        shutil.rmtree(pool._spool.path)  # removed under the node (as a full /dev/shm fails)
         data = pool.rows_ipc(spec, None, None, 300)
         assert data is not None and from_ipc(data).num_rows == 300
     finally:
         pool.close()
+
+
+def test_a_read_transaction_that_cannot_be_ended_discards_the_chunk_and_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SQLite ends a transaction itself on an I/O error, and ADBC's rollback then fails on
+    every later call: an I/O error cannot be caused on demand, so a stand-in connection
+    whose rollback fails plays it (in this process, without ADBC)."""
+    events: list[str] = []
+
+    class Cursor:
+        def close(self) -> None:
+            events.append("cursor closed")
+
+    class Connection:
+        def rollback(self) -> None:
+            raise OSError("no transaction is active")
+
+        def close(self) -> None:
+            events.append("connection closed")
+
+    monkeypatch.setattr(page_workers, "_conn", Connection())
+    monkeypatch.setattr(page_workers, "_connect", lambda: events.append("reconnected"))
+    assert page_workers._end_read(Cursor()) is False
+    assert events == ["cursor closed", "connection closed", "reconnected"]
+
+
+def test_a_spool_file_gone_before_the_node_reads_it_means_read_rows(tmp_path: Any) -> None:
+    assert page_workers._take(str(tmp_path / "gone.arrows")) is None
