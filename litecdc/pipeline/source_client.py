@@ -30,7 +30,7 @@ from urllib.parse import quote, urlencode
 
 import pyarrow as pa
 import urllib3
-from urllib3.exceptions import ConnectTimeoutError, HTTPError, SSLError
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, ProtocolError
 
 from litecdc.errors import NotFoundError, PositionUnavailableError, SourceError
 from litecdc.pipeline.tables import TableSpec
@@ -199,7 +199,9 @@ class SourceClient:
                 except (OSError, ssl.SSLError) as exc:
                     raise SourceError(f"source: cannot load the CA certificate ({exc})") from exc
             headers = (
-                urllib3.make_headers(basic_auth=f"{self.user}:{self.password or ''}")
+                urllib3.make_headers(
+                    basic_auth=f"{self.user}:{self.password or ''}", basic_auth_encoding="utf-8"
+                )
                 if self.user
                 else None
             )
@@ -360,16 +362,22 @@ class SourceClient:
         target = path + (f"?{urlencode(params)}" if params else "")
         failures: list[str] = []
         n = len(self.urls)
-        for attempt in range(n):
-            index = (self._current + attempt) % n
+        # every address once; an idempotent request also gets a second go at an address
+        # whose connection dropped (a kept-alive one the node closed as it was reused)
+        order = [(self._current + i) % n for i in range(n)]
+        redone: set[int] = set()
+        while order:
+            index = order.pop(0)
             url = self.urls[index] + target
             try:
                 raw = self.client.request(method, url, json=json, redirect=False)
             except HTTPError as exc:
                 failures.append(f"{self.urls[index]}: {type(exc).__name__}: {exc}")
-                # a refused or timed-out connection, or a failed TLS handshake: never sent
-                never_sent = isinstance(exc, ConnectTimeoutError | SSLError)
-                if never_sent or retry_any_failure:
+                if retry_any_failure and isinstance(exc, ProtocolError) and index not in redone:
+                    redone.add(index)
+                    order.insert(0, index)
+                    continue
+                if _never_sent(exc) or retry_any_failure:
                     log.debug("source %s unreachable, trying the next address", self.urls[index])
                     continue
                 raise SourceError(
@@ -382,6 +390,20 @@ class SourceClient:
                 raise _error_for(response)
             return response
         raise SourceError(f"source {', '.join(self.urls)}: unreachable ({'; '.join(failures)})")
+
+
+def _never_sent(exc: HTTPError) -> bool:
+    """Whether the request surely never reached the node: the connection was refused or
+    timed out, or TLS refused the node's certificate. (Other TLS errors can come after
+    the request went out.)"""
+    if isinstance(exc, ConnectTimeoutError):  # NewConnectionError (refused, DNS) too
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if any(isinstance(a, ssl.SSLCertVerificationError) for a in (seen, *seen.args)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import pickle
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -241,13 +243,22 @@ def test_pickles_without_its_connections(client: SourceClient, people: str) -> N
 
 def test_basic_auth(tmp_path: Path, people: str) -> None:
     auth = tmp_path / "auth.json"
-    auth.write_text(json.dumps([{"username": "puller", "password": "s3cret", "perms": ["all"]}]))
+    auth.write_text(
+        json.dumps(
+            [
+                {"username": "puller", "password": "s3cret", "perms": ["all"]},
+                {"username": "zoë", "password": "пароль-ß", "perms": ["all"]},  # UTF-8
+            ]
+        )
+    )
     secured = Node(tmp_path / "data", "--auth", str(auth)).start()
     try:
         with httpx.Client(base_url=secured.url, auth=("puller", "s3cret")) as c:
             secured.execute(c, ["CREATE TABLE t (id INTEGER PRIMARY KEY)"])
         with SourceClient([secured.url], user="puller", password="s3cret") as ok:
             assert ok.table_spec("t").key == ("id",)
+        with SourceClient([secured.url], user="zoë", password="пароль-ß") as utf8:
+            assert utf8.table_spec("t").key == ("id",)
         with (
             SourceClient([secured.url], user="puller", password="wrong") as bad,
             pytest.raises(SourceError, match="user and password"),
@@ -282,6 +293,11 @@ def test_https_with_a_ca_file_or_its_text(tmp_path: Path) -> None:
             assert pickle.loads(pickle.dumps(by_text)).table_spec("t").key == ("id",)
         with SourceClient([tls.url], timeout=5) as untrusted, pytest.raises(SourceError):
             untrusted.table_spec("t")
+        # a certificate refused in the handshake: nothing was sent, so even a POST moves on
+        with SourceClient([tls.url, tls.url], timeout=5) as untrusted:
+            with pytest.raises(SourceError, match="unreachable") as info:
+                untrusted.register("never-sent")
+            assert "may have been applied" not in str(info.value)
     finally:
         tls.stop()
 
@@ -313,3 +329,53 @@ def test_pruned_position_and_expired_subscription(tmp_path: Path) -> None:
                 c.progress("slow", listed.last_cid)
     finally:
         small.stop()
+
+
+class _DropFirst(http.server.BaseHTTPRequestHandler):
+    """Drops the connection of the first request without an answer (as a node closing a
+    kept-alive connection just as it is reused), answers the others with JSON."""
+
+    requests: ClassVar[list[str]] = []
+
+    def _handle(self) -> None:
+        type(self).requests.append(f"{self.command} {self.path}")
+        if len(type(self).requests) == 1:
+            self.close_connection = True
+            return
+        body = b'{"name": "s", "cid": 7}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _handle
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def drop_first() -> Iterator[str]:
+    _DropFirst.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DropFirst)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_idempotent_request_is_sent_again_after_a_dropped_connection(drop_first: str) -> None:
+    with SourceClient([drop_first]) as c:
+        assert c.register("s").cid == 7  # idempotent POST: a second go at the same address
+    assert _DropFirst.requests == ["POST /cdc/subscriptions", "POST /cdc/subscriptions"]
+
+
+def test_a_request_that_may_have_been_applied_is_not_sent_again(drop_first: str) -> None:
+    with (
+        SourceClient([drop_first]) as c,
+        pytest.raises(SourceError, match="may have been applied"),
+    ):
+        c.unsubscribe("s")
+    assert _DropFirst.requests == ["DELETE /cdc/subscriptions/s"]
