@@ -66,12 +66,14 @@ from common import (
     cores,
     cpu_cores,
     data_root,
+    descendants,
     load_note,
     machine_busy_idle,
     new_parser,
     platform_json,
     platform_line,
     process_cpu_seconds,
+    process_table,
     require_at_least_one,
     sqlite_versions,
 )
@@ -253,6 +255,7 @@ class ReadResult:
     runs_s: list[float]
     node_cores: float | None = None  # the node's CPU during the best run
     machine_busy: float | None = None
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU by process group, best run
 
     @property
     def best_s(self) -> float:
@@ -275,14 +278,44 @@ def time_reads(
     result = ReadResult(name, rows, [])
     for _ in range(repeats):
         cpu0, busy0 = process_cpu_seconds(node_pid), machine_busy_idle()
+        groups0 = cpu_by_group(node_pid)
         started = time.perf_counter()
         run()
         seconds = time.perf_counter() - started
         if not result.runs_s or seconds < result.best_s:
             result.node_cores = cpu_cores(cpu0, process_cpu_seconds(node_pid), seconds)
             result.machine_busy = busy_share(busy0, machine_busy_idle())
+            groups = cpu_by_group(node_pid)
+            result.cpu_s = {
+                group: sum(cpu - groups0.get(group, {}).get(pid, 0.0) for pid, cpu in pids.items())
+                for group, pids in groups.items()
+            }
         result.runs_s.append(seconds)
     return result
+
+
+CPU_GROUPS = ("node main", "node workers", "Spark JVM", "Spark Python workers", "this process")
+
+
+def cpu_by_group(node_pid: int | None) -> dict[str, dict[int, float]]:
+    """CPU seconds of every process of the run, by pid, in CPU_GROUPS: the node, the
+    node's worker processes, and below this process the JVM (``java``) and everything
+    else (Spark's Python workers), and this process (the Spark driver; the client of the
+    "node alone" read). Empty without Linux /proc."""
+    table = process_table()
+    node_tree = descendants(table, node_pid) if node_pid is not None else set()
+    groups: dict[str, dict[int, float]] = {g: {} for g in CPU_GROUPS}
+    if os.getpid() in table:
+        groups["this process"][os.getpid()] = table[os.getpid()][2]
+    for pid in descendants(table, os.getpid()):
+        _, name, cpu = table[pid]
+        if pid == node_pid:
+            groups["node main"][pid] = cpu
+        elif pid in node_tree:
+            groups["node workers"][pid] = cpu
+        else:
+            groups["Spark JVM" if name == "java" else "Spark Python workers"][pid] = cpu
+    return groups if table else {}
 
 
 def snapshot_readers(spark: SparkSession, node: Node, rows: int) -> dict[str, Callable[[], None]]:
@@ -870,6 +903,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  snapshot {r.name}: {r.rows_per_s:,.0f} rows/s  (runs {runs} s; node CPU "
                 f"{cores(r.node_cores)} cores, machine {busy})"
             )
+            if r.cpu_s:
+                per_m = {g: s * 1e6 / r.rows for g, s in r.cpu_s.items()}
+                print(
+                    "    CPU s per million rows (best run): "
+                    + ", ".join(f"{g} {v:.2f}" for g, v in per_m.items() if v >= 0.005)
+                    + f"; total {sum(per_m.values()):.2f}"
+                )
         ratio = reads["litecdc"].rows_per_s / reads["jdbc"].rows_per_s
         ratio1 = reads["litecdc"].rows_per_s / reads["jdbc, 1 partition"].rows_per_s
         median_ratio = reads["jdbc"].median_s / reads["litecdc"].median_s

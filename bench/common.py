@@ -103,6 +103,36 @@ def process_cpu_seconds(pid: int | None) -> float | None:
     return None if pid is None else stat_cpu_seconds(f"/proc/{pid}/stat")
 
 
+def process_table() -> dict[int, tuple[int, str, float]]:
+    """Every process as pid -> (parent pid, command name, user+system CPU seconds), from
+    Linux /proc ({} elsewhere)."""
+    table: dict[int, tuple[int, str, float]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]  # may hold spaces and ")"
+        fields = text.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        table[int(stat.parent.name)] = (int(fields[1]), name, cpu)
+    return table
+
+
+def descendants(table: dict[int, tuple[int, str, float]], pid: int) -> set[int]:
+    """The pids below ``pid`` in a :func:`process_table`."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
 def machine_busy_idle() -> tuple[int, int] | None:
     """(busy, idle) jiffies over all CPUs since boot (Linux /proc/stat), or None."""
     try:
