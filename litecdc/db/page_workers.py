@@ -85,7 +85,6 @@ def _read_chunk(sql: str, params: Sequence[Any], limit: int) -> tuple[int, pa.Ta
     """The journal's head and the chunk, read in one transaction; None when ADBC refused a
     value (one of another type than the first ones: the careful path)."""
     assert _conn is not None, "worker not initialised"
-    read = None
     cursor = _conn.cursor()
     try:
         # one Arrow batch per chunk (ADBC's default is 1024 rows): every batch costs Spark
@@ -95,7 +94,7 @@ def _read_chunk(sql: str, params: Sequence[Any], limit: int) -> tuple[int, pa.Ta
         head = cursor.fetchone()
         cursor.execute(sql, params)
         read = (int(head[0]), cursor.fetch_arrow_table())
-    except Exception:
+    except Exception:  # a value of another type than the first ones: the careful path
         read = None
     finally:
         ended = _end_read(cursor)
