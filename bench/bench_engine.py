@@ -14,6 +14,8 @@ with the same settings (WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE`` … ``COM
   preupdate hook (collecting ``(op, table, rowid, rowid_new, old, new)``; also with
   the events encoded as MessagePack and stored in a changes table in the same
   transaction, roughly what litecdc's capture does);
+* another storage layout, for comparison: one journal row and the session extension's
+  changeset as one blob per transaction (journal text precomputed, and rendered);
 * the litecdc engine: ``Store.execute([Statement, …], transaction=True)``, which
   journals the transaction as SQL text and captures every row change.
 
@@ -321,6 +323,58 @@ class StorageFloor(PlainLoop):
         cursor.execute("COMMIT")
 
 
+class ChangesetLayout(PlainLoop):
+    """Another storage layout, for comparison: per transaction ONE journal row (the SQL
+    text, precomputed) and ONE change row holding the session extension's changeset as
+    a blob, to be decoded when read. Not what litecdc stores (its readers query one row
+    per change with full images; a changeset's UPDATEs carry only changed columns): this
+    shows what changing the layout could buy."""
+
+    key = "changeset_layout"
+    label = "other layout: changeset blob per txn"
+    render = False
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.conn.execute(
+            "CREATE TABLE alt_journal(cid INTEGER PRIMARY KEY, query TEXT, snapshot INTEGER);"
+            "CREATE TABLE alt_changes(cid INTEGER PRIMARY KEY, changeset BLOB NOT NULL);"
+        )
+        self.texts: dict[int, str] = {}
+
+    @staticmethod
+    def text_of(rows: Sequence[Row]) -> str:
+        return "\n".join(
+            f"INSERT INTO {TABLE}(name, price, payload, qty) VALUES "
+            f"({', '.join(sql_literal(v) for v in row)});"
+            for row in rows
+        )
+
+    def prepare(self, batches: Sequence[Sequence[Row]]) -> None:
+        if not self.render:
+            self.texts = {id(batch): self.text_of(batch) for batch in batches}
+
+    def transaction(self, rows: Sequence[Row], statements: Sequence[Statement]) -> None:
+        cursor = self.conn.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        session = apsw.Session(self.conn, "main")
+        session.attach(TABLE)
+        for row in rows:
+            cursor.execute(INSERT, row)
+        changeset = session.changeset()
+        session.close()
+        text = self.text_of(rows) if self.render else self.texts[id(rows)]
+        cursor.execute("INSERT INTO alt_journal VALUES (NULL, ?, 0)", (text,))
+        cursor.execute("INSERT INTO alt_changes VALUES (NULL, ?)", (changeset,))
+        cursor.execute("COMMIT")
+
+
+class ChangesetLayoutRendered(ChangesetLayout):
+    key = "changeset_layout_rendered"
+    label = "  same, journal text rendered in Python"
+    render = True
+
+
 class EngineCase(Case):
     key = "engine"
     label = "litecdc engine, journal + capture"
@@ -360,6 +414,8 @@ BATCH_CASES: list[type[Case]] = [
     SessionDecoded,
     HookCapture,
     HookStored,
+    ChangesetLayout,
+    ChangesetLayoutRendered,
     EngineCase,
 ]
 SINGLE_CASES: list[type[Case]] = [
@@ -582,6 +638,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"capture code with this storage layout (the engine reaches "
             f"{engine_batch / floor_batch:.0%} of it)"
         )
+        layout = batch.figures["changeset_layout"].median
+        layout_rendered = batch.figures["changeset_layout_rendered"].median
+        print(
+            f"  another layout (one changeset blob + one journal row per txn, decoded when "
+            f"read): {layout / plain_batch:.2f} of plain with the journal text precomputed, "
+            f"{layout_rendered / plain_batch:.2f} with it rendered in Python"
+        )
         cheaper = "preupdate hook" if hook > session_rows else "session extension"
         print(
             f"  capture alone, {args.rows}-row txns (rows/s, share of plain loop): "
@@ -621,6 +684,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "batch_engine_vs_executemany": engine_batch / many_batch,
                     "batch_storage_floor_vs_plain": floor_batch / plain_batch,
                     "batch_engine_vs_storage_floor": engine_batch / floor_batch,
+                    "batch_changeset_layout_vs_plain": layout / plain_batch,
+                    "batch_changeset_layout_rendered_vs_plain": layout_rendered / plain_batch,
                     "batch_session_vs_plain": session / plain_batch,
                     "batch_session_decoded_vs_plain": session_rows / plain_batch,
                     "batch_preupdate_hook_vs_plain": hook / plain_batch,
