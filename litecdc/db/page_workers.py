@@ -47,6 +47,7 @@ _path: str | None = None  # the database file it reads
 _spool: str | None = None  # the worker's spool directory (None: hand chunks over the pipe)
 
 SHM = "/dev/shm"
+PARENT_CHECK_S = 1.0  # how often a worker checks that its node is still there
 _SPOOL_PREFIX = "litecdc-pages-"
 
 
@@ -54,6 +55,22 @@ def _open(path: str, spool: str | None) -> None:
     global _path, _spool
     _path, _spool = path, spool
     _connect()
+    _exit_with_parent()
+
+
+def _exit_with_parent() -> None:
+    """Exit when the node is gone. A node killed with SIGKILL never shuts its pool down,
+    and each worker holds the write end of the pool's queue too, so no EOF ever comes:
+    the workers (and multiprocessing's resource tracker, with its semaphores in
+    /dev/shm) would wait forever."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="litecdc-watch-node", daemon=True).start()
 
 
 def _connect() -> None:

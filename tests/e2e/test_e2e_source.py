@@ -12,8 +12,11 @@ its own hold.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
+import os
+import signal
 import struct
 import time
 from collections.abc import Iterator
@@ -922,3 +925,50 @@ def test_progress_beyond_the_head_is_refused(node: Node, client: httpx.Client) -
         r = c.post("/cdc/subscriptions/far-sub/progress", json={"cid": head(c) + 1000})
         assert "head" in error_of(r, 400)
         assert holds(c)["far-sub"] == before
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"  # exited, not reaped yet
+
+
+def test_page_workers_exit_when_their_node_is_killed(tmp_path: Path) -> None:
+    """kill -9 of a node that served snapshot chunks leaves no worker process behind (they
+    blocked forever on the pool's queue, with multiprocessing's resource tracker)."""
+    n = Node(tmp_path / "data").start()
+    helpers: list[int] = []
+    try:
+        with n.client() as c:
+            n.execute(c, ["CREATE TABLE w (id INTEGER PRIMARY KEY, v TEXT)"])
+            n.execute(c, [["INSERT INTO w VALUES (?, ?)", i, f"v{i}"] for i in range(50)])
+            assert arrow(c.get("/cdc/tables/w/rows", params={"format": "arrow"})).num_rows == 50
+        assert n.proc is not None
+        helpers = _children(n.proc.pid)  # the page workers and the resource tracker
+        assert len(helpers) >= 2
+        n.proc.kill()
+        n.proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while not all(map(_gone, helpers)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in helpers if not _gone(p)] == []
+    finally:
+        n.stop()
+        for pid in helpers:  # whatever this test's failure would leave behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
