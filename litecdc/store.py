@@ -47,7 +47,7 @@ from litecdc.results import (
     StatementResult,
     WriteOutcome,
 )
-from litecdc.wire import to_ipc
+from litecdc.wire import subscriber_name_problem, to_ipc
 
 log = logging.getLogger("litecdc.store")
 
@@ -77,8 +77,8 @@ class SubscriberList:
 
 
 def _check_subscriber_name(name: object) -> None:
-    if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
-        raise RequestError(f"a subscriber name is 1 to 200 printable characters, got {name!r}")
+    if (problem := subscriber_name_problem(name)) is not None:
+        raise RequestError(problem)
 
 
 class Store:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,21 @@ OP_COLUMN = "_litecdc_op"  # 'upsert' or 'delete' (an update of the key = delete
 ROWID_COLUMN = "_litecdc_rowid"
 OP_UPSERT = "upsert"
 OP_DELETE = "delete"
+
+#: A subscriber's name is one segment of /cdc/subscriptions/{name}/…: a "/" (or "..")
+#: could never be addressed there again, so its hold could not be moved or released.
+SUBSCRIBER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def subscriber_name_problem(name: object) -> str | None:
+    """What is wrong with a subscriber name, or None when it is fine."""
+    if isinstance(name, str) and SUBSCRIBER_NAME.fullmatch(name) and name.strip(".") != "":
+        return None
+    return (
+        "a subscriber name is 1 to 200 letters, digits, '_', '-' or '.' (not only dots), "
+        f"got {name!r}"
+    )
+
 
 #: The Arrow type of each name a column's mirrored type can have.
 ARROW_TYPES: dict[str, pa.DataType] = {

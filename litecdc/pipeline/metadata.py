@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from litecdc.errors import MetadataError
+from litecdc.wire import subscriber_name_problem
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -502,6 +503,9 @@ class MetadataStore:
             )
         if not sink:
             raise MetadataError(f"subscription {name!r}: sink is empty")
+        if (problem := subscriber_name_problem(subscriber or name)) is not None:
+            # the name is the hold's name on the node unless a subscriber is given
+            raise MetadataError(f"subscription {name!r}: {problem}")
         try:
             options_json = json.dumps(options or {}, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:

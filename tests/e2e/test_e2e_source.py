@@ -746,6 +746,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], Any, str]] = [
     ("POST", "/cdc/subscriptions", {}, {"name": ""}, "subscriber name"),
     ("POST", "/cdc/subscriptions", {}, {"name": "x" * 201}, "subscriber name"),
     ("POST", "/cdc/subscriptions", {}, {"name": "a\nb"}, "subscriber name"),
+    ("POST", "/cdc/subscriptions", {}, {"name": "bad name/../x"}, "subscriber name"),
+    ("POST", "/cdc/subscriptions", {}, {"name": ".."}, "subscriber name"),
     ("POST", "/cdc/subscriptions", {}, {"name": "x", "cid": 1}, "unknown field(s) cid"),
     ("POST", "/cdc/subscriptions/br-sub/progress", {}, {"cid": "5"}, "cid must be an integer"),
     ("POST", "/cdc/subscriptions/br-sub/progress", {}, {"cid": 5.0}, "cid must be an integer"),

@@ -113,6 +113,10 @@ def test_add_is_retry_safe_but_a_taken_name_is_an_error(store: MetadataStore) ->
         ({"sink": ""}, "sink is empty"),
         ({"table_name": ""}, "table_name is empty"),
         ({"options": {"x": object()}}, "options are not JSON"),
+        # the name is the hold's path segment on the node: it could never be released
+        ({"name": "bad name/../x"}, "subscriber name is 1 to 200 letters"),
+        ({"name": ".."}, "subscriber name"),
+        ({"subscriber": "a/b"}, "subscriber name"),
     ],
 )
 def test_add_rejects_bad_definitions(
