@@ -81,6 +81,8 @@ class StatusReport:
     source_error: str | None
     #: age in seconds of the oldest change of the table the sink has not applied
     lag_seconds: float | None = None
+    #: (error, since) while `pipeline run` fails on it, as it recorded
+    failure: tuple[str, str] | None = None
 
     @property
     def lag_cids(self) -> int | None:
@@ -97,6 +99,9 @@ class StatusReport:
         if sub.cancel:
             lines.append("  unsubscribing: the owning server releases the hold")
         lines.append(f"  stage: {stage}")
+        if self.failure is not None:
+            error, since = self.failure
+            lines.append(f"  FAILING since {since}: {error}")
         if progress.init_snapshot_version is not None:
             lines.append(f"  initial snapshot version: cid {progress.init_snapshot_version}")
         if progress.ranges:
@@ -148,5 +153,5 @@ def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
                     seconds = _lag_seconds(client, sub.table_name, applied)
         except (SourceError, NotFoundError) as exc:
             error = str(exc)
-        reports.append(StatusReport(sub, progress, head, error, seconds))
+        reports.append(StatusReport(sub, progress, head, error, seconds, store.failure(sub.name)))
     return reports

@@ -114,6 +114,16 @@ _SCHEMA = (
         updated_at TEXT NOT NULL,
         PRIMARY KEY (subscription, range_id)
     )""",
+    # what `pipeline run` knows of a subscription beyond its progress: the table
+    # description its sink mirrors (a later source change is checked against it, also
+    # after a restart), and the error it fails with (for `pipeline status`)
+    """CREATE TABLE IF NOT EXISTS litecdc_subscription_state (
+        subscription TEXT PRIMARY KEY,
+        mirrored_spec TEXT,
+        last_error TEXT,
+        error_at TEXT,
+        updated_at TEXT NOT NULL
+    )""",
 )
 
 _SUBSCRIPTION_COLUMNS = (
@@ -592,9 +602,60 @@ class MetadataStore:
             if self._find(tx, name, for_update=True) is None:
                 return False
             tx.execute("DELETE FROM litecdc_progress WHERE subscription = ?", [name])
+            tx.execute("DELETE FROM litecdc_subscription_state WHERE subscription = ?", [name])
             tx.execute("DELETE FROM litecdc_subscriptions WHERE name = ?", [name])
         log.info("subscription %s removed", name)
         return True
+
+    # --- state kept by `pipeline run` ------------------------------------------------------
+
+    def mirrored_spec(self, name: str) -> dict[str, Any] | None:
+        """The table description (TableSpec JSON) the subscription's sink mirrors, or None
+        before its sink was first opened."""
+        row = self._state(name, "mirrored_spec")
+        return None if row is None else dict(json.loads(row[0]))
+
+    def set_mirrored_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self._set_state(name, "mirrored_spec = ?", [json.dumps(spec, sort_keys=True)])
+
+    def failure(self, name: str) -> tuple[str, str] | None:
+        """(error, since when as ISO text) while the subscription is failing, else None."""
+        row = self._state(name, "last_error, error_at")
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def set_failure(self, name: str, error: str | None) -> None:
+        """Record the error the subscription fails with (None: it works again)."""
+        if error is None:
+            self._set_state(name, "last_error = NULL, error_at = NULL", [])
+        else:
+            self._set_state(
+                name,
+                "last_error = ?, error_at = COALESCE(error_at, ?)",
+                [error, _now()],
+            )
+
+    def _state(self, name: str, columns: str) -> tuple[Any, ...] | None:
+        with self._tx(write=False) as tx:
+            rows = tx.execute(
+                f"SELECT {columns} FROM litecdc_subscription_state WHERE subscription = ?",
+                [name],
+            )
+        return rows[0] if rows and rows[0][0] is not None else None
+
+    def _set_state(self, name: str, assignments: str, params: list[object]) -> None:
+        with self._tx() as tx:
+            self._subscription(tx, name, for_update=True)
+            now = _now()
+            tx.execute(
+                "INSERT INTO litecdc_subscription_state (subscription, updated_at) VALUES (?, ?) "
+                "ON CONFLICT (subscription) DO NOTHING",
+                [name, now],
+            )
+            tx.execute(
+                f"UPDATE litecdc_subscription_state SET {assignments}, updated_at = ? "
+                "WHERE subscription = ?",
+                [*params, now, name],
+            )
 
     # --- progress --------------------------------------------------------------------------
 

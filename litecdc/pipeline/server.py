@@ -211,10 +211,13 @@ class PipelineServer:
                     targets[name] = running.client.table_info(running.spec.name).last_cid
                     state.source_cid = max(state.source_cid, targets[name])
                 busy = self._step(running) or busy
+                if state.failures:
+                    self._record_failure(name, None)
                 state.last_error = None
                 state.failures = 0
             except Exception as exc:
                 self._failed(state, exc)
+                self._record_failure(name, state.last_error)
             self.metrics.observe(state)
             if self.on_progress is not None:
                 self.on_progress(state)
@@ -223,6 +226,11 @@ class PipelineServer:
     def _start(self, sub: Subscription, state: SubscriptionState) -> _Running:
         client = SourceClient(list(sub.sources), **_auth(sub.options))
         spec = client.table_spec(sub.table_name)
+        # against what the sink mirrors (stored): the change may have come while we were
+        # not running, or failed the subscription a moment ago
+        mirrored = self.meta.mirrored_spec(sub.name)
+        if mirrored is not None:
+            _check_followable(TableSpec.from_json(mirrored), spec)
         if parquet_log.is_parquet_url(sub.sink):
             running = _Running(
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
@@ -230,6 +238,7 @@ class PipelineServer:
         else:
             running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
         self._running[sub.name] = running  # from here on, a failure closes it
+        self._mirrors(sub.name, spec)
         recopy = running.sink is not None and _need_recopy(spec, running.sink.added_columns)
         if recopy and self.meta.progress(sub.name).stage not in (None, "register"):
             # the source gained a column with a DEFAULT while we were not running
@@ -241,6 +250,19 @@ class PipelineServer:
         state.applied_cid = progress.last_log_index or 0
         log.info("subscription %s: %s stage, table %s", sub.name, state.stage, sub.table_name)
         return running
+
+    def _record_failure(self, name: str, error: str | None) -> None:
+        """Keep the error in the metadata store for `pipeline status` (best effort: the
+        store may be what fails)."""
+        try:
+            self.meta.set_failure(name, error)
+        except Exception as exc:  # the subscription itself may be gone (unsubscribed)
+            log.debug("subscription %s: could not record its state: %s", name, exc)
+
+    def _mirrors(self, name: str, spec: TableSpec) -> None:
+        """Record the table description the sink now mirrors (when it changed)."""
+        if self.meta.mirrored_spec(name) != spec.to_json():
+            self.meta.set_mirrored_spec(name, spec.to_json())
 
     def _forget(self, name: str) -> None:
         self._forget_connections(name)
@@ -525,16 +547,7 @@ class PipelineServer:
         ] and spec.key == running.spec.key:
             running.spec = spec
             return []
-        old = {c.name: c.arrow for c in running.spec.columns}
-        changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
-        dropped = [n for n in old if n not in spec.column_names]
-        if changed or dropped or spec.key != running.spec.key:
-            raise SchemaMismatchError(
-                f"table {spec.name} changed at the source in a way the sink cannot follow "
-                f"(changed type: {changed or 'none'}, dropped: {dropped or 'none'}, key "
-                f"{list(running.spec.key)} -> {list(spec.key)}); unsubscribe and subscribe "
-                "again to rebuild the mirror"
-            )
+        _check_followable(running.spec, spec)
         added = spec.added_columns(running.spec)
         if running.sink is not None:
             running.sink.evolve(spec)
@@ -542,11 +555,28 @@ class PipelineServer:
             running.query.stop()
             running.query = None
         running.spec = spec
+        self._mirrors(running.subscription.name, spec)
         log.info(
             "subscription %s: source added column(s) %s; the sink follows",
             running.subscription.name, ", ".join(c.name for c in added),
         )  # fmt: skip
         return added
+
+
+def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
+    """SchemaMismatchError unless the source table ``spec`` only adds columns to the one
+    the sink mirrors (a dropped or renamed column, a changed type or key cannot be
+    followed: the mirror would keep stale columns or lose values)."""
+    old = {c.name: c.arrow for c in mirrored.columns}
+    changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
+    dropped = [n for n in old if n not in spec.column_names]
+    if changed or dropped or spec.key != mirrored.key:
+        raise SchemaMismatchError(
+            f"table {spec.name} changed at the source in a way the sink cannot follow "
+            f"(changed type: {changed or 'none'}, dropped or renamed: {dropped or 'none'}, "
+            f"key {list(mirrored.key)} -> {list(spec.key)}); unsubscribe and subscribe "
+            "again to rebuild the mirror"
+        )
 
 
 def _need_recopy(spec: TableSpec, added: list[str]) -> bool:

@@ -512,3 +512,31 @@ def test_postgresql_connection_loss_recovers_on_the_next_call(postgresql_db_url:
         except MetadataError as exc:
             assert "metadata database" in str(exc)
         assert store.get_subscription("orders-lake").table_name == "orders"
+
+
+# --- state kept by `pipeline run` -------------------------------------------------------------
+
+
+def test_mirrored_spec_and_failure_are_kept_and_removed_with_the_subscription(
+    store: MetadataStore, open_store: Callable[..., MetadataStore]
+) -> None:
+    add(store)
+    assert store.mirrored_spec("orders-lake") is None
+    assert store.failure("orders-lake") is None
+    spec = {"table": "orders", "columns": [{"name": "id", "arrow": "int64"}], "key": ["id"]}
+    store.set_mirrored_spec("orders-lake", spec)
+    store.set_failure("orders-lake", "sink down")
+    again = open_store()  # another process sees both
+    assert again.mirrored_spec("orders-lake") == spec
+    failure = again.failure("orders-lake")
+    assert failure is not None and failure[0] == "sink down"
+    store.set_failure("orders-lake", "sink still down")  # the first failure's time stays
+    assert again.failure("orders-lake") == ("sink still down", failure[1])
+    store.set_failure("orders-lake", None)
+    assert again.failure("orders-lake") is None
+    assert again.mirrored_spec("orders-lake") == spec  # clearing the error keeps the spec
+    with pytest.raises(MetadataError, match="unknown subscription"):
+        store.set_failure("nope", "x")
+    store.remove_subscription("orders-lake")
+    add(store)  # the same name again starts clean
+    assert store.mirrored_spec("orders-lake") is None

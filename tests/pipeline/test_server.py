@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from e2e.litecdc_node import Node, free_port
@@ -14,6 +15,9 @@ from pipeline_proc import execute
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 from litecdc.pipeline.server import GIVE_UP_FAILURES, PipelineServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @pytest.fixture
@@ -44,5 +48,47 @@ def test_until_caught_up_gives_up_on_a_subscription_that_keeps_failing(
         assert state.last_error is not None and "postgresql sink" in state.last_error
         assert str(closed) in state.last_error
         assert store.progress("down").stage is None  # nothing recorded for it
+    finally:
+        store.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("change", "gone"),
+    [("ALTER TABLE t RENAME COLUMN b TO c", "b"), ("ALTER TABLE t DROP COLUMN b", "b")],
+)
+def test_a_column_dropped_or_renamed_at_the_source_fails_the_subscription_until_rebuilt(
+    node: Node, tmp_path: Path, spark: SparkSession, change: str, gone: str
+) -> None:
+    """The check is against what the sink mirrors (kept in the metadata store), so the
+    failure holds across retries and restarts: before, a restarted server took the new
+    table as its baseline and went on with a stale or half-empty column."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER)"])
+        execute(c, [["INSERT INTO t VALUES(?, ?, ?)", i, f"a{i}", i] for i in range(20)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="s", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}"
+        )
+
+        def run() -> PipelineServer:
+            server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+            server.run(until_caught_up=True)
+            return server
+
+        assert run().states["s"].failures == 0
+        assert [c["name"] for c in (store.mirrored_spec("s") or {})["columns"]] == ["id", "a", "b"]
+        with node.client() as c:
+            execute(c, [change, "INSERT INTO t(id, a) VALUES(100, 'after')"])
+        for _ in range(2):  # a first server, then a restarted one: both refuse
+            state = run().states["s"]
+            assert state.failures == GIVE_UP_FAILURES
+            assert state.last_error is not None and "cannot follow" in state.last_error
+            assert f"dropped or renamed: ['{gone}']" in state.last_error
+            (report,) = control.status(store, "s")
+            assert report.failure is not None and "cannot follow" in report.failure[0]
+            assert "FAILING since" in report.describe()
+        assert store.progress("s").last_log_index is not None
     finally:
         store.close()
