@@ -254,22 +254,34 @@ def status(meta: str | None, name: str | None) -> None:
 @pipeline.command()
 @_meta_option
 @click.argument("name")
-def unsubscribe(meta: str | None, name: str) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Remove NAME even when its hold cannot be released now (the node drops the hold "
+    "once it falls behind --retention-cids).",
+)
+def unsubscribe(meta: str | None, name: str, force: bool) -> None:
     """Remove subscription NAME and release its hold on the source."""
     from litecdc.pipeline.control import unsubscribe as remove
 
     with _errors():
         store = _open(meta)
         try:
-            released = remove(store, name)
+            problem = remove(store, name, force=force)
         finally:
             store.close()
-        if released:
+        if problem is None:
             click.echo(f"subscription {name} removed; its hold on the source is released")
+        elif force:
+            click.echo(
+                f"subscription {name} removed; its hold on the source is NOT released "
+                f"({problem}): the node drops it once it falls behind its retention cap"
+            )
         else:
             click.echo(
-                f"subscription {name} marked for removal: the source was unreachable, the "
-                "owning `pipeline run` releases its hold when it can"
+                f"subscription {name} marked for removal; its hold could not be released now "
+                f"({problem}): the owning `pipeline run` releases it when it can, or use "
+                "--force to remove it anyway"
             )
 
 

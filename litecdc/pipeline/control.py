@@ -56,10 +56,12 @@ def subscribe(
     )
 
 
-def unsubscribe(store: MetadataStore, name: str) -> bool:
-    """Release ``name``'s hold on the source and remove it; when the source cannot be
-    reached, only mark it cancelled (its server releases the hold later). Returns whether
-    the hold was released now."""
+def unsubscribe(store: MetadataStore, name: str, *, force: bool = False) -> str | None:
+    """Release ``name``'s hold on the source and remove it. Returns None when the hold
+    was released; otherwise why it could not be (the source unreachable, or refusing),
+    and the subscription is only marked cancelled (its server releases the hold later) —
+    or, with ``force``, removed all the same (the node drops the hold once it falls
+    behind its retention cap)."""
     sub = store.get_subscription(name)
     store.request_cancel(name)
     try:
@@ -68,9 +70,11 @@ def unsubscribe(store: MetadataStore, name: str) -> bool:
             client.unsubscribe(name)
     except SourceError as exc:
         log.warning("subscription %s: could not release its hold now: %s", name, exc)
-        return False
+        if force:
+            store.remove_subscription(name)
+        return str(exc)
     store.remove_subscription(name)
-    return True
+    return None
 
 
 @dataclass

@@ -1,5 +1,10 @@
 """The ``litecdc`` PySpark data source: snapshot reads and change streams from a node.
 
+Spark's Python workers must import litecdc: start the session with
+``litecdc.pipeline.spark.spark_session()`` (it points PYSPARK_PYTHON at this interpreter
+and registers the source), or set PYSPARK_PYTHON to an interpreter that has litecdc
+before creating your own session, then call ``register(spark)`` as below.
+
 Snapshot (batch) read: partitions are key ranges of the table (``/splits``), read in
 parallel; each partition pages through its range by last key, every page one SQLite
 read transaction at the cid stored in ``_litecdc_cid``::

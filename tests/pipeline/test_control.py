@@ -109,16 +109,20 @@ def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(
         control.subscribe(
             store, name=name, sources=node.url, table="t", sink=f"delta:{tmp_path}/{name}"
         )
-    assert control.unsubscribe(store, "gone") is True
+    assert control.unsubscribe(store, "gone") is None  # released
     assert "gone" not in _holds(node)
     assert [s.name for s in store.list_subscriptions(include_cancelled=True)] == ["later"]
 
     node.stop()
     with pytest.raises(SourceError):
         _raise_unreachable(node)
-    assert control.unsubscribe(store, "later") is False  # the node is down
+    problem = control.unsubscribe(store, "later")  # the node is down
+    assert problem is not None and "unreachable" in problem
     (left,) = store.list_subscriptions(include_cancelled=True)
     assert left.name == "later" and left.cancel
+    # --force: removed all the same (the node drops the hold past its retention cap)
+    assert control.unsubscribe(store, "later", force=True) is not None
+    assert store.list_subscriptions(include_cancelled=True) == []
 
 
 def _raise_unreachable(node: Node) -> None:
