@@ -208,7 +208,11 @@ def run(
             store.close()
         if until_caught_up:
             if failing:
-                raise LitecdcError(f"{failing} subscription(s) failed; see the log above")
+                names = sorted(n for n, st in server.states.items() if st.last_error)
+                raise LitecdcError(
+                    f"{failing} subscription(s) failed ({', '.join(names)}); see the log "
+                    "above or `litecdc pipeline status`"
+                )
             click.echo("every subscription has caught up")
 
 

@@ -438,12 +438,18 @@ class _Response:
 
 def _error_for(response: _Response) -> Exception:
     """The litecdc error for a node's 4xx/5xx answer, with the node's message."""
-    message: str = response.text.strip()
     doc: Any = None
     with contextlib.suppress(ValueError):
         doc = response.json()
     if isinstance(doc, dict) and "error" in doc:
         message = str(doc["error"])
+    else:  # not a litecdc node's answer (every error of the API is JSON with "error")
+        kind = response.headers.get("content-type", "") or "no content type"
+        text = " ".join(response.text.split())[:200]
+        message = (
+            f"{text or 'an empty answer'} ({kind}; is this address a litecdc node, and its "
+            "HTTP API?)"
+        )
     text = f"source {response.base}: {response.method} {response.path}: {message}"
     status = response.status
     if status == 404:

@@ -44,7 +44,8 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
         )
     except Exception as exc:  # Java missing, bad master URL…
         raise PipelineError(
-            f"could not start Spark (master {master!r}): {exc}; Spark needs Java 17 "
+            f"could not start Spark (master {master!r}): {exc}; check the master URL "
+            "(local[*], local[N], spark://HOST:PORT) and that Java 17 is installed "
             "(`make test`/`make run` install it)"
         ) from exc
     spark.sparkContext.setLogLevel("ERROR")

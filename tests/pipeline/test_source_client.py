@@ -379,3 +379,34 @@ def test_a_request_that_may_have_been_applied_is_not_sent_again(drop_first: str)
     ):
         c.unsubscribe("s")
     assert _DropFirst.requests == ["DELETE /cdc/subscriptions/s"]
+
+
+class _NotLitecdc(http.server.BaseHTTPRequestHandler):
+    """Some other web server: an HTML 404 page, or an empty one."""
+
+    def do_GET(self) -> None:
+        body = b"" if "empty" in self.path else b"<html><body><h1>Not here</h1></body></html>"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_address_that_is_not_a_litecdc_node_is_said_so() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotLitecdc)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with SourceClient([f"http://127.0.0.1:{server.server_address[1]}"]) as c:
+            for table, shown in (("t", "<html><body><h1>Not here"), ("empty", "an empty answer")):
+                with pytest.raises(NotFoundError) as info:
+                    c.table_info(table)
+                message = str(info.value)
+                assert shown in message and "is this address a litecdc node" in message
+                assert "text/html" in message
+    finally:
+        server.shutdown()
+        server.server_close()

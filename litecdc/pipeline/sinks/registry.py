@@ -158,7 +158,8 @@ def parse_sink_url(url: str) -> SinkOptions:
         detail = _masked(str(exc), url)
         detail = detail[:1].lower() + detail[1:]
         raise SinkError(f"sink URL {safe}: {detail}: check the host and port") from None
-    known = "delta:, postgresql://, mysql://, mariadb://, nats://, amqp://, http(s)://"
+    # parquet: is the pipeline's own change log (pipeline.parquet_log), not a Sink
+    known = "delta:, parquet:, postgresql://, mysql://, mariadb://, nats://, amqp://, http(s)://"
     if not scheme:
         raise SinkError(f"sink URL {safe!r} has no scheme: use one of {known}")
     raise SinkError(f"sink URL {safe}: unknown scheme {scheme!r}: use one of {known}")
