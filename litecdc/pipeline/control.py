@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from litecdc.errors import NotFoundError, SourceError
+from litecdc.errors import MetadataError, NotFoundError, SourceError
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url, parse_parquet_url
 from litecdc.pipeline.sinks.registry import mask_url, parse_sink_url
@@ -42,6 +42,17 @@ def subscribe(
         parse_parquet_url(sink)
     else:
         parse_sink_url(sink)
+    if sink.startswith(("delta:", "parquet:")):  # a path is one whole table or log
+        taken = [
+            s.name
+            for s in store.list_subscriptions(include_cancelled=True)
+            if s.sink == sink and s.name != name
+        ]
+        if taken:
+            raise MetadataError(
+                f"sink {sink} is already used by subscription {taken[0]}: give each "
+                "subscription its own path"
+            )
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     urls = parse_urls(sources)
     with _client(urls, opts) as client:

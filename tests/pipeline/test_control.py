@@ -13,7 +13,7 @@ import pytest
 from e2e.litecdc_node import Node
 from pipeline_proc import execute
 
-from litecdc.errors import NotFoundError, SinkError, SourceError
+from litecdc.errors import MetadataError, NotFoundError, SinkError, SourceError
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 
@@ -96,6 +96,11 @@ def test_subscribe_checks_the_sink_and_the_table_first(
     with pytest.raises(SinkError, match="absolute"):
         control.subscribe(store, name="c", sources=node.url, table="t", sink="parquet:rel")
     assert store.list_subscriptions(include_cancelled=True) == []
+    # one path is one table (or log): a second subscription on it would fight the first
+    control.subscribe(store, name="d", sources=node.url, table="t", sink=f"delta:{tmp_path}/d")
+    with pytest.raises(MetadataError, match="already used by subscription d"):
+        control.subscribe(store, name="e", sources=node.url, table="t", sink=f"delta:{tmp_path}/d")
+    assert [s.name for s in store.list_subscriptions()] == ["d"]
 
 
 def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(
