@@ -574,8 +574,8 @@ def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
         raise SchemaMismatchError(
             f"table {spec.name} changed at the source in a way the sink cannot follow "
             f"(changed type: {changed or 'none'}, dropped or renamed: {dropped or 'none'}, "
-            f"key {list(mirrored.key)} -> {list(spec.key)}); unsubscribe and subscribe "
-            "again to rebuild the mirror"
+            f"key {list(mirrored.key)} -> {list(spec.key)}); to rebuild the mirror, "
+            "unsubscribe, delete it (or choose a new path or table) and subscribe again"
         )
 
 
