@@ -134,6 +134,9 @@ class PipelineServer:
         self.on_progress = on_progress
         self.states: dict[str, SubscriptionState] = {}
         self._running: dict[str, _Running] = {}
+        #: subscriptions whose recorded failure is known to be cleared (a previous run may
+        #: have stopped while one was failing)
+        self._cleared: set[str] = set()
         self._stop = threading.Event()
         #: until_caught_up: Parquet change logs run availableNow queries to completion
         self._available_now = False
@@ -211,13 +214,15 @@ class PipelineServer:
                     targets[name] = running.client.table_info(running.spec.name).last_cid
                     state.source_cid = max(state.source_cid, targets[name])
                 busy = self._step(running) or busy
-                if state.failures:
+                if name not in self._cleared:
                     self._record_failure(name, None)
+                    self._cleared.add(name)
                 state.last_error = None
                 state.failures = 0
             except Exception as exc:
                 self._failed(state, exc)
                 self._record_failure(name, state.last_error)
+                self._cleared.discard(name)
             self.metrics.observe(state)
             if self.on_progress is not None:
                 self.on_progress(state)
