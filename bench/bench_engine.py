@@ -171,6 +171,18 @@ class PlainMany(PlainLoop):
         cursor.execute("COMMIT")
 
 
+def insert_with_session(conn: apsw.Connection, cursor: apsw.Cursor, rows: Sequence[Row]) -> bytes:
+    """The plain loop's inserts under a new ``apsw.Session``; its changeset (taken before
+    the caller's COMMIT)."""
+    session = apsw.Session(conn, "main")
+    session.attach(TABLE)
+    for row in rows:
+        cursor.execute(INSERT, row)
+    changeset: bytes = session.changeset()
+    session.close()
+    return changeset
+
+
 class SessionCapture(PlainLoop):
     key = "session"
     label = "  + Session, changeset per txn"
@@ -183,12 +195,7 @@ class SessionCapture(PlainLoop):
     def transaction(self, rows: Sequence[Row], statements: Sequence[Statement]) -> None:
         cursor = self.conn.cursor()
         cursor.execute("BEGIN IMMEDIATE")
-        session = apsw.Session(self.conn, "main")
-        session.attach(TABLE)
-        for row in rows:
-            cursor.execute(INSERT, row)
-        changeset = session.changeset()
-        session.close()
+        changeset = insert_with_session(self.conn, cursor, rows)
         if self.decode:
             decoded = [(c.op, c.name, c.old, c.new) for c in apsw.Changeset.iter(changeset)]
             self.changesets += len(decoded)
@@ -357,12 +364,7 @@ class ChangesetLayout(PlainLoop):
     def transaction(self, rows: Sequence[Row], statements: Sequence[Statement]) -> None:
         cursor = self.conn.cursor()
         cursor.execute("BEGIN IMMEDIATE")
-        session = apsw.Session(self.conn, "main")
-        session.attach(TABLE)
-        for row in rows:
-            cursor.execute(INSERT, row)
-        changeset = session.changeset()
-        session.close()
+        changeset = insert_with_session(self.conn, cursor, rows)
         text = self.text_of(rows) if self.render else self.texts[id(rows)]
         cursor.execute("INSERT INTO alt_journal VALUES (NULL, ?, 0)", (text,))
         cursor.execute("INSERT INTO alt_changes VALUES (NULL, ?)", (changeset,))

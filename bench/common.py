@@ -89,13 +89,18 @@ def platform_json(versions: Mapping[str, str]) -> dict[str, Any]:
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _stat_cpu(fields: list[str]) -> float:
+    """user+system CPU seconds from the fields after ``(comm)`` of a /proc stat line."""
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def stat_cpu_seconds(stat_path: str) -> float | None:
     """user+system CPU seconds in a Linux ``/proc/…/stat`` file, or None without one."""
     try:
         fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return _stat_cpu(fields)
 
 
 def process_cpu_seconds(pid: int | None) -> float | None:
@@ -114,8 +119,7 @@ def process_table() -> dict[int, tuple[int, str, float]]:
             continue
         name = text[text.index("(") + 1 : text.rindex(")")]  # may hold spaces and ")"
         fields = text.rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        table[int(stat.parent.name)] = (int(fields[1]), name, cpu)
+        table[int(stat.parent.name)] = (int(fields[1]), name, _stat_cpu(fields))
     return table
 
 
