@@ -18,8 +18,8 @@ NULL) and encodes at C speed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -47,6 +47,55 @@ class TableShape:
     rowid_key: bool
     #: False for WITHOUT ROWID tables
     has_rowid: bool = True
+    _image_struct: type[msgspec.Struct] | None = field(init=False, repr=False, compare=False)
+    _pk_prefix: bytes | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Encoding through a Struct whose fields are renamed to the column names gives the
+        # same MessagePack map as dict(zip(columns, values)) at less than half the cost
+        # (measured: 0.15 vs 0.38 us for a 5-column row), and capture encodes every image.
+        object.__setattr__(self, "_image_struct", _image_struct(self.columns))
+        key = self.pk_columns
+        prefix = _encode({key[0]: None})[:-1] if len(key) == 1 else None  # None = 1 byte
+        object.__setattr__(self, "_pk_prefix", prefix)
+
+    @property
+    def pk_columns(self) -> tuple[str, ...]:
+        """The names in the change's primary-key map: the key columns, or ``rowid``."""
+        if self.rowid_key and not self.pk_positions:
+            return ("rowid",)
+        return tuple(self.columns[i] for i in self.pk_positions)
+
+    def image(self, values: Sequence[SQLValue]) -> bytes:
+        """A full row as its MessagePack image: column name -> value, in column order."""
+        struct = self._image_struct
+        if struct is not None and len(values) == len(self.columns):
+            return _encode(struct(*values))
+        return _encode(dict(zip(self.columns, values, strict=False)))
+
+    def key(self, rowid: int, values: Sequence[SQLValue]) -> bytes:
+        """The MessagePack primary-key map of a row (``values`` in column order)."""
+        positions = self.pk_positions
+        if self.rowid_key and not positions:
+            value: SQLValue = rowid
+        elif len(positions) == 1:
+            value = values[positions[0]]
+        else:
+            return _encode({self.columns[i]: values[i] for i in positions})
+        assert self._pk_prefix is not None
+        return self._pk_prefix + _encode(value)
+
+
+def _image_struct(columns: tuple[str, ...]) -> type[msgspec.Struct] | None:
+    """A Struct type encoding as the map column -> value; None when msgspec cannot name
+    a field so (it refuses control characters, quotes and backslashes in names)."""
+    fields = [f"f{i}" for i in range(len(columns))]
+    try:
+        return msgspec.defstruct(
+            "Image", fields, rename=dict(zip(fields, columns, strict=True)), gc=False
+        )
+    except (ValueError, TypeError):
+        return None
 
 
 class ChangeBuffer:
@@ -90,15 +139,13 @@ class ChangeBuffer:
             )
         base = cid << SEQ_BITS
         for seq, (op, shape, rowid, rowid_new, old, new) in enumerate(self.events, 1):
-            names = shape.columns
-            before = _encode(dict(zip(names, old, strict=False))) if old is not None else None
-            after = _encode(dict(zip(names, new, strict=False))) if new is not None else None
-            if shape.rowid_key and not shape.pk_positions:
-                pk = _encode({"rowid": rowid_new if new is not None else rowid})
+            if new is not None:
+                after = shape.image(new)
+                pk = shape.key(rowid_new, new)
             else:
-                image = new if new is not None else old
-                assert image is not None
-                pk = _encode({names[i]: image[i] for i in shape.pk_positions})
+                after = None
+                assert old is not None
+                pk = shape.key(rowid, old)
             yield (
                 base + seq,
                 cid,
@@ -108,7 +155,7 @@ class ChangeBuffer:
                 rowid if old is not None else None,
                 rowid_new if new is not None else None,
                 pk,
-                before,
+                shape.image(old) if old is not None else None,
                 after,
                 timestamp_ms,
             )

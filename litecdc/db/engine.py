@@ -86,6 +86,8 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
 
 def _bindable(params: Any) -> Any:
     """Parameters as APSW binds them: named keys may be given with their ``:``/``@``/``$``."""
+    if type(params) is tuple or type(params) is list:
+        return params  # the common case, without the (slow) ABC check below
     if isinstance(params, Mapping) and any(k[:1] in ":@$" for k in params):
         return {(k[1:] if k[:1] in ":@$" else k): v for k, v in params.items()}
     return params

@@ -319,6 +319,9 @@ def _column_literals(column: Sequence[SQLValue]) -> list[str]:
     return list(map(sql_literal, column))
 
 
+_SEQUENCE_TYPES = {tuple, list}
+
+
 def render_many(sql: str, many: Sequence[Params]) -> list[str]:
     """:func:`render` for many parameter sets of one statement (the bulk-write path).
 
@@ -330,7 +333,10 @@ def render_many(sql: str, many: Sequence[Params]) -> list[str]:
     if not template.placeholders:
         return [sql.rstrip()] * len(many)
     if (
-        any(isinstance(params, Mapping) for params in many)
+        (
+            not set(map(type, many)) <= _SEQUENCE_TYPES
+            and any(isinstance(params, Mapping) for params in many)
+        )
         or template.statements != 1
         or any(p.term for p in template.placeholders)
     ):

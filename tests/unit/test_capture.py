@@ -53,6 +53,39 @@ def test_insert_update_delete_with_full_images_and_exact_types(store: Store) -> 
     assert all(isinstance(c.after["b"], bytes) for c in changes[:2] if c.after)
 
 
+@pytest.mark.parametrize(
+    "columns",
+    [
+        ('"class"', '"a b"', '"f0"', '"é"'),  # any identifier-free names: encoded via a Struct
+        ('"quo""te"', '"back\\slash"', '"tab\tname"'),  # names msgspec cannot rename to
+    ],
+)
+def test_images_and_keys_are_the_maps_of_the_column_names(
+    store: Store, columns: tuple[str, ...]
+) -> None:
+    names = [c[1:-1].replace('""', '"') for c in columns]
+    store.execute([S(f"CREATE TABLE odd({', '.join(columns)}, PRIMARY KEY({columns[1]}))")])
+    values = (*(1, "k", 2.5)[: len(columns) - 1], b"\x00")
+    placeholders = ", ".join("?" * len(columns))
+    out = store.execute(
+        [
+            S(f"INSERT INTO odd VALUES({placeholders})", values),
+            S(f"UPDATE odd SET {columns[0]} = 7"),
+            S("DELETE FROM odd"),
+        ]
+    )
+    changes = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    row = dict(zip(names, values, strict=True))
+    updated = {**row, names[0]: 7}
+    assert [(c.op, c.pk, c.before, c.after) for c in changes] == [
+        ("insert", {names[1]: row[names[1]]}, None, row),
+        ("update", {names[1]: row[names[1]]}, row, updated),
+        ("delete", {names[1]: row[names[1]]}, updated, None),
+    ]
+    # the stored maps list the columns in table order, as the wire formats show them
+    assert [list(c.after or {}) for c in changes[:2]] == [names, names]
+
+
 def test_primary_key_kinds(store: Store) -> None:
     store.execute(
         [
