@@ -20,6 +20,7 @@ import apsw
 
 from litecdc.db.access import Access, ReadAuthorizer, WriteAuthorizer
 from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
+from litecdc.db.checkpoint import BackgroundCheckpointer
 from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_process_timezone
 from litecdc.db.dump import dump_statements
 from litecdc.db.schema import (
@@ -142,9 +143,12 @@ class Engine:
         self._write_lock = threading.RLock()
         self._writer = apsw.Connection(self.path, vfs=self._vfs.name)
         self._writer.set_busy_timeout(BUSY_TIMEOUT_MS)
-        self._writer.execute("PRAGMA journal_mode=WAL")
+        mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
         self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._writer.execute(CREATE_INTERNAL)
+        self._checkpointer = (
+            BackgroundCheckpointer(self._writer, self.path) if str(mode).lower() == "wal" else None
+        )
         if foreign_keys:
             self._writer.execute("PRAGMA foreign_keys=ON")
         self._random = DeterministicRandom()
@@ -186,6 +190,8 @@ class Engine:
             with self._reader_lock:
                 for conn in self._reader_list:
                     conn.close()
+            if self._checkpointer is not None:
+                self._checkpointer.close()
             self._writer.close()
 
     # -- internal statements ----------------------------------------------------------
@@ -431,6 +437,8 @@ class Engine:
 
     def _commit(self) -> None:
         self._internal("RELEASE litecdc_entry" if self._nested else "COMMIT")
+        if not self._nested and self._checkpointer is not None:
+            self._checkpointer.after_commit()
 
     def _rollback(self) -> None:
         if not self._writer.in_transaction:
@@ -466,6 +474,8 @@ class Engine:
                         self._authorizer.internal = was
                 self._nested = False
                 self._internal("COMMIT")
+                if self._checkpointer is not None:
+                    self._checkpointer.after_commit()
                 return done
             except _BatchRolledBack:
                 return None
@@ -648,6 +658,8 @@ class Engine:
                 self._append(entry, access)
                 self._internal("COMMIT")
                 ok = True
+                if self._checkpointer is not None:
+                    self._checkpointer.after_commit()
             except (apsw.Error, StatementError) as exc:
                 log.warning(
                     "journal entry %d failed on apply and is recorded empty: %s", entry.cid, exc

@@ -1,0 +1,117 @@
+"""WAL checkpoints run on the engine's checkpointer thread, never inside a client's COMMIT."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import apsw
+import pytest
+
+from litecdc import NodeConfig, Statement, Store
+from litecdc.db.checkpoint import CHECKPOINT_PAGES, BackgroundCheckpointer
+
+S = Statement
+PAGE = 4096
+
+
+def wal_pages(store: Store) -> int:
+    wal = Path(store.engine.path + "-wal")
+    return wal.stat().st_size // (PAGE + 24) if wal.exists() else 0
+
+
+def write_pages(store: Store, pages: int) -> None:
+    """Commit about ``pages`` pages of new rows, a transaction of ~100 pages at a time."""
+    for _ in range(pages // 100):
+        store.execute(
+            [S("INSERT INTO t(v) VALUES(randomblob(3900))") for _ in range(100)], transaction=True
+        )
+
+
+def checkpointer(store: Store) -> BackgroundCheckpointer:
+    found = store.engine._checkpointer
+    assert found is not None
+    return found
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert condition(), "timed out"
+
+
+def test_commits_leave_checkpoints_to_the_background_thread(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")])
+    background = checkpointer(store)
+    background.pages = 10**9  # asleep: nothing checkpoints the WAL now
+    write_pages(store, int(CHECKPOINT_PAGES * 1.5))
+    # SQLite's autocheckpoint would have copied the WAL back at 1000 pages, inside a COMMIT
+    assert wal_pages(store) > CHECKPOINT_PAGES
+    db_size = os.path.getsize(store.engine.path)
+
+    background.pages = CHECKPOINT_PAGES
+    write_pages(store, 100)  # a commit over the threshold wakes the thread
+    wait_for(lambda: background.checkpoints >= 1 and os.path.getsize(store.engine.path) > db_size)
+    wal_before = os.path.getsize(store.engine.path + "-wal")
+    write_pages(store, 100)  # the WAL starts over instead of growing
+    assert os.path.getsize(store.engine.path + "-wal") == wal_before
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(1700,)]
+
+
+def test_a_writer_that_never_pauses_keeps_the_wal_bounded(store: Store) -> None:
+    """The WAL starts over only when a write begins after a complete checkpoint: past
+    ``limit`` pages the writer waits for one after its commit."""
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")])
+    background = checkpointer(store)
+    background.pages, background.limit = 50, 300
+    largest = 0
+    for _ in range(40):  # ~200 pages per transaction, back to back
+        write_pages(store, 100)
+        largest = max(largest, background.wal_pages)
+    # at most the limit plus one transaction (~200 pages) before the WAL starts over
+    assert largest <= 300 + 300, largest
+    assert background.checkpoints >= 10
+    assert wal_pages(store) <= 600
+
+
+def test_closing_the_store_stops_its_checkpointer(tmp_path: Path) -> None:
+    before = {t for t in threading.enumerate() if t.name == "litecdc-checkpoint"}
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    mine = {t for t in threading.enumerate() if t.name == "litecdc-checkpoint"} - before
+    assert len(mine) == 1
+    store.close()
+    assert not any(t.is_alive() for t in mine)
+    # the last connection's close checkpoints and removes the WAL, as in plain SQLite
+    assert not Path(store.engine.path + "-wal").exists()
+
+
+def test_a_failing_checkpoint_is_logged_and_tried_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error in the checkpoint (here its connection is gone, standing in for I/O
+    trouble that cannot be caused on demand) is logged; the thread carries on and the
+    next commit over the threshold checkpoints."""
+    path = str(tmp_path / "db.sqlite")
+    writer = apsw.Connection(path)
+    writer.execute("PRAGMA journal_mode=WAL").fetchall()
+    writer.execute("CREATE TABLE t(v)")
+    background = BackgroundCheckpointer(writer, path, pages=1)
+    working = background._conn
+    try:
+        broken = apsw.Connection(path)
+        broken.close()
+        background._conn = broken
+        background._wake.set()
+        wait_for(lambda: "WAL checkpoint failed, will try again" in caplog.text)
+        assert background.checkpoints == 0
+        background._conn = working
+        writer.execute("INSERT INTO t VALUES(1)")  # the WAL hook wakes the thread again
+        wait_for(lambda: background.checkpoints >= 1)
+    finally:
+        background._conn = working
+        background.close()
+        writer.close()
