@@ -37,8 +37,9 @@ class Placeholder:
     index: int
     #: name without its prefix character, or None for ``?``/``?NNN``.
     name: str | None
-    #: a whole ORDER BY / GROUP BY term, where SQLite reads an integer *literal* as a
-    #: column number (a bound integer is a constant), so integers render as (SELECT n)
+    #: inside an ORDER BY / GROUP BY term, where SQLite reads an integer literal — also
+    #: ``(2)``, ``+2`` or ``-(-2)`` — as a column number (a bound integer is a constant),
+    #: so integers render as (SELECT n)
     term: bool = False
 
 
@@ -81,6 +82,11 @@ _CLAUSE_ENDS = frozenset(
         "VALUES",
         "SET",
         "DO",
+        # a window's frame: its offsets must be literals, and SQLite reads them as such
+        "ROWS",
+        "RANGE",
+        "GROUPS",
+        "EXCLUDE",
     }
 )
 
@@ -97,7 +103,7 @@ def parse_template(sql: str) -> Template:
     names: dict[str, int] = {}
     statements, last_end = 0, 0
     depth = 0  # parentheses
-    by_depth: int | None = None  # depth of the ORDER BY / GROUP BY clause we are in
+    by_depths: list[int] = []  # depths of the ORDER BY / GROUP BY clauses we are in
     previous = ""  # last significant token: a keyword in capitals, ",", ";" or "x"
     word = ""  # last word, for "ORDER BY"
     open_comment = ""  # a comment still open at the end: "--" or "/*"
@@ -138,7 +144,8 @@ def parse_template(sql: str) -> Template:
                 statements += 1
             i += 1
             last_end = i
-            depth, by_depth, previous, word = 0, None, ";", ""
+            depth, previous, word = 0, ";", ""
+            by_depths.clear()
         elif ch == "?" or (ch in ":@$" and i + 1 < n and _is_ident_char(sql[i + 1])):
             j = i + 1
             if ch == "?":
@@ -159,7 +166,7 @@ def parse_template(sql: str) -> Template:
                     names[token] = max_index
                 index = names[token]
                 name = token[1:]
-            term = by_depth == depth and previous in ("BY", ",")
+            term = bool(by_depths)  # anywhere in the clause, nested expressions included
             parts.append(sql[start:i])
             placeholders.append(Placeholder(offset + index, name, term))
             i = start = j
@@ -170,9 +177,9 @@ def parse_template(sql: str) -> Template:
                 j += 1
             current = sql[i:j].upper()
             if current == "BY" and word in ("ORDER", "GROUP"):
-                by_depth = depth
-            elif current in _CLAUSE_ENDS and by_depth == depth:
-                by_depth = None
+                by_depths.append(depth)
+            elif current in _CLAUSE_ENDS and by_depths and by_depths[-1] == depth:
+                by_depths.pop()
             previous = word = current
             i = j
         elif ch.isspace():
@@ -182,8 +189,8 @@ def parse_template(sql: str) -> Template:
                 depth += 1
             elif ch == ")":
                 depth -= 1
-                if by_depth is not None and depth < by_depth:
-                    by_depth = None
+                while by_depths and by_depths[-1] > depth:
+                    by_depths.pop()
             previous = word = ch if ch == "," else "x"
             i += 1
     parts.append(sql[start:])
