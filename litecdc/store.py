@@ -8,6 +8,7 @@ async code run them in a thread (``anyio.to_thread.run_sync``).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
@@ -29,6 +30,7 @@ from litecdc.db.schema import (
     release_hold_sql,
 )
 from litecdc.errors import (
+    ConfigError,
     LoadError,
     ModeError,
     NotFoundError,
@@ -81,15 +83,46 @@ def _check_subscriber_name(name: object) -> None:
         raise RequestError(problem)
 
 
+#: held (flock) by the process whose node has the data directory open
+DATA_DIR_LOCK = "litecdc.lock"
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Take the data directory for this process, or refuse: two nodes writing one
+    database would both number commits from the same journal and break each other."""
+    path = data_dir / DATA_DIR_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"data directory {data_dir} is in use by another litecdc node (pid {holder}); "
+            "each node needs a data directory of its own"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class Store:
     """One node's replicated-SQLite state: data, journal and captured changes."""
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-        self.engine = Engine(
-            config.db_path, synchronous=config.synchronous, foreign_keys=config.foreign_keys
-        )
+        self._dir_lock = _lock_data_dir(Path(config.data_dir))
+        try:
+            self.engine = Engine(
+                config.db_path, synchronous=config.synchronous, foreign_keys=config.foreign_keys
+            )
+        except BaseException:
+            os.close(self._dir_lock)
+            raise
         self.journal = Journal(self.engine)
         self._page_workers = (
             PageWorkers(str(config.db_path), config.source_workers)
@@ -475,3 +508,4 @@ class Store:
             if self._page_workers is not None:
                 self._page_workers.close()
             self.engine.close()
+            os.close(self._dir_lock)

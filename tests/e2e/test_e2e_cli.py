@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from litecdc_node import Node
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,3 +77,19 @@ def test_help_documents_serve() -> None:
         "--max-body-bytes",
     ):
         assert option in proc.stdout
+
+
+def test_a_second_node_on_a_data_directory_in_use_is_refused(fresh_node: Node) -> None:
+    """Two processes writing one database would number commits from the same journal:
+    the second one must not start (before this, it did and broke the first)."""
+    assert fresh_node.proc is not None
+    with fresh_node.client() as client:
+        fresh_node.execute(client, ["CREATE TABLE t(x)", "INSERT INTO t VALUES(1)"])
+        proc = _serve("--data-dir", str(fresh_node.data_dir), "--http-addr", "127.0.0.1:0")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"error: data directory {fresh_node.data_dir} is in use by another litecdc node "
+            f"(pid {fresh_node.proc.pid}); each node needs a data directory of its own\n"
+        )
+        out = fresh_node.execute(client, ["INSERT INTO t VALUES(2)"])
+        assert "error" not in out["results"][0]

@@ -65,7 +65,7 @@ def test_restart_keeps_data_and_journal(tmp_path: Path) -> None:
         code = n.stop()
     # SIGTERM is a clean shutdown: exit 0, the store closed (SQLite removes the WAL files)
     assert code == 0, n.log()
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["db.sqlite"]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["db.sqlite", "litecdc.lock"]
     n2 = Node(tmp_path / "data", port=port_node.port).start()
     try:
         with n2.client() as c:
