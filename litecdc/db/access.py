@@ -70,6 +70,8 @@ INTROSPECTION_PRAGMAS = frozenset(
 #: tables whose contents depend on the file layout of each replica
 _LAYOUT_TABLES = frozenset({"dbstat", "sqlite_dbpage"})
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema"})
+#: PRAGMAs that read every table (or the one named): the transaction reads everything
+_READ_ALL_PRAGMAS = frozenset({"foreign_key_check", "integrity_check", "quick_check"})
 
 
 @dataclass(slots=True)
@@ -79,30 +81,34 @@ class Access:
     reads: set[str] = field(default_factory=set)
     writes: set[str] = field(default_factory=set)
     schema: bool = False
-    #: reads state that any earlier write may have changed (sqlite_sequence), so the
-    #: transaction depends on everything before it, like a schema change
+    #: reads state that any earlier write may have changed (sqlite_sequence, or every
+    #: table at once as foreign_key_check does): a barrier, like a schema change
     reads_everything: bool = False
-    #: reads sqlite_schema.rootpage (file layout): refused unless the statement is DDL
-    reads_rootpage: bool = False
+    #: writes SQLite's own tables (sqlite_sequence, sqlite_stat1…), which every later
+    #: AUTOINCREMENT insert or query plan reads without the authorizer saying so: a barrier
+    writes_sqlite_tables: bool = False
     #: why the statement was refused, if it was
     refused: str | None = None
     #: the refusal means the client wanted a transaction (BEGIN…): fail the whole request
     refused_transaction_control: bool = False
 
-    def layout_problem(self) -> str | None:
-        """Why this statement cannot be replicated because it reads the file layout."""
-        if self.reads_rootpage and not self.schema:
-            return (
-                "sqlite_schema.rootpage describes the file layout, which differs between "
-                "replicas; it cannot be read in a write"
-            )
-        return None
+    @property
+    def barrier(self) -> bool:
+        """Whether the transaction depends on everything before it and everything after
+        it depends on it (see Journal.snapshot_for)."""
+        return self.schema or self.reads_everything or self.writes_sqlite_tables
+
+    @property
+    def wrote(self) -> bool:
+        """Whether there is anything to commit and journal."""
+        return bool(self.writes) or self.schema or self.writes_sqlite_tables
 
     def merge(self, other: Access) -> None:
         self.reads |= other.reads
         self.writes |= other.writes
         self.schema = self.schema or other.schema
         self.reads_everything = self.reads_everything or other.reads_everything
+        self.writes_sqlite_tables = self.writes_sqlite_tables or other.writes_sqlite_tables
 
 
 def _is_user_object(name: str | None) -> bool:
@@ -118,6 +124,8 @@ class WriteAuthorizer:
         self.recording: Access | None = None
         #: True while litecdc runs its own statements (no checks, no recording)
         self.internal = False
+        #: the previous call was SQLite moving a root page (DROP TABLE / DROP INDEX)
+        self._moved_rootpage = False
 
     def _refuse(self, reason: str) -> int:
         if self.recording is not None and self.recording.refused is None:
@@ -135,6 +143,7 @@ class WriteAuthorizer:
         if self.internal:
             return apsw.SQLITE_OK
         access = self.recording
+        moved_rootpage, self._moved_rootpage = self._moved_rootpage, False
         if action == apsw.SQLITE_READ:
             table = arg1 or ""
             if table.startswith(INTERNAL_PREFIX):
@@ -147,9 +156,13 @@ class WriteAuthorizer:
                     f"{table} describes the file layout, which differs between replicas; it "
                     "cannot be read in a write"
                 )
-            if table in _SCHEMA_TABLES and arg2 == "rootpage" and access is not None:
-                # DDL reads it too (DROP TABLE): decided once the statement is known
-                access.reads_rootpage = True
+            if table in _SCHEMA_TABLES and arg2 == "rootpage" and not moved_rootpage:
+                # (SQLite's own DROP TABLE / DROP INDEX reads it right after moving a root
+                # page; any other read is the client's, also next to DDL in one string)
+                return self._refuse(
+                    "sqlite_schema.rootpage describes the file layout, which differs between "
+                    "replicas; it cannot be read in a write"
+                )
             if access is not None:
                 if table == "sqlite_sequence":
                     access.reads_everything = True
@@ -161,8 +174,13 @@ class WriteAuthorizer:
         if action in _WRITE:
             if arg1 and arg1.startswith(INTERNAL_PREFIX):
                 return self._refuse(f"table {arg1} is internal to litecdc and cannot be written")
-            if access is not None and arg1 is not None and _is_user_object(arg1):
-                access.writes.add(arg1)
+            if arg1 in _SCHEMA_TABLES and arg2 == "rootpage":
+                self._moved_rootpage = True
+            if access is not None and arg1 is not None:
+                if _is_user_object(arg1):
+                    access.writes.add(arg1)
+                elif arg1 not in _SCHEMA_TABLES:  # DDL writes the schema: already a barrier
+                    access.writes_sqlite_tables = True
             return apsw.SQLITE_OK
         if action in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
             return apsw.SQLITE_OK
@@ -202,11 +220,18 @@ class WriteAuthorizer:
                 "virtual tables are not supported: their row changes cannot be captured"
             )
         if action == apsw.SQLITE_PRAGMA:
+            if (arg1 or "").lower() in _READ_ALL_PRAGMAS and access is not None:
+                access.reads_everything = True
             if (arg1 or "").lower() in INTROSPECTION_PRAGMAS and (
                 arg2 is None
                 or (arg1 or "").lower() not in ("user_version", "application_id", "foreign_keys")
             ):
                 return apsw.SQLITE_OK
+            if arg2 is None:  # a read: page_count, data_version, database_list…
+                return self._refuse(
+                    f"PRAGMA {arg1} reads connection or file state that differs between "
+                    "replicas; it cannot be used in a write"
+                )
             return self._refuse(
                 f"PRAGMA {arg1} changes connection or file state that is not "
                 "replicated; it is not allowed in writes"

@@ -115,9 +115,12 @@ class ChangeBuffer:
 
     def hook(self, update: Any) -> None:
         # Keep this minimal: it runs once per changed row, inside SQLite.
-        shape = self.shapes.get(update.table_name)
+        name = update.table_name
+        if name.startswith("sqlite_"):
+            return  # SQLite's own tables (a client's UPDATE sqlite_sequence): not data
+        shape = self.shapes.get(name)
         if shape is None:
-            shape = self.shapes[update.table_name] = self._shape_of(update.table_name)
+            shape = self.shapes[name] = self._shape_of(name)
         self.events.append(
             (update.op, shape, update.rowid, update.rowid_new, update.old, update.new)
         )
@@ -152,8 +155,9 @@ class ChangeBuffer:
                 seq,
                 shape.table,
                 OP_NAMES[op],
-                rowid if old is not None else None,
-                rowid_new if new is not None else None,
+                # SQLite reports rowid 0 for WITHOUT ROWID tables: they have none
+                rowid if old is not None and shape.has_rowid else None,
+                rowid_new if new is not None and shape.has_rowid else None,
                 pk,
                 shape.image(old) if old is not None else None,
                 after,

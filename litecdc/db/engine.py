@@ -27,6 +27,8 @@ from litecdc.db.schema import (
     CDC_STATE_TABLE,
     CHANGES_TABLE,
     CREATE_INTERNAL,
+    INTERNAL_PREFIX,
+    INTERNAL_TABLES,
     JOURNAL_TABLE,
     NODE_STATE_TABLE,
     SCHEMA_OBJECT,
@@ -264,6 +266,23 @@ class Engine:
                 )
         return None
 
+    def _check_internal_names(self) -> str | None:
+        """A client object renamed into litecdc's prefix (ALTER TABLE t RENAME TO
+        _litecdc_t: the authorizer sees only the old name) could never be written, renamed
+        back or dropped again, and dumps would leave it out."""
+        known = ", ".join(f"'{name}'" for name in sorted(INTERNAL_TABLES))
+        rows = self._internal(
+            "SELECT name FROM sqlite_schema "
+            f"WHERE substr(name, 1, {len(INTERNAL_PREFIX)}) = '{INTERNAL_PREFIX}' "
+            f"AND name NOT IN ({known})"
+        )
+        if rows:
+            return (
+                f"{rows[0][0]}: names starting with {INTERNAL_PREFIX} are reserved for "
+                "litecdc's internal tables"
+            )
+        return None
+
     # -- writes -----------------------------------------------------------------------
     def run_write(
         self,
@@ -327,7 +346,11 @@ class Engine:
                     # A statement (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) rolled back the
                     # whole transaction, taking earlier statements with it.
                     undone = "rolled back by a later statement in this request"
-                wrote = bool(combined.writes) or combined.schema
+                if undone and not transaction:
+                    # one result per statement, as rqlite answers without `transaction`:
+                    # the statements after the one that stopped the request did not run
+                    results.extend(StatementResult() for _ in statements[len(results) :])
+                wrote = combined.wrote
                 if not undone and wrote and self._deferred_violations():
                     # checked here, not left to COMMIT: a savepoint's RELEASE inside a batch
                     # does not check them, so batched and single applies would disagree, and
@@ -388,11 +411,15 @@ class Engine:
         buffer_mark, random_mark = self._buffer.mark(), self._random.calls
         last_ids: list[int] = []
         totals: list[int] = []
+        counts: list[int] = []
         last_insert_rowid, total_changes = writer.last_insert_rowid, writer.total_changes
+        changes = writer.changes
 
         def before_each(cursor: apsw.Cursor, text: str, bindings: Any) -> bool:
+            # what the previous execution left: its last rowid and changes() count
             last_ids.append(last_insert_rowid())
             totals.append(total_changes())
+            counts.append(changes())
             return True
 
         params = [_bindable(s.params) for s in group]
@@ -413,11 +440,12 @@ class Engine:
         self._internal("RELEASE litecdc_batch")
         last_ids.append(last_insert_rowid())
         totals.append(total_changes())
+        counts.append(changes())
         seconds = (time.perf_counter() - started) / len(group)
         results.extend(
             StatementResult(
                 last_insert_id=last_ids[k + 1],
-                rows_affected=totals[k + 1] - totals[k],
+                rows_affected=counts[k + 1] if totals[k + 1] != totals[k] else 0,
                 seconds=seconds,
             )
             for k in range(len(group))
@@ -515,11 +543,8 @@ class Engine:
             assert access is not None
             if access.refused is not None:
                 raise StatementError(access.refused)
-            problem = access.layout_problem()
-            if problem is not None:
-                raise StatementError(problem)
             if access.schema:
-                problem = self._check_capturable(access.writes)
+                problem = self._check_capturable(access.writes) or self._check_internal_names()
                 if problem is not None:
                     raise StatementError(problem)
             problem = self._check_rowid_space(buffer_mark)
@@ -566,7 +591,11 @@ class Engine:
             result.rows = rows
         if not description or access.writes:
             result.last_insert_id = writer.last_insert_rowid()
-            result.rows_affected = writer.total_changes() - changes_before
+            # SQLite's changes() (what rqlite reports): rows the statement itself changed,
+            # not those its triggers or foreign-key actions changed; it keeps the last DML
+            # statement's count through DDL, so a statement that changed nothing says 0
+            changed = writer.total_changes() != changes_before
+            result.rows_affected = writer.changes() if changed else 0
         return result, text, False
 
     def _append(
@@ -595,7 +624,7 @@ class Engine:
                     f"INSERT INTO {CHANGES_TABLE} VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                     self._buffer.rows(entry.cid, entry.timestamp_ms),
                 )
-            written = sorted(access.writes | ({SCHEMA_OBJECT} if access.schema else set()))
+            written = sorted(access.writes | ({SCHEMA_OBJECT} if access.barrier else set()))
             if written:
                 writer.executemany(
                     f"INSERT INTO {TABLE_CIDS_TABLE}(name, cid) VALUES (?, ?) "
@@ -907,6 +936,8 @@ class Engine:
         try:
             for statement in statements:
                 results.append(self._read_one(conn, statement))
+                if transaction and results[-1].error is not None:
+                    break  # as for writes: the first error stops a `transaction` request
         finally:
             if conn.in_transaction:  # ours, or anything a statement left open
                 with authorizer.trusted():
@@ -1059,6 +1090,11 @@ class Engine:
         scratch = apsw.Connection(":memory:")
         try:
             if data.startswith(_SQLITE_HEADER):
+                if data[18:20] == b"\x02\x02":
+                    # a WAL-mode file (every backup of litecdc's or rqlite's): an in-memory
+                    # database cannot open one, and a lone file has no WAL to read anyway,
+                    # so mark it as a rollback-journal file (header bytes 18-19, 1 = legacy)
+                    data = data[:18] + b"\x01\x01" + data[20:]
                 scratch.deserialize("main", data)
                 try:
                     scratch.execute("PRAGMA quick_check").fetchall()

@@ -74,6 +74,11 @@ CREATE_HOLDS = (
     ") WITHOUT ROWID;"
 )
 
+#: every object litecdc itself creates; any other name with the prefix is refused
+INTERNAL_TABLES = frozenset(
+    {JOURNAL_TABLE, CHANGES_TABLE, TABLE_CIDS_TABLE, NODE_STATE_TABLE, CDC_STATE_TABLE, HOLDS_TABLE}
+)
+
 #: Default retention cap: a hold older than this many commits behind the head expires
 #: (its subscriber must re-snapshot), and without holds changes are kept this long.
 DEFAULT_RETENTION_CIDS = 1_000_000

@@ -148,17 +148,22 @@ class Journal:
           writes (it must see that write);
         * the last cid that **read** any table the transaction writes (that reader must
           not see this write: a replica may not run it first);
-        * the last schema change (every statement is prepared against the schema) — and
-          the last internal entry, which counts as one: litecdc's own entries (CDC high
-          watermark, retention holds, pruning) read the journal's head, so they are
-          barriers that no later transaction may overtake on a replica.
+        * the last schema change (every statement is prepared against the schema) or
+          other barrier (below) — and the last internal entry, which counts as one:
+          litecdc's own entries (CDC high watermark, retention holds, pruning) read the
+          journal's head, so they are barriers that no later transaction may overtake on
+          a replica.
 
-        A schema change, and a transaction that reads ``sqlite_sequence``, depend on
-        ``cid - 1`` (everything before them). Objects never touched through the journal
-        count as the initial record. A replica may apply the transaction as soon as its
-        snapshot is available, in any order relative to transactions it does not depend on.
+        A schema change, a transaction that reads ``sqlite_sequence`` or every table at
+        once (``foreign_key_check``), and one that writes SQLite's own tables
+        (``sqlite_sequence``, ``sqlite_stat1``: read by every later AUTOINCREMENT insert or
+        query plan without the authorizer saying so) are barriers: they depend on
+        ``cid - 1`` (everything before them) and everything after depends on them.
+        Objects never touched through the journal count as the initial record. A replica
+        may apply the transaction as soon as its snapshot is available, in any order
+        relative to transactions it does not depend on.
         """
-        if access.schema or access.reads_everything:
+        if access.barrier:
             return cid - 1
         snapshot = self._schema_cid
         written, read = self._written, self._read
@@ -176,7 +181,7 @@ class Journal:
         for name in access.reads:
             if self._read.get(name, 0) < cid:
                 self._read[name] = cid
-        if access.schema:
+        if access.barrier:
             self._schema_cid = max(self._schema_cid, cid)
         self._last = max(self._last, cid)
         if cid == self._available + 1:

@@ -243,6 +243,27 @@ def test_load_replaces_everything_as_one_captured_transaction(store: Store, tmp_
     assert "no such table" in (store.query([S("SELECT * FROM fresh")])[0].error or "")
 
 
+def test_load_takes_a_wal_mode_file_such_as_a_backup(store: Store, tmp_path: Path) -> None:
+    """Backups (litecdc's and rqlite's) are WAL-mode files; an in-memory scratch database
+    cannot open those as they are."""
+    store.execute(
+        [S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)"), S("INSERT INTO t VALUES(1, 'a')")]
+    )
+    store.backup(tmp_path / "backup.db")
+    backup = (tmp_path / "backup.db").read_bytes()
+    assert backup[18:20] == b"\x02\x02"  # WAL mode
+    store.execute([S("INSERT INTO t VALUES(2, 'b')")])
+    assert store.load(backup).cid is not None
+    assert store.query([S("SELECT * FROM t")])[0].rows == [(1, "a")]
+
+    wal = apsw.Connection(str(tmp_path / "other.db"))
+    wal.execute("PRAGMA journal_mode=WAL").fetchall()
+    wal.execute("CREATE TABLE w(x); INSERT INTO w VALUES(42)")
+    wal.close()
+    assert store.load((tmp_path / "other.db").read_bytes()).cid is not None
+    assert store.query([S("SELECT * FROM w")])[0].rows == [(42,)]
+
+
 def test_load_of_garbage_is_refused_and_changes_nothing(store: Store) -> None:
     store.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
     before = store.journal.last_cid()
@@ -291,3 +312,16 @@ def test_foreign_key_cascades_are_enforced_and_captured(tmp_path: Path) -> None:
     ]
     assert store.query([S("SELECT count(*) FROM child")])[0].rows == [(0,)]
     store.close()
+
+
+def test_without_rowid_changes_have_no_rowids(store: Store) -> None:
+    store.execute([S("CREATE TABLE w(k TEXT PRIMARY KEY, v) WITHOUT ROWID")])
+    out = store.execute(
+        [S("INSERT INTO w VALUES('a', 1)"), S("UPDATE w SET v = 2"), S("DELETE FROM w")]
+    )
+    changes = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    assert [(c.op, c.old_rowid, c.new_rowid, c.pk) for c in changes] == [
+        ("insert", None, None, {"k": "a"}),
+        ("update", None, None, {"k": "a"}),
+        ("delete", None, None, {"k": "a"}),
+    ]

@@ -19,6 +19,11 @@ S = Statement
         ("CREATE TEMP TABLE tmp(x)", "temporary objects exist on one connection only"),
         ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
         ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
+        (
+            "INSERT INTO t SELECT page_count FROM pragma_page_count",
+            "PRAGMA page_count reads connection or file state that differs between replicas",
+        ),
+        ("INSERT INTO t SELECT count(*) FROM dbstat", "dbstat describes the file layout"),
         ("BEGIN", "transaction control statements are not allowed"),
         ("SAVEPOINT s", "transaction control statements are not allowed"),
         ("CREATE VIRTUAL TABLE v USING fts5(x)", "virtual tables are not supported"),

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from litecdc import JournalEntry, Mode, NodeConfig, Statement, Store
-from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
+from litecdc.errors import (
+    ConfigError,
+    DuplicateCidError,
+    ModeError,
+    SnapshotUnavailableError,
+    TruncateError,
+)
 
 S = Statement
 
@@ -68,9 +74,13 @@ def test_statement_that_rolls_back_everything(store: Store) -> None:
     store.execute(
         [S("CREATE TABLE t(x UNIQUE ON CONFLICT ROLLBACK)"), S("INSERT INTO t VALUES(1)")]
     )
-    out = store.execute([S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)")])
+    out = store.execute(
+        [S("INSERT INTO t VALUES(2)"), S("INSERT INTO t VALUES(1)"), S("INSERT INTO t VALUES(3)")]
+    )
     assert out.cid is None
+    assert len(out.results) == 3  # one per statement; the last one never ran
     assert out.results[0].error == "rolled back by a later statement in this request"
+    assert out.results[2].error == "rolled back by a later statement in this request"
     assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
 
 
@@ -192,6 +202,33 @@ def test_truncation_in_cid_order_never_empties(store: Store) -> None:
     assert store.journal.last_cid() == 8
 
 
+def test_rows_affected_counts_the_statement_not_its_triggers(store: Store) -> None:
+    """As SQLite's changes() and rqlite: an ORM checking "1 row updated" must see 1 even
+    when an audit trigger writes more rows."""
+    store.execute(
+        [
+            S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)"),
+            S("CREATE TABLE audit(v)"),
+            S(
+                "CREATE TRIGGER t_audit AFTER INSERT ON t BEGIN "
+                "INSERT INTO audit VALUES(new.v); INSERT INTO audit VALUES(new.v); END"
+            ),
+            S("CREATE TRIGGER t_upd AFTER UPDATE ON t BEGIN INSERT INTO audit VALUES(1); END"),
+        ]
+    )
+    single = store.execute([S("INSERT INTO t(v) VALUES(1)"), S("UPDATE t SET v = 2")])
+    batched = store.execute(  # one executemany inside a transaction
+        [S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(3)]
+        + [S("UPDATE t SET v = 5 WHERE id = ?", (i,)) for i in (1, 99)],
+        transaction=True,
+    )
+    ddl = store.execute([S("CREATE TABLE u(x)")])
+    assert [r.rows_affected for r in single.results] == [1, 1]
+    assert [r.rows_affected for r in batched.results] == [1, 1, 1, 1, 0]
+    assert [r.rows_affected for r in ddl.results] == [0]
+    assert store.query([S("SELECT count(*) FROM audit")])[0].rows == [(10,)]
+
+
 def test_repeated_statement_in_a_transaction_reports_each_result(store: Store) -> None:
     store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v UNIQUE)")])
     out = store.execute(
@@ -282,6 +319,9 @@ def test_transaction_control_fails_the_whole_request(store: Store) -> None:
         "not committed: this request has a transaction control statement",
         "transaction control statements are not allowed: each request is one transaction "
         "(use the transaction parameter to make it all-or-nothing)",
+        # one result per statement, as rqlite answers: the rest did not run
+        "not committed: this request has a transaction control statement",
+        "not committed: this request has a transaction control statement",
     ]
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
 
@@ -477,3 +517,104 @@ def test_an_environmental_error_fails_the_whole_write_instead_of_one_statement(
         store.execute([S("INSERT INTO t VALUES(1)"), S("INSERT INTO t VALUES(zeroblob(100000))")])
     assert store.journal.last_cid() == last  # not recorded as a failed statement
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
+
+
+def test_a_data_directory_opens_in_one_store_at_a_time(tmp_path: Path) -> None:
+    first = Store(NodeConfig(data_dir=tmp_path / "node"))
+    with pytest.raises(ConfigError, match="is in use by another litecdc node"):
+        Store(NodeConfig(data_dir=tmp_path / "node"))
+    first.close()
+    again = Store(NodeConfig(data_dir=tmp_path / "node"))  # closing let it go
+    again.close()
+
+
+def _entry(store: Store, cid: int | None) -> tuple[int, int]:
+    assert cid is not None
+    entry = store.journal_page(cid - 1, 1).entries[0]
+    return entry.cid, entry.snapshot
+
+
+def test_writing_sqlite_sequence_is_a_barrier_and_is_committed(tmp_path: Path) -> None:
+    """AUTOINCREMENT inserts read sqlite_sequence without telling the authorizer: a write
+    to it must be seen by every later insert on every replica (review: a replica applying
+    out of order gave the next row id 2 instead of 1001)."""
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    store.execute(
+        [
+            S("CREATE TABLE a(id INTEGER PRIMARY KEY AUTOINCREMENT, v)"),
+            S("CREATE TABLE b(x)"),
+            S("CREATE TABLE c(x)"),
+        ]
+    )
+    store.execute([S("INSERT INTO a(v) VALUES(1)")])
+    store.execute([S("INSERT INTO c VALUES(1)")])
+    alone = store.execute([S("UPDATE sqlite_sequence SET seq = 500 WHERE name = 'a'")])
+    assert alone.cid is not None, "a write of sqlite_sequence alone was dropped"
+    assert _entry(store, alone.cid) == (alone.cid, alone.cid - 1)
+    mixed = store.execute(
+        [S("UPDATE sqlite_sequence SET seq = 1000 WHERE name = 'a'"), S("INSERT INTO b VALUES(1)")]
+    )
+    assert _entry(store, mixed.cid) == (mixed.cid, mixed.cid - 1)  # type: ignore[operator]
+    store.close()
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))  # the barrier survives a restart
+    later = store.execute([S("INSERT INTO a(v) VALUES(6)")])
+    assert later.results[0].last_insert_id == 1001
+    assert _entry(store, later.cid)[1] == mixed.cid
+    # SQLite's own table is not data: no change event for it
+    changes = store.changes(alone.cid - 1, 10)
+    assert [(c.cid, c.table) for c in changes] == [(mixed.cid, "b"), (later.cid, "a")]
+    store.close()
+
+
+def test_foreign_key_check_in_a_write_reads_every_table(store: Store) -> None:
+    store.execute(
+        [
+            S("CREATE TABLE p(id INTEGER PRIMARY KEY)"),
+            S("CREATE TABLE c(id INTEGER PRIMARY KEY, pid REFERENCES p(id))"),
+            S("CREATE TABLE z(n)"),
+        ]
+    )
+    store.execute([S("INSERT INTO c VALUES(1, 42)")])
+    check = store.execute([S("INSERT INTO z SELECT count(*) FROM pragma_foreign_key_check")])
+    assert _entry(store, check.cid) == (check.cid, check.cid - 1)  # type: ignore[operator]
+    later = store.execute([S("INSERT INTO c VALUES(2, 43)")])
+    assert _entry(store, later.cid)[1] == check.cid  # must not overtake the check
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO d SELECT rootpage FROM sqlite_schema WHERE name = 'd'",
+        "CREATE TABLE q(x); INSERT INTO d SELECT rootpage FROM sqlite_schema WHERE name = 'q'",
+        "CREATE TABLE q2 AS SELECT rootpage FROM sqlite_master",
+    ],
+)
+def test_the_file_layout_cannot_be_read_in_a_write(store: Store, sql: str) -> None:
+    store.execute([S("CREATE TABLE d(v)")])
+    before = store.journal.last_cid()
+    out = store.execute([S(sql)])
+    assert "rootpage describes the file layout" in (out.results[0].error or "")
+    assert store.journal.last_cid() == before
+    # SQLite's own reads of it (DROP TABLE / DROP INDEX move root pages) are fine
+    fine = store.execute(
+        [S("CREATE TABLE e(x); CREATE INDEX ex ON e(x); DROP INDEX ex; DROP TABLE e")]
+    )
+    assert fine.results[0].error is None and fine.cid is not None
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "ALTER TABLE foo RENAME TO _litecdc_foo",
+        'ALTER TABLE foo RENAME TO "_litecdc_journal2"',
+        "CREATE TABLE _litecdc_mine(x)",
+        "CREATE VIEW _litecdc_v AS SELECT 1",
+    ],
+)
+def test_client_objects_cannot_take_the_internal_prefix(store: Store, sql: str) -> None:
+    store.execute([S("CREATE TABLE foo(x)"), S("INSERT INTO foo VALUES(1)")])
+    before = store.journal.last_cid()
+    out = store.execute([S(sql)])
+    assert "_litecdc_" in (out.results[0].error or ""), out.results[0]
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT x FROM foo")])[0].rows == [(1,)]

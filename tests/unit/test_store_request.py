@@ -63,3 +63,11 @@ def test_changes_page_resumes_inside_a_transaction(store: Store) -> None:
     first = store.changes(cid - 1, 3)
     rest = store.changes(first[-1].cid, 10, after_seq=first[-1].seq)
     assert [(c.cid, c.seq) for c in first + rest] == [(cid, s) for s in range(1, 6)]
+
+
+def test_a_transaction_read_stops_at_the_first_error(store: Store) -> None:
+    statements = [S("SELECT 1"), S("SELECT * FROM nosuch"), S("SELECT 2")]
+    stopped = store.query(statements, transaction=True)
+    assert [(r.rows, bool(r.error)) for r in stopped] == [([(1,)], False), (None, True)]
+    each = store.query(statements)  # without `transaction` every statement runs
+    assert [bool(r.error) for r in each] == [False, True, False]
