@@ -43,6 +43,7 @@ from litecdc.config import NodeConfig
 from litecdc.errors import (
     BodyTooLargeError,
     LitecdcError,
+    LoadError,
     NotLeaderError,
     NotReadyError,
     RequestError,
@@ -333,12 +334,16 @@ class _Api:
         if not data.strip():
             raise RequestError("nothing to load: the body is empty; send a SQLite file or SQL text")
         is_sqlite = data.startswith(SQLITE_HEADER)
+        if not is_sqlite:
+            _check_utf8(data)
         try:
             outcome = await to_thread.run_sync(lambda: self.store.load(data))
-        except RequestError as exc:
-            if is_sqlite or type(exc) is not RequestError:
+        except (LoadError, RequestError) as exc:
+            if is_sqlite or type(exc) not in (LoadError, RequestError):
                 raise
-            # SQL text that fails is an SQL error: rqlite reports it in results, HTTP 200.
+            # SQL text that fails (LoadError: in the scratch database; RequestError: as it
+            # replaces the data) is an SQL error: rqlite reports it in results, HTTP 200.
+            # Either way the load is one transaction, so nothing was changed.
             return self._finish({"results": [{"error": str(exc)}]}, opts, start, None)
         results = (
             [] if is_sqlite else rqlite.format_results(outcome.results[-1:], timings=opts.timings)
@@ -470,7 +475,13 @@ class _Api:
             else None
         )
         changes = await to_thread.run_sync(lambda: self.store.changes(after, limit, after_seq))
-        return _json({"changes": changes}, pretty=pretty)
+        doc: dict[str, Any] = {"changes": changes}
+        if len(changes) == limit:
+            # a full page may have stopped inside a transaction: the next page starts after
+            # this exact change, not after its whole cid (that would skip the rest)
+            last = changes[-1]
+            doc["next"] = {"after": last.cid, "after_seq": last.seq}
+        return _json(doc, pretty=pretty)
 
     # -- the pull source (litecdc pipeline) ---------------------------------------------
     def _want_arrow(self, request: Request) -> bool:
@@ -481,10 +492,7 @@ class _Api:
 
     async def _json_object(self, request: Request) -> dict[str, Any]:
         body = await self._body(request)
-        try:
-            doc = msgspec.json.decode(body) if body else {}
-        except msgspec.DecodeError as exc:
-            raise RequestError(f"request body is not valid JSON: {exc}") from None
+        doc = rqlite.decode_json_body(body, "request body is not valid JSON") if body else {}
         if not isinstance(doc, dict):
             raise RequestError("request body must be a JSON object")
         return doc
@@ -635,6 +643,17 @@ class _Api:
 
 
 SOURCE_PAGE_DEFAULT = 50_000
+
+
+def _check_utf8(data: bytes) -> None:
+    """/db/load takes SQL text as UTF-8; anything else is a bad request (HTTP 400)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(
+            "load: the body is neither a SQLite database file nor UTF-8 SQL text "
+            f"(byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8)"
+        ) from None
 
 
 def _flag_param(params: Mapping[str, str], name: str) -> bool:

@@ -91,7 +91,7 @@ class CredentialStore:
     def from_json(cls, data: bytes, *, source: str = "auth file") -> CredentialStore:
         try:
             doc = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise ConfigError(f"--auth: {source} is not valid JSON: {exc}") from exc
         if not isinstance(doc, list):
             raise ConfigError(

@@ -13,6 +13,9 @@ servers were measured to send:
 * A body sent as ``Content-Type: text/plain`` is one SQL statement.
 * Errors: ``invalid JSON body``, ``invalid request``, ``unsupported type`` and
   ``no statements`` (HTTP 400); litecdc appends a colon and what exactly was wrong.
+  Every body that does not decode is ``invalid JSON body`` (:func:`decode_json_body`):
+  bytes that are not UTF-8, an unpaired surrogate escape, nesting deeper than the decoder
+  allows, as well as plain syntax errors.
 * A result omits ``last_insert_id``/``rows_affected`` when zero, ``values`` when there
   are no rows, and ``time`` unless timings were asked for.
 * ``types`` holds the declared type in lower case; a column without one (an expression)
@@ -31,6 +34,7 @@ may not mix positional and named parameters.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +48,7 @@ from litecdc.results import ReadLevel, SQLValue, Statement, StatementResult
 
 __all__ = [
     "QueryOptions",
+    "decode_json_body",
     "format_results",
     "format_rows",
     "parse_options",
@@ -77,6 +82,61 @@ def _json_kind(value: object) -> str:
     return "an object"
 
 
+# -- JSON bodies -------------------------------------------------------------------------
+
+#: a \uD800-\uDFFF escape in JSON text (half of a UTF-16 surrogate pair)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def decode_json_body(body: bytes, what: str = ERR_INVALID_JSON) -> Any:
+    """Decode a JSON request body; RequestError (HTTP 400) ``"{what}: reason"`` if it does not.
+
+    The decoder's other failures are request errors too: bytes that are not UTF-8
+    (UnicodeDecodeError), nesting deeper than the interpreter's recursion limit
+    (RecursionError), and an unpaired surrogate escape, which msgspec reports as
+    "Input data was truncated".
+    """
+    try:
+        return _decoder.decode(body)
+    except UnicodeDecodeError as exc:  # exc.object is the string being decoded
+        reason = (
+            f"the body is not UTF-8 text (a string holds byte 0x{exc.object[exc.start]:02x}); "
+            "send JSON encoded as UTF-8"
+        )
+    except RecursionError:
+        reason = "arrays or objects are nested too deeply"
+    except msgspec.DecodeError as exc:
+        reason = _unpaired_surrogate(body) or str(exc)
+    raise RequestError(f"{what}: {reason}")
+
+
+def _unpaired_surrogate(body: bytes) -> str | None:
+    """Why ``body`` failed if the cause is an unpaired surrogate escape, else None.
+
+    Only called once msgspec refused ``body``. Python's json module accepts a lone
+    surrogate (into a string that cannot be encoded), so if it decodes ``body`` and the
+    result does not encode as UTF-8, the surrogate was the one fault.
+    """
+    if _SURROGATE_ESCAPE.search(body) is None:
+        return None
+    try:
+        doc = json.loads(body, parse_constant=_refuse_constant)
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return (
+            "a string holds an unpaired surrogate escape (\\ud800-\\udfff), which is not "
+            "valid Unicode text; write a character beyond U+FFFF as a pair "
+            "(\\ud83d\\ude00) or as UTF-8"
+        )
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 # -- statements --------------------------------------------------------------------------
 
 
@@ -92,10 +152,7 @@ def parse_statements(body: bytes, content_type: str | None = None) -> list[State
         return [Statement(sql)]
     if not body.strip():
         raise RequestError(f"{ERR_NO_STATEMENTS}: the request body is empty")
-    try:
-        doc = _decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise RequestError(f"{ERR_INVALID_JSON}: {exc}") from exc
+    doc = decode_json_body(body)
     if not isinstance(doc, list):
         raise RequestError(
             f"{ERR_INVALID_REQUEST}: the body must be a JSON array of statements, "

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
+import ssl
 import sys
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
 from litecdc.config import NodeConfig
+from litecdc.errors import ConfigError
 from litecdc.http.app import create_app
 from litecdc.node import Node
 
 log = logging.getLogger("litecdc.http")
 
-__all__ = ["serve"]
+__all__ = ["check_tls_files", "listen", "serve"]
 
 GIL_SWITCH_INTERVAL_S = 0.0005
 #: seconds a closing connection may wait for its client at shutdown before it is aborted
@@ -82,39 +86,117 @@ def _loop_and_http() -> tuple[str, str]:
     return loop, http
 
 
+class _EncryptedKeyError(Exception):
+    """The private key asked for a password (litecdc takes none)."""
+
+
+def _no_password() -> bytes:
+    raise _EncryptedKeyError
+
+
+def check_tls_files(cert: Path, key: Path) -> None:
+    """Load the HTTPS certificate and key as uvicorn will; ConfigError naming the files
+    and what is wrong with them (swapped, not PEM, a key of another certificate,
+    encrypted) instead of OpenSSL's ``[SSL] PEM lib``."""
+    names = f"--http-cert {str(cert)!r} and --http-key {str(key)!r}"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
+    except _EncryptedKeyError:
+        raise ConfigError(
+            f"--http-key {str(key)!r} is encrypted; litecdc needs the private key unencrypted"
+        ) from None
+    except ssl.SSLError as exc:
+        cert_text, key_text = cert.read_bytes(), key.read_bytes()
+        if b"-----BEGIN CERTIFICATE-----" not in cert_text:
+            why = f"--http-cert {str(cert)!r} holds no PEM certificate"
+            if b"PRIVATE KEY-----" in cert_text and b"-----BEGIN CERTIFICATE-----" in key_text:
+                why += " (it holds the private key: are --http-cert and --http-key swapped?)"
+        elif b"PRIVATE KEY-----" not in key_text:
+            why = f"--http-key {str(key)!r} holds no PEM private key"
+        elif exc.reason == "KEY_VALUES_MISMATCH":
+            why = f"the private key in --http-key {str(key)!r} is not the certificate's key"
+        else:
+            why = f"{names} cannot be loaded: {exc}"
+        raise ConfigError(why) from None
+    except OSError as exc:
+        raise ConfigError(f"{names} cannot be read: {exc}") from None
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Bound sockets for ``host:port`` (every address the name resolves to, as asyncio's
+    create_server binds); ConfigError naming the address if one cannot be bound."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(f"--http-addr: cannot resolve {host!r}: {exc.strerror}") from None
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, object]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ConfigError(
+            f"--http-addr {where}: cannot listen there: {exc.strerror or exc}"
+            + (" (another process is using the port?)" if exc.errno == errno.EADDRINUSE else "")
+        ) from None
+    return sockets
+
+
 def serve(config: NodeConfig) -> None:
     """Open the node in ``config.data_dir`` and serve it until SIGINT/SIGTERM.
 
-    Raises ConfigError (bad auth file) before anything listens; on exit stops CDC
-    delivery (persisting its high watermark) and closes the store.
+    Raises ConfigError before anything listens or the store is opened for a bad
+    certificate/key pair or an address it cannot bind (in use, not local), and (from
+    create_app) for a bad auth file. Logs "serving" once the socket is bound. On exit
+    stops CDC delivery (persisting its high watermark) and closes the store.
     """
     # Store calls run in worker threads; with Python's default 5 ms GIL switch interval
     # the event loop waits too long to get the GIL back (measured: 16-client writes
     # 1,717 -> 1,946 req/s with 0.5 ms, bench/bench_http.py --client stdlib).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    node = Node(config)
+    if config.http_cert is not None and config.http_key is not None:
+        check_tls_files(Path(config.http_cert), Path(config.http_key))
+    sockets = listen(config.http_host, config.http_port)
     try:
-        app = create_app(node.store, config, cdc=node.cdc, cluster=node.cluster)
-        loop, http = _loop_and_http()
-        server = _GracefulServer(
-            uvicorn.Config(
-                app,
-                host=config.http_host,
-                port=config.http_port,
-                loop=loop,
-                http=http,
-                access_log=False,
-                log_level="warning",
-                lifespan="off",
-                ssl_certfile=str(config.http_cert) if config.http_cert else None,
-                ssl_keyfile=str(config.http_key) if config.http_key else None,
-                server_header=False,
-                date_header=False,
+        node = Node(config)
+        try:
+            app = create_app(node.store, config, cdc=node.cdc, cluster=node.cluster)
+            loop, http = _loop_and_http()
+            server = _GracefulServer(
+                uvicorn.Config(
+                    app,
+                    host=config.http_host,
+                    port=config.http_port,
+                    loop=loop,
+                    http=http,
+                    access_log=False,
+                    log_level="warning",
+                    lifespan="off",
+                    ssl_certfile=str(config.http_cert) if config.http_cert else None,
+                    ssl_keyfile=str(config.http_key) if config.http_key else None,
+                    server_header=False,
+                    date_header=False,
+                )
             )
-        )
-        scheme = "https" if config.http_cert else "http"
-        log.info("litecdc node %s serving %s://%s", config.node_id, scheme, config.http_addr)
-        node.start()
-        server.run()
+            node.start()
+            scheme = "https" if config.http_cert else "http"
+            log.info("litecdc node %s serving %s://%s", config.node_id, scheme, config.http_addr)
+            server.run(sockets=sockets)
+        finally:
+            node.close()
     finally:
-        node.close()
+        for sock in sockets:
+            sock.close()

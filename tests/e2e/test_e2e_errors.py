@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from litecdc_node import Node
+import trustme
+from litecdc_node import Node, free_port
 
 
 def _last_cid(client: httpx.Client) -> int:
@@ -31,6 +35,9 @@ def _last_cid(client: httpx.Client) -> int:
             400,
             "invalid request: statement 1 mixes",
         ),
+        (b"[\"INSERT INTO t1 VALUES('\xff')\"]", 400, "invalid JSON body: the body is not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "invalid JSON body: arrays or objects are nested"),
+        (b"[\"INSERT INTO t1 VALUES('\\ud800')\"]", 400, "invalid JSON body: a string holds"),
     ],
 )
 def test_malformed_execute_bodies(
@@ -112,3 +119,75 @@ def test_oversize_body_is_413_and_changes_nothing(tmp_path: Path) -> None:
             assert n.query(c, "SELECT COUNT(*) FROM big")["results"][0]["values"] == [[0]]
     finally:
         n.stop()
+
+
+def test_undecodable_json_keeps_the_connection(client: httpx.Client) -> None:
+    """An invalid UTF-8 body was a 500, after which the server dropped the keep-alive
+    connection; a 400 leaves it open for the next request."""
+    ports: list[int] = []  # the client's side of the connection each answer came on
+    for path in ("/db/execute", "/db/query", "/db/request", "/db/execute"):
+        r = client.post(
+            path, content=b"[\"SELECT '\xff'\"]", headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 400, r.text
+        assert r.headers.get("connection") != "close"
+        ports.append(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+    assert len(set(ports)) == 1, ports
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "litecdc", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_port_in_use_is_a_configuration_error_before_serving(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = _serve("--data-dir", str(tmp_path / "d"), "--http-addr", f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --http-addr 127.0.0.1:{port}: cannot listen there: Address already in use "
+        "(another process is using the port?)"
+    )
+    assert "serving" not in proc.stderr + proc.stdout
+
+
+def test_bad_certificate_and_key_are_configuration_errors(tmp_path: Path) -> None:
+    """Swapped, mismatched or encrypted: exit 2 with a line naming the file, before anything
+    is logged as serving (was: "serving https://…", then "[SSL] PEM lib", exit 1)."""
+    ca = trustme.CA()
+    cert = tmp_path / "cert.pem"
+    key = tmp_path / "key.pem"
+    other_key = tmp_path / "other.key"
+    ca.issue_cert("127.0.0.1").private_key_pem.write_to_path(str(other_key))
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    base = ("--data-dir", str(tmp_path / "d"), "--http-addr", f"127.0.0.1:{free_port()}")
+    cases = [
+        (
+            (str(key), str(cert)),
+            f"error: --http-cert '{key}' holds no PEM certificate (it holds the private key: "
+            "are --http-cert and --http-key swapped?)",
+        ),
+        (
+            (str(cert), str(other_key)),
+            f"error: the private key in --http-key '{other_key}' is not the certificate's key",
+        ),
+        (
+            (str(cert), str(cert)),
+            f"error: --http-key '{cert}' holds no PEM private key",
+        ),
+    ]
+    for (cert_arg, key_arg), message in cases:
+        proc = _serve(*base, "--http-cert", cert_arg, "--http-key", key_arg)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == message
+        assert "serving" not in proc.stderr
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())

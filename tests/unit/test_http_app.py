@@ -66,3 +66,97 @@ def test_bad_auth_file_fails_app_creation(store: Store, tmp_path: object) -> Non
     config = NodeConfig(data_dir=store.config.data_dir, auth_file=bad)
     with pytest.raises(ConfigError, match="needs a non-empty string username"):
         create_app(store, config)
+
+
+def _last_cid(http: TestClient) -> int:
+    return int(http.get("/status").json()["store"]["last_cid"])
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[\"INSERT INTO foo(name) VALUES('\xff')\"]", "the body is not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, "arrays or objects are nested too deeply"),
+        (b"[\"INSERT INTO foo(name) VALUES('\\ud800')\"]", "a string holds an unpaired surrogate"),
+    ],
+)
+def test_json_bodies_that_do_not_decode_are_400_on_every_json_endpoint(
+    http: TestClient, body: bytes, message: str
+) -> None:
+    """Not UTF-8, nested past the decoder's recursion limit, a lone surrogate: 400 with
+    the reason (was 500 UnicodeDecodeError / RecursionError / "Input data was truncated")."""
+    http.post("/db/execute", json=["CREATE TABLE IF NOT EXISTS foo (name TEXT)"])
+    before = _last_cid(http)
+    headers = {"Content-Type": "application/json"}
+    for path in ("/db/execute", "/db/query", "/db/request"):
+        r = http.post(path, content=body, headers=headers)
+        assert r.status_code == 400, (path, r.text)
+        assert r.text.startswith(f"invalid JSON body: {message}"), (path, r.text)
+    doc = body.replace(b'["INSERT', b'{"name": ["INSERT').replace(b')"]', b')"]}')
+    for path in ("/cdc/subscriptions", "/cdc/subscriptions/s1/progress"):
+        r = http.post(path, content=doc, headers=headers)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"].startswith(f"request body is not valid JSON: {message}")
+    assert _last_cid(http) == before
+
+
+def test_changes_page_inside_a_transaction_resumes_with_next(http: TestClient) -> None:
+    """A transaction with more changes than ``limit``: each full page says where to resume
+    (after=cid&after_seq=seq); following ``next`` sees every change exactly once."""
+    http.post("/db/execute", json=["CREATE TABLE m (a INTEGER)"])
+    http.post("/db/execute", json=["INSERT INTO m VALUES(1),(2),(3),(4),(5),(6),(7)"])
+    http.post("/db/execute", json=["INSERT INTO m VALUES(8)", "INSERT INTO m VALUES(9)"])
+    params: dict[str, int] = {"limit": 3}
+    seen: list[tuple[int, int]] = []
+    pages = 0
+    while True:
+        doc = http.get("/cdc/changes", params=params).json()
+        pages += 1
+        seen += [(c["cid"], c["seq"]) for c in doc["changes"]]
+        if "next" not in doc:
+            assert len(doc["changes"]) < 3
+            break
+        last = doc["changes"][-1]
+        assert doc["next"] == {"after": last["cid"], "after_seq": last["seq"]}
+        params = {"limit": 3, **doc["next"]}
+    values = [
+        c["after"]["a"] for c in http.get("/cdc/changes", params={"limit": 100}).json()["changes"]
+    ]
+    assert values == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert len(seen) == len(set(seen)) == 9
+    assert seen == sorted(seen)
+    assert pages == 4  # 3 + 3 + 3 + an empty last page (the third was full)
+    # the old way, after=cid of the last change, skips the rest of that transaction
+    first = http.get("/cdc/changes", params={"limit": 3}).json()
+    assert first["next"]["after_seq"] == 3
+    skipped = http.get("/cdc/changes", params={"after": first["next"]["after"], "limit": 3})
+    assert skipped.json()["changes"][0]["after"]["a"] == 8
+
+
+def test_load_of_failing_sql_text_is_an_sql_error_and_changes_nothing(http: TestClient) -> None:
+    """As rqlite: SQL text that fails is ``{"results": [{"error": ...}]}`` with HTTP 200,
+    and the load is all or nothing."""
+    http.post("/db/execute", json=["CREATE TABLE keep (x)", "INSERT INTO keep VALUES(1)"])
+    before = _last_cid(http)
+    changes = http.get("/cdc/changes", params={"limit": 100}).json()["changes"]
+    for content_type in ("text/plain", "application/octet-stream"):
+        r = http.post(
+            "/db/load",
+            content=b"CREATE TABLE a(x); INSERT INTO nosuch VALUES(2);",
+            headers={"Content-Type": content_type},
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+        (result,) = r.json()["results"]
+        assert set(result) == {"error"} and "no such table: nosuch" in result["error"]
+    r = http.post("/db/load", content=b"SELEC 1")
+    assert r.status_code == 200 and "syntax error" in r.json()["results"][0]["error"]
+    r = http.post("/db/load", content=b"CREATE TABLE b(x); INSERT INTO b VALUES('\xff')")
+    assert r.status_code == 400
+    assert r.text.startswith("load: the body is neither a SQLite database file nor UTF-8 SQL")
+    assert _last_cid(http) == before
+    assert http.get("/cdc/changes", params={"limit": 100}).json()["changes"] == changes
+    r = http.get("/db/query", params={"q": "SELECT x FROM keep"})
+    assert r.json()["results"][0]["values"] == [[1]]
+    r = http.get("/db/query", params={"q": "SELECT * FROM a"})
+    assert r.json()["results"][0]["error"] == "no such table: a"

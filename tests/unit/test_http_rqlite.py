@@ -72,6 +72,44 @@ def test_malformed_bodies(body: bytes, message: str) -> None:
     assert info.value.http_status == 400
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+UNPAIRED = "invalid JSON body: a string holds an unpaired surrogate escape"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            b"[\"INSERT INTO foo(name) VALUES('\xff')\"]",
+            "invalid JSON body: the body is not UTF-8 text (a string holds byte 0xff)",
+        ),
+        (b'["\xed\xa0\x80"]', "invalid JSON body: the body is not UTF-8 text"),  # CESU-8
+        (DEEP, "invalid JSON body: arrays or objects are nested too deeply"),
+        (b'[{"a":' * 5000 + b"1" + b"}]" * 5000, "invalid JSON body: arrays or objects are"),
+        (b'["SELECT \\ud800"]', UNPAIRED),  # msgspec: "Input data was truncated"
+        (b'["SELECT \\ud800x"]', UNPAIRED),
+        (b'["SELECT \\udc00"]', UNPAIRED),
+        (b'[["S", {"\\ud83d": 1}]]', UNPAIRED),
+        (b'["SELECT \\ud800', "invalid JSON body: Input data was truncated"),  # it is
+        (b'["SELECT \\ud83d\\ude00", NaN]', "invalid JSON body: JSON is malformed"),
+    ],
+)
+def test_bodies_that_do_not_decode_are_invalid_json(body: bytes, message: str) -> None:
+    """Decoder failures other than syntax errors (UnicodeDecodeError, RecursionError, and
+    msgspec's "Input data was truncated" for a lone surrogate) are clear 400s too."""
+    with pytest.raises(RequestError) as info:
+        parse_statements(body)
+    assert str(info.value).startswith(message), str(info.value)
+    assert info.value.http_status == 400
+
+
+def test_escaped_backslash_and_surrogate_pairs_are_valid_text() -> None:
+    assert parse_statements(b"[\"SELECT '\\\\ud800'\", \"SELECT '\\ud83d\\ude00'\"]") == [
+        Statement("SELECT '\\ud800'"),
+        Statement("SELECT '\U0001f600'"),
+    ]
+
+
 def test_options_are_flags_by_presence() -> None:
     opts = parse_options({"transaction": "false", "timings": "", "level": "LINEARIZABLE"})
     assert opts.transaction and opts.timings and not opts.pretty
