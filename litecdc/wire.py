@@ -79,8 +79,10 @@ def decode_key(text: str | None, what: str) -> list[Any] | None:
         return None
     try:
         value = json.loads(text)
-    except ValueError:
-        raise RequestError(f"{what} must be a JSON list of key values, got {text!r}") from None
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        raise RequestError(
+            f"{what} must be a JSON list of key values, got {text[:200]!r}"
+        ) from None
     if not isinstance(value, list):
         raise RequestError(f"{what} must be a JSON list of key values, got {text!r}")
     out: list[Any] = []

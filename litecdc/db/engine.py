@@ -84,6 +84,12 @@ class WriteRun:
 def _statement_error(exc: BaseException, refused: str | None) -> str:
     if refused is not None:
         return refused
+    if isinstance(exc, apsw.BindingsError) and "has no name, but you supplied a dict" in str(exc):
+        # APSW's wording names a binding number and its own API
+        return (
+            "the statement uses positional parameters (?), but the values were sent as an "
+            'object; send them as an array: ["SQL", value, ...]'
+        )
     return str(exc)
 
 

@@ -118,3 +118,15 @@ def test_parse_basic_auth() -> None:
     assert parse_basic_auth("basic " + base64.b64encode(b"a:b").decode()) == ("a", "b")
     for header in (None, "", "Bearer x", "Basic !!!", _basic("nocolon")):
         assert parse_basic_auth(header) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b'[{"username": "\xff", "password": "x", "perms": ["all"]}]', "can't decode byte 0xff"),
+        (b"[" * 100_000, "recursion"),
+    ],
+)
+def test_an_auth_file_that_is_not_json_text_is_a_config_error(data: bytes, why: str) -> None:
+    with pytest.raises(ConfigError, match=f"--auth: auth file is not valid JSON: .*{why}"):
+        CredentialStore.from_json(data)

@@ -71,3 +71,17 @@ def test_a_transaction_read_stops_at_the_first_error(store: Store) -> None:
     assert [(r.rows, bool(r.error)) for r in stopped] == [([(1,)], False), (None, True)]
     each = store.query(statements)  # without `transaction` every statement runs
     assert [bool(r.error) for r in each] == [False, True, False]
+
+
+def test_named_values_for_positional_parameters_are_explained(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    wrote = store.execute([S("INSERT INTO t VALUES(?)", {"1": "one"})]).results[0].error
+    read = store.query([S("SELECT ?", {"1": "one"})])[0].error
+    assert (
+        wrote
+        == read
+        == (
+            "the statement uses positional parameters (?), but the values were sent as an "
+            'object; send them as an array: ["SQL", value, ...]'
+        )
+    )
