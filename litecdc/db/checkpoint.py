@@ -46,11 +46,13 @@ class BackgroundCheckpointer:
         pages: int = CHECKPOINT_PAGES,
         limit: int = WAIT_PAGES,
     ) -> None:
-        self.pages = pages
+        self._pages = pages
         self.limit = limit
         self.checkpoints = 0
         #: WAL size after the writer's last commit
         self.wal_pages = 0
+        #: WAL size at which a commit next wakes the thread
+        self._next_wake = pages
         self._waiters: list[threading.Event] = []
         self._waiters_lock = threading.Lock()
         self._conn = apsw.Connection(path)
@@ -65,10 +67,25 @@ class BackgroundCheckpointer:
         # replaces the writer's autocheckpoint (a connection has one WAL hook)
         writer.set_wal_hook(self._committed)
 
+    @property
+    def pages(self) -> int:
+        """WAL growth (pages) between two wake-ups of the thread."""
+        return self._pages
+
+    @pages.setter
+    def pages(self, value: int) -> None:
+        self._pages = self._next_wake = value
+
     def _committed(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
-        # runs inside every COMMIT of the writer: only a comparison and a flag
+        # runs inside every COMMIT of the writer: a few comparisons and a flag
+        if pages < self.wal_pages:
+            self._next_wake = self._pages  # the WAL started over
         self.wal_pages = pages
-        if pages >= self.pages:
+        if pages >= self._next_wake:
+            # once per `pages` new pages, not on every commit past the threshold: each
+            # checkpoint syncs the database file, and a writer that never pauses keeps the
+            # WAL from starting over (measured: single-row writes lost a third of their rate)
+            self._next_wake = pages + self._pages
             self._wake.set()
         return apsw.SQLITE_OK
 
@@ -110,7 +127,9 @@ class BackgroundCheckpointer:
         self._wake.set()
         if not done.wait(WAIT_TIMEOUT_S):
             log.warning("WAL checkpoint still running after %.0f s", WAIT_TIMEOUT_S)
-        self.wal_pages = 0  # until the next commit says otherwise
+        # the next write starts the WAL over (unless a reader still needs it)
+        self.wal_pages = 0
+        self._next_wake = self._pages
 
     def close(self) -> None:
         """Stop the thread (after the checkpoint it may be running) and its connection."""

@@ -78,6 +78,21 @@ def test_a_writer_that_never_pauses_keeps_the_wal_bounded(store: Store) -> None:
     assert wal_pages(store) <= 600
 
 
+def test_small_commits_wake_the_thread_once_per_threshold_not_each_time(store: Store) -> None:
+    """Past the threshold every commit used to wake the thread, and each checkpoint syncs
+    the database file: single-row writes lost a third of their rate."""
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")])
+    background = checkpointer(store)
+    background.pages, background.limit = 40, 10**9
+    commits = 0
+    while background.wal_pages < 400:
+        store.execute([S("INSERT INTO t(v) VALUES(randomblob(3900))")])
+        commits += 1
+    time.sleep(0.2)  # let the last wake-up finish
+    assert commits > 40
+    assert background.checkpoints <= 400 // 40 + 1, (background.checkpoints, commits)
+
+
 def test_closing_the_store_stops_its_checkpointer(tmp_path: Path) -> None:
     before = {t for t in threading.enumerate() if t.name == "litecdc-checkpoint"}
     store = Store(NodeConfig(data_dir=tmp_path / "node"))
