@@ -116,19 +116,24 @@ class Store:
         self.config = config
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         self._dir_lock = _lock_data_dir(Path(config.data_dir))
+        engine: Engine | None = None
         try:
-            self.engine = Engine(
+            engine = Engine(
                 config.db_path, synchronous=config.synchronous, foreign_keys=config.foreign_keys
             )
+            self.engine = engine
+            self.journal = Journal(engine)
+            self._page_workers = (
+                PageWorkers(str(config.db_path), config.source_workers)
+                if config.source_workers
+                else None
+            )
         except BaseException:
+            # a failed open leaves nothing behind: no thread, no lock on the directory
+            if engine is not None:
+                engine.close()
             os.close(self._dir_lock)
             raise
-        self.journal = Journal(self.engine)
-        self._page_workers = (
-            PageWorkers(str(config.db_path), config.source_workers)
-            if config.source_workers
-            else None
-        )
         self._closed = False
         self._lock = threading.Lock()
         self._writer: Callable[[Sequence[Statement], bool], WriteOutcome] = self._commit_locally

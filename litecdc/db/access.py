@@ -84,8 +84,8 @@ class Access:
     #: reads state that any earlier write may have changed (sqlite_sequence, or every
     #: table at once as foreign_key_check does): a barrier, like a schema change
     reads_everything: bool = False
-    #: writes SQLite's own tables (sqlite_sequence, sqlite_stat1…), which every later
-    #: AUTOINCREMENT insert or query plan reads without the authorizer saying so: a barrier
+    #: writes SQLite's own sqlite_sequence, which every later AUTOINCREMENT insert reads
+    #: without the authorizer saying so: a barrier
     writes_sqlite_tables: bool = False
     #: why the statement was refused, if it was
     refused: str | None = None
@@ -126,6 +126,28 @@ class WriteAuthorizer:
         self.internal = False
         #: the previous call was SQLite moving a root page (DROP TABLE / DROP INDEX)
         self._moved_rootpage = False
+        #: the SQL statement being prepared is DDL / writes sqlite_stat* (see prepared)
+        self._ddl_prepared = False
+        self._stat_written: str | None = None
+
+    def prepared(self) -> str | None:
+        """Called after each SQL statement of a client's string is prepared, before it
+        runs: why it must not run (None: it may), judged on the whole statement."""
+        stat, ddl = self._stat_written, self._ddl_prepared
+        self._stat_written, self._ddl_prepared = None, False
+        if stat is not None and not ddl:
+            # SQLite's own DDL writes them (ANALYZE, DROP TABLE/INDEX, ALTER TABLE; ANALYZE
+            # before its own action is authorized). A client's rows reach the query planner
+            # only when each node next loads the schema (a restart), so replicas would
+            # plan — and number rows — differently
+            reason = (
+                f"{stat} cannot be written directly: the statistics would reach each "
+                "replica's query planner at a different time; run ANALYZE instead"
+            )
+            if self.recording is not None and self.recording.refused is None:
+                self.recording.refused = reason
+            return reason
+        return None
 
     def _refuse(self, reason: str) -> int:
         if self.recording is not None and self.recording.refused is None:
@@ -176,6 +198,8 @@ class WriteAuthorizer:
                 return self._refuse(f"table {arg1} is internal to litecdc and cannot be written")
             if arg1 in _SCHEMA_TABLES and arg2 == "rootpage":
                 self._moved_rootpage = True
+            if arg1 and arg1.startswith("sqlite_stat"):
+                self._stat_written = arg1  # judged once the statement is prepared
             if access is not None and arg1 is not None:
                 if _is_user_object(arg1):
                     access.writes.add(arg1)
@@ -206,6 +230,7 @@ class WriteAuthorizer:
                         )
                     return self._refuse(f"{name} is internal to litecdc and cannot be changed")
             self._on_schema_change()
+            self._ddl_prepared = True
             if access is not None:
                 access.schema = True
                 access.writes.update(n for n in names if n and _is_user_object(n))

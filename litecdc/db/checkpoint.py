@@ -45,6 +45,7 @@ class BackgroundCheckpointer:
         *,
         pages: int = CHECKPOINT_PAGES,
         limit: int = WAIT_PAGES,
+        synchronous: str = "full",
     ) -> None:
         self._pages = pages
         self.limit = limit
@@ -59,6 +60,8 @@ class BackgroundCheckpointer:
         # a connection that has not read the database yet does not know it is in WAL mode,
         # and its checkpoints do nothing (return (-1, -1))
         self._conn.execute("PRAGMA journal_mode").fetchall()
+        # the checkpoint's syncs follow this connection's level: the writer's
+        self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._wake = threading.Event()
         self._stopping = False
         self._last_warning = float("-inf")

@@ -114,13 +114,17 @@ class _LastResult:
     — the result rqlite (go-sqlite3) reports.
     """
 
-    __slots__ = ("description", "rows")
+    __slots__ = ("description", "prepared", "rows")
 
-    def __init__(self) -> None:
+    def __init__(self, prepared: Callable[[], str | None] | None = None) -> None:
         self.description: list[tuple[str, str | None]] | None = None
         self.rows: list[tuple[Any, ...]] = []
+        #: called once each statement is prepared, before it runs: a reason not to run it
+        self.prepared = prepared
 
     def __call__(self, cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+        if self.prepared is not None and self.prepared() is not None:
+            return False  # APSW aborts the statement (ExecTraceAbort): refused
         try:
             self.description = list(cursor.get_description())
         except apsw.ExecutionCompleteError:
@@ -155,7 +159,9 @@ class Engine:
         self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._writer.execute(CREATE_INTERNAL)
         self._checkpointer = (
-            BackgroundCheckpointer(self._writer, self.path) if str(mode).lower() == "wal" else None
+            BackgroundCheckpointer(self._writer, self.path, synchronous=synchronous)
+            if str(mode).lower() == "wal"
+            else None
         )
         if foreign_keys:
             self._writer.execute("PRAGMA foreign_keys=ON")
@@ -537,8 +543,9 @@ class Engine:
             access = self._authorizer.recording = Access()
         started = time.perf_counter()
         changes_before = writer.total_changes()
+        self._authorizer.prepared()  # forget anything left from an earlier statement
         try:
-            last = _LastResult()
+            last = _LastResult(self._authorizer.prepared)
             last.run(
                 writer.cursor(), statement.sql, _bindable(statement.params), can_cache=not recording
             )
@@ -692,6 +699,11 @@ class Engine:
                 ok = True
                 if self._checkpointer is not None:
                     self._checkpointer.after_commit()
+            except ENVIRONMENTAL_ERRORS:
+                # this node's disk, memory or file, not the entry: recording it empty would
+                # make this replica differ; the caller gets the error and may try again
+                self._rollback()
+                raise
             except (apsw.Error, StatementError) as exc:
                 log.warning(
                     "journal entry %d failed on apply and is recorded empty: %s", entry.cid, exc

@@ -82,13 +82,15 @@ _CLAUSE_ENDS = frozenset(
         "VALUES",
         "SET",
         "DO",
-        # a window's frame: its offsets must be literals, and SQLite reads them as such
-        "ROWS",
-        "RANGE",
-        "GROUPS",
-        "EXCLUDE",
     }
 )
+#: keywords that start a window's frame (inside OVER (…) or WINDOW w AS (…)), whose
+#: offsets must be constants — a (SELECT n) there is refused — and are not column numbers
+_FRAME_STARTS = frozenset({"ROWS", "RANGE", "GROUPS"})
+#: tokens after which a word is a name, not a keyword (``s.rows``, ``ORDER BY offset``,
+#: ``a, groups``, ``x + range``): SQLite lets most keywords above name columns
+_NAME_POSITIONS = frozenset({".", ",", "BY", "op"})
+_OPERATOR_CHARS = frozenset("+-*/%<>=!|&~")
 
 
 @lru_cache(maxsize=4096)
@@ -103,8 +105,13 @@ def parse_template(sql: str) -> Template:
     names: dict[str, int] = {}
     statements, last_end = 0, 0
     depth = 0  # parentheses
-    by_depths: list[int] = []  # depths of the ORDER BY / GROUP BY clauses we are in
-    previous = ""  # last significant token: a keyword in capitals, ",", ";" or "x"
+    # the clauses we are in, innermost last: ("by", depth) an ORDER BY / GROUP BY,
+    # ("frame", depth) a window's frame (which may sit inside an ORDER BY term)
+    contexts: list[tuple[str, int]] = []
+    window_specs: set[int] = set()  # depths of parentheses holding a window definition
+    window_clauses: set[int] = set()  # depths where a WINDOW clause was seen
+    # last significant token: a word in capitals, ",", ".", ";", "op" (an operator) or "x"
+    previous = ""
     word = ""  # last word, for "ORDER BY"
     open_comment = ""  # a comment still open at the end: "--" or "/*"
     while i < n:
@@ -145,7 +152,9 @@ def parse_template(sql: str) -> Template:
             i += 1
             last_end = i
             depth, previous, word = 0, ";", ""
-            by_depths.clear()
+            contexts.clear()
+            window_specs.clear()
+            window_clauses.clear()
         elif ch == "?" or (ch in ":@$" and i + 1 < n and _is_ident_char(sql[i + 1])):
             j = i + 1
             if ch == "?":
@@ -166,7 +175,8 @@ def parse_template(sql: str) -> Template:
                     names[token] = max_index
                 index = names[token]
                 name = token[1:]
-            term = bool(by_depths)  # anywhere in the clause, nested expressions included
+            # anywhere in an ORDER BY / GROUP BY term, nested expressions included
+            term = bool(contexts) and contexts[-1][0] == "by"
             parts.append(sql[start:i])
             placeholders.append(Placeholder(offset + index, name, term))
             i = start = j
@@ -176,10 +186,18 @@ def parse_template(sql: str) -> Template:
             while j < n and _is_ident_char(sql[j]):
                 j += 1
             current = sql[i:j].upper()
+            keyword = previous not in _NAME_POSITIONS
             if current == "BY" and word in ("ORDER", "GROUP"):
-                by_depths.append(depth)
-            elif current in _CLAUSE_ENDS and by_depths and by_depths[-1] == depth:
-                by_depths.pop()
+                contexts.append(("by", depth))
+            elif keyword and current in _FRAME_STARTS and depth in window_specs:
+                while contexts and contexts[-1][1] == depth:
+                    contexts.pop()  # the window's ORDER BY ends where its frame starts
+                contexts.append(("frame", depth))
+            elif keyword and current in _CLAUSE_ENDS:
+                if contexts and contexts[-1] == ("by", depth):
+                    contexts.pop()
+                if current == "WINDOW":
+                    window_clauses.add(depth)
             previous = word = current
             i = j
         elif ch.isspace():
@@ -187,11 +205,15 @@ def parse_template(sql: str) -> Template:
         else:
             if ch == "(":
                 depth += 1
+                if word == "OVER" or (word == "AS" and depth - 1 in window_clauses):
+                    window_specs.add(depth)
             elif ch == ")":
                 depth -= 1
-                while by_depths and by_depths[-1] > depth:
-                    by_depths.pop()
-            previous = word = ch if ch == "," else "x"
+                while contexts and contexts[-1][1] > depth:
+                    contexts.pop()
+                window_specs.discard(depth + 1)
+                window_clauses.discard(depth + 1)
+            previous = word = ch if ch in ",." else "op" if ch in _OPERATOR_CHARS else "x"
             i += 1
     parts.append(sql[start:])
     needs_semicolon = previous not in (";", "")

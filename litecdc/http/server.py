@@ -122,8 +122,12 @@ def check_tls_files(cert: Path, key: Path) -> None:
         raise ConfigError(f"{names} cannot be read: {exc}") from None
 
 
+#: uvicorn's default
+LISTEN_BACKLOG = 2048
+
+
 def listen(host: str, port: int) -> list[socket.socket]:
-    """Bound sockets for ``host:port`` (every address the name resolves to, as asyncio's
+    """Listening sockets for ``host:port`` (every address the name resolves to, as asyncio's
     create_server binds); ConfigError naming the address if one cannot be bound."""
     try:
         infos = socket.getaddrinfo(
@@ -144,6 +148,9 @@ def listen(host: str, port: int) -> list[socket.socket]:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
+            # listening now, not when uvicorn starts: with SO_REUSEADDR two processes may
+            # both bind one port while neither listens, and both would open their node
+            sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         for sock in sockets:
             sock.close()

@@ -155,10 +155,10 @@ class Journal:
           a replica.
 
         A schema change, a transaction that reads ``sqlite_sequence`` or every table at
-        once (``foreign_key_check``), and one that writes SQLite's own tables
-        (``sqlite_sequence``, ``sqlite_stat1``: read by every later AUTOINCREMENT insert or
-        query plan without the authorizer saying so) are barriers: they depend on
-        ``cid - 1`` (everything before them) and everything after depends on them.
+        once (``foreign_key_check``), and one that writes ``sqlite_sequence`` (read by
+        every later AUTOINCREMENT insert without the authorizer saying so) are barriers:
+        they depend on ``cid - 1`` (everything before them) and everything after depends on
+        them.
         Objects never touched through the journal count as the initial record. A replica
         may apply the transaction as soon as its snapshot is available, in any order
         relative to transactions it does not depend on.
@@ -402,7 +402,9 @@ class Journal:
 
         Refuses (SnapshotUnavailableError) to run before ``entry.snapshot`` is
         available, and refuses a cid the journal already holds. An entry whose SQL
-        fails is recorded as the empty entry, exactly as on the leader.
+        fails is recorded as the empty entry, exactly as on the leader; an error of this
+        node's environment (disk full, I/O) records nothing and is raised, so the entry
+        can be applied again once the cause is gone.
         """
         with self._lock:
             if self.mode is not Mode.FOLLOWER:

@@ -57,3 +57,30 @@ def test_random_differs_between_entries_but_not_between_replays(store: Store) ->
     store.execute([S("INSERT INTO t VALUES(random())")])
     rows = store.query([S("SELECT r FROM t")])[0].rows or []
     assert len({r[0] for r in rows}) == 2
+
+
+def test_statistics_are_written_by_analyze_only(store: Store) -> None:
+    """A client's rows in sqlite_stat1 would reach each replica's planner only at its next
+    schema load (a restart): plans — and the rowids of INSERT … SELECT — would differ."""
+    store.execute(
+        [
+            S("CREATE TABLE t(a, b)"),
+            S("CREATE INDEX ia ON t(a)"),
+            S("INSERT INTO t VALUES(1, 2)"),
+            S("ANALYZE t"),
+        ]
+    )
+    before = store.journal.last_cid()
+    for sql in (
+        "UPDATE sqlite_stat1 SET stat = '10 1'",
+        "DELETE FROM sqlite_stat1",
+        "DROP INDEX ia; DELETE FROM sqlite_stat1",  # judged per statement of the string
+    ):
+        out = store.execute([S(sql)])
+        assert "sqlite_stat1 cannot be written directly" in (out.results[0].error or ""), sql
+    assert store.journal.last_cid() == before
+    # SQLite's own writes of them: ANALYZE again, DROP INDEX / TABLE, RENAME
+    fine = store.execute(
+        [S("ANALYZE t"), S("ALTER TABLE t RENAME TO t2"), S("DROP INDEX ia"), S("DROP TABLE t2")]
+    )
+    assert [r.error for r in fine.results] == [None] * 4 and fine.cid is not None

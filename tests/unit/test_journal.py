@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import apsw
 import pytest
 
 from litecdc import JournalEntry, Mode, NodeConfig, Statement, Store
@@ -148,6 +149,24 @@ def test_follower_commit_waits_for_its_snapshot(tmp_path: Path) -> None:
         (e.cid, e.query, e.snapshot) for e in entries.values()
     ]
     follower.journal.set_mode(Mode.LEADER)  # contiguous now
+    follower.close()
+
+
+def test_follower_commit_raises_a_full_disk_and_records_nothing(tmp_path: Path) -> None:
+    """Disk full is this replica's trouble, not the entry's: recording it empty (as an
+    SQL failure is) would make this replica differ for good."""
+    follower = Store(NodeConfig(data_dir=tmp_path / "f"))
+    follower.journal.set_mode(Mode.FOLLOWER)
+    assert follower.journal.follower_commit(JournalEntry(2, "CREATE TABLE t(b);", 1, 0, 0))
+    pages = follower.engine._internal("PRAGMA page_count")[0][0]
+    follower.engine._internal(f"PRAGMA max_page_count = {pages + 2}")  # the disk is "full"
+    big = JournalEntry(3, "INSERT INTO t VALUES(zeroblob(100000));", 2, 0, 0)
+    with pytest.raises(apsw.FullError):
+        follower.journal.follower_commit(big)
+    assert [e.cid for e in follower.journal_page(1, 10).entries] == [2]
+    follower.engine._internal("PRAGMA max_page_count = 1000000")  # space again
+    assert follower.journal.follower_commit(big)
+    assert follower.query([S("SELECT length(b) FROM t")])[0].rows == [(100000,)]
     follower.close()
 
 
@@ -618,3 +637,18 @@ def test_client_objects_cannot_take_the_internal_prefix(store: Store, sql: str) 
     assert "_litecdc_" in (out.results[0].error or ""), out.results[0]
     assert store.journal.last_cid() == before
     assert store.query([S("SELECT x FROM foo")])[0].rows == [(1,)]
+
+
+def test_a_store_that_fails_to_open_lets_go_of_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import litecdc.store
+
+    def broken(engine: object) -> None:
+        raise RuntimeError("journal state unreadable")
+
+    monkeypatch.setattr(litecdc.store, "Journal", broken)
+    with pytest.raises(RuntimeError):
+        Store(NodeConfig(data_dir=tmp_path / "node"))
+    monkeypatch.undo()
+    Store(NodeConfig(data_dir=tmp_path / "node")).close()  # not "in use" by ourselves

@@ -144,6 +144,41 @@ def test_integer_in_order_by_or_group_by_stays_a_constant(sql: str) -> None:
     assert render("SELECT a FROM t WHERE a = ? ORDER BY a", (1,)).endswith("a = 1 ORDER BY a")
 
 
+@pytest.mark.parametrize(
+    ("sql", "params"),
+    [
+        # a window frame's offset inside an ORDER BY term: a constant, never (SELECT n)
+        ("SELECT a, b FROM t ORDER BY sum(a) OVER (ORDER BY b ROWS ? PRECEDING), a", (1,)),
+        (
+            "SELECT a, b FROM t ORDER BY (SELECT sum(x) OVER "
+            "(ROWS BETWEEN ? PRECEDING AND ? FOLLOWING) FROM (SELECT a AS x)), ?",
+            (1, 1, 2),
+        ),
+        (
+            "SELECT a, sum(a) OVER w FROM t WINDOW w AS (ORDER BY b GROUPS ? PRECEDING) ORDER BY ?",
+            (1, 2),
+        ),
+        # keywords SQLite lets name columns: still inside the ORDER BY
+        ("SELECT a, b FROM t AS s ORDER BY s.groups, ?", (2,)),
+        ("SELECT a, b FROM t ORDER BY rows, ?", (2,)),
+        ("SELECT a, b FROM t ORDER BY range + 0, ?", (2,)),
+        ("SELECT a, b FROM t ORDER BY offset, ?", (2,)),
+        ("SELECT a, b FROM t ORDER BY a * 0, window, ? LIMIT 5", (2,)),
+    ],
+)
+def test_order_by_rendering_around_window_frames_and_keyword_names(
+    sql: str, params: tuple[int, ...]
+) -> None:
+    conn = apsw.Connection(":memory:")
+    conn.execute(
+        'CREATE TABLE t(a, b, "groups", "rows", "range", "offset", "window");'
+        "INSERT INTO t VALUES(1, 5, 0, 0, 0, 0, 0), (2, 4, 0, 0, 0, 0, 0), (3, 6, 0, 0, 0, 0, 0)"
+    )
+    rendered = render(sql, params)
+    assert outcome(conn, rendered) == outcome(conn, sql, params), rendered
+    assert not isinstance(outcome(conn, sql, params), str)  # the SQL itself is valid
+
+
 def test_tcl_style_parameter_with_suffix() -> None:
     conn = apsw.Connection(":memory:")
     sql = "SELECT $a(1), $b::c"
