@@ -207,6 +207,8 @@ def serve(
 ) -> None:
     """Run one standalone node serving the HTTP API until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "httpcore"):  # a line per webhook or etcd request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if not data_dir:
             raise ConfigError("--data-dir is required (or set LITECDC_DATA_DIR)")

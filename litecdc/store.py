@@ -275,7 +275,9 @@ class Store:
         """Place (or restart) subscriber ``name``'s retention hold at the head; returns the
         cid of the registration, the subscriber's initial snapshot version."""
         _check_subscriber_name(name)
-        return self._internal_writer(register_hold_sql(name, self.config.retention_cids))
+        return self._internal_writer(
+            register_hold_sql(name, self.config.retention_cids, webhook=self._webhook)
+        )
 
     def advance_subscriber(self, name: str, cid: int) -> Hold:
         """Move ``name``'s hold forward to ``cid``: changes up to it may be pruned."""
@@ -295,18 +297,32 @@ class Store:
                 "behind and its hold expired; register again and re-snapshot",
                 pruned_cid=self.subscribers().pruned_cid,
             )
-        self._internal_writer(advance_hold_sql(name, cid, self.config.retention_cids))
+        self._internal_writer(
+            advance_hold_sql(name, cid, self.config.retention_cids, webhook=self._webhook)
+        )
         return self._hold(name)
 
     def release_subscriber(self, name: str) -> None:
         """Drop ``name``'s hold (unsubscribe): what only it kept may be pruned."""
         _check_subscriber_name(name)
         self._hold(name)
-        self._internal_writer(release_hold_sql(name, self.config.retention_cids))
+        self._internal_writer(
+            release_hold_sql(name, self.config.retention_cids, webhook=self._webhook)
+        )
+
+    @property
+    def _webhook(self) -> bool:
+        """Whether this node runs the CDC webhook (its watermark then limits pruning)."""
+        return self.config.cdc is not None
 
     def retention_due(self) -> bool:
         """Whether the retention cap calls for pruning: a hold to expire, or (with neither
         a webhook nor a hold) changes older than the cap.
+
+        "A webhook" is this node's configuration, not a high watermark in the database: a
+        webhook that has delivered nothing yet has none, and the cap must not delete what
+        it still has to send; a webhook removed from the configuration leaves its
+        watermark behind, and the cap must apply again.
 
         Pruning is itself a commit that moves the head, so the cap is enforced only once
         it is exceeded by a slack (a tenth of it): an idle node settles instead of pruning
@@ -317,7 +333,7 @@ class Store:
         if any(not h.expired and h.cid < floor for h in subs.holds):
             return True
         live = [h.cid for h in subs.holds if not h.expired]
-        if live or subs.webhook_hwm is not None:
+        if live or self._webhook:
             return False  # the webhook and the holds prune as they move
         oldest = self.engine.read_consistent(source.oldest_change_cid)
         if oldest is None:
@@ -326,7 +342,7 @@ class Store:
         return bool(oldest <= floor - slack)
 
     def prune_changes(self) -> None:
-        self._internal_writer(prune_sql(self.config.retention_cids))
+        self._internal_writer(prune_sql(self.config.retention_cids, webhook=self._webhook))
 
     def source_tables(self) -> list[str]:
         return self.engine.read_consistent(source.user_tables)

@@ -13,6 +13,7 @@ Anything wrong is refused at start-up with a message that names the key.
 from __future__ import annotations
 
 import json
+import math
 import re
 import ssl
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ FORMATS = ("rqlite", "debezium")
 RETRY_POLICIES = ("linear", "exponential")
 STDOUT = "stdout"
 
+#: the longest duration any key takes: a day
+MAX_DURATION_S = 86_400.0
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -64,6 +67,9 @@ def parse_duration(value: object, key: str) -> float:
         raise ConfigError(f'cdc config: {key} must be a duration like "5s", got {value!r}')
     if seconds < 0:
         raise ConfigError(f"cdc config: {key} must not be negative, got {value!r}")
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        # (longer waits overflow the service's clock arithmetic and nothing is delivered)
+        raise ConfigError(f"cdc config: {key} must be at most 24h, got {value!r}")
     return seconds
 
 
@@ -151,6 +157,17 @@ _KEYS = {
     "hmac_secret",
     "headers",
 }
+#: rqlite keys litecdc takes only at their defaults (false): it always sends to the
+#: endpoint, and its high watermark is what prunes delivered changes
+_RQLITE_FALSE_KEYS = {
+    "log_only": 'log_only: true is not supported; use "endpoint": "stdout" to see the events',
+    "high_watermarking_disabled": (
+        "high_watermarking_disabled: true is not supported: litecdc's high watermark is "
+        "what lets delivered changes be pruned"
+    ),
+}
+#: an HTTP header name (RFC 9110 token)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TLS_KEYS = {"ca_cert_file", "cert_file", "key_file", "insecure_skip_verify", "server_name"}
 
 
@@ -180,7 +197,10 @@ def parse_cdc_config(
 
 
 def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig:
-    unknown = sorted(set(doc) - _KEYS)
+    for key, refusal in _RQLITE_FALSE_KEYS.items():
+        if key in doc and _typed(doc, key, bool):
+            raise ConfigError(f"cdc config: {refusal}")
+    unknown = sorted(set(doc) - _KEYS - set(_RQLITE_FALSE_KEYS))
     if unknown:
         raise ConfigError(
             f"cdc config: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(_KEYS))})"
@@ -189,6 +209,7 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
     if not isinstance(endpoint, str) or not endpoint:
         raise ConfigError('cdc config: endpoint is required: an http(s) URL or "stdout"')
     if endpoint != STDOUT:
+        _check_url(endpoint)
         parts = urlsplit(endpoint)
         if not parts.scheme or not parts.netloc:
             raise ConfigError(f"cdc config: endpoint {endpoint!r} is not a URL")
@@ -275,6 +296,8 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise ConfigError("cdc config: headers must be an object of string to string")
+        for name, text in headers.items():
+            _check_header(name, text)
         kwargs["headers"] = dict(headers)
     if doc.get("tls") is not None:
         kwargs["tls"] = _tls(doc["tls"])
@@ -294,6 +317,33 @@ _POLICY_NAMES = {
     "exponentialretrypolicy": "exponential",
     "1": "exponential",
 }
+
+
+def _check_url(endpoint: str) -> None:
+    """Refuse what the HTTP client could never send to: a host that does not parse, or
+    one with characters no host name has."""
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.hostname
+    except ValueError as exc:
+        raise ConfigError(f"cdc config: endpoint {endpoint!r} is not a valid URL: {exc}") from None
+    if host is not None and any(c.isspace() or c in '<>"{}|^`' for c in host):
+        raise ConfigError(f"cdc config: endpoint {endpoint!r} has an invalid host {host!r}")
+
+
+def _check_header(name: str, value: str) -> None:
+    if not _HEADER_NAME.fullmatch(name):
+        raise ConfigError(f"cdc config: headers: {name!r} is not a valid HTTP header name")
+    if any(c in value for c in "\r\n\x00"):
+        raise ConfigError(
+            f"cdc config: headers: the value of {name} holds a line break or NUL, which "
+            "HTTP does not allow"
+        )
+    if name.lower() == "content-type":
+        raise ConfigError(
+            "cdc config: headers: Content-Type is set by litecdc (application/json: the "
+            "body is always JSON)"
+        )
 
 
 def _retry_policy(value: object) -> str:

@@ -47,6 +47,21 @@ def _transactions(changes: Sequence[RowChange]) -> list[list[RowChange]]:
     return groups
 
 
+def key_images(change: RowChange) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The row's key before and after the change (``row_ids_only``): an update that
+    changes the key has the old one before and the new one after."""
+    if set(change.pk) == {"rowid"} and "rowid" not in (change.after or change.before or {}):
+        before = {"rowid": change.old_rowid} if change.before is not None else None
+        after = {"rowid": change.new_rowid} if change.after is not None else None
+        return before, after
+    names = list(change.pk)
+
+    def key(image: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if image is None else {name: image.get(name) for name in names}
+
+    return key(change.before), key(change.after)
+
+
 def rqlite_envelope(
     changes: Sequence[RowChange], *, node_id: str, service_id: str = "", row_ids_only: bool = False
 ) -> bytes:
@@ -64,6 +79,13 @@ def rqlite_envelope(
                     event["before"] = change.before
                 if change.after is not None:
                     event["after"] = change.after
+            elif change.old_rowid is None and change.new_rowid is None:
+                # a WITHOUT ROWID table has no row ids: its key identifies the row
+                before, after = key_images(change)
+                if before is not None:
+                    event["before"] = before
+                if after is not None:
+                    event["after"] = after
             events.append(event)
         payload.append(
             {"index": group[0].cid, "commit_timestamp": group[0].timestamp_ms, "events": events}
@@ -87,8 +109,7 @@ def debezium_envelope(
             per_table[change.table] = per_table.get(change.table, 0) + 1
             before, after = change.before, change.after
             if row_ids_only:
-                before = dict(change.pk) if before is not None else None
-                after = dict(change.pk) if after is not None else None
+                before, after = key_images(change)
             out.append(
                 {
                     "before": before,

@@ -55,7 +55,11 @@ class WebhookSink:
     """POST each batch as JSON to an HTTP(S) endpoint; any 2xx is success."""
 
     def __init__(self, config: CDCConfig) -> None:
-        self._url = config.endpoint
+        # credentials in the URL become basic auth and leave the URL, so that no log
+        # line or error message (httpx logs every request's URL) can show them
+        url = httpx.URL(config.endpoint)
+        auth = httpx.BasicAuth(url.username, url.password) if url.userinfo else None
+        self._url = url.copy_with(userinfo=b"") if url.userinfo else url
         self._key = decode_secret(config.hmac_secret) if config.hmac_secret else None
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         headers.update(config.headers)
@@ -67,6 +71,7 @@ class WebhookSink:
             extensions["sni_hostname"] = config.tls.server_name
         self._extensions = extensions
         self._client = httpx.Client(
+            auth=auth,
             headers=headers,
             timeout=config.transmit_timeout,
             verify=verify,  # type: ignore[arg-type]

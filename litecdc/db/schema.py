@@ -89,21 +89,24 @@ def sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def prune_sql(retention_cids: int, *, create: bool = True) -> str:
+def prune_sql(retention_cids: int, *, webhook: bool, create: bool = True) -> str:
     """The internal statements that expire holds past the cap and prune the change log.
 
-    What is kept: everything after the CDC webhook's high watermark (when a CDC service
-    has recorded one) and after every live hold; holds more than ``retention_cids``
-    commits behind the head expire. With neither a webhook nor a hold, the newest
-    ``retention_cids`` commits are kept. The cid pruned through is recorded as ``pruned``
-    in the CDC state table, so a subscriber asking for older changes gets a clear "no
-    longer available". Every value comes from replicated tables, so each replica prunes
+    What is kept: everything after the CDC webhook's high watermark when the leader runs
+    a webhook (``webhook``; all of it before the first delivery, so nothing is lost while
+    an endpoint is down from the start; a watermark left by a webhook since removed from
+    the configuration pins nothing) and after every live hold; holds more than
+    ``retention_cids`` commits behind the head expire. With neither a webhook nor a hold,
+    the newest ``retention_cids`` commits are kept. The cid pruned through is recorded as
+    ``pruned`` in the CDC state table, so a subscriber asking for older changes gets a
+    clear "no longer available". The SQL is written by the leader and every value it
+    reads comes from replicated tables, so each replica prunes
     exactly the same rows.
     """
     cap = int(retention_cids)
     head = f"(SELECT max(cid) FROM {JOURNAL_TABLE})"
     state = CDC_STATE_TABLE
-    hwm = f"(SELECT value FROM {state} WHERE name = 'hwm')"
+    hwm = f"coalesce((SELECT value FROM {state} WHERE name = 'hwm'), 0)" if webhook else "NULL"
     oldest_hold = f"(SELECT min(cid) FROM {HOLDS_TABLE} WHERE expired = 0)"
     prune_to = (
         f"CASE WHEN {hwm} IS NULL AND {oldest_hold} IS NULL THEN max({head} - {cap}, 0) "
@@ -121,33 +124,33 @@ def prune_sql(retention_cids: int, *, create: bool = True) -> str:
     )
 
 
-def register_hold_sql(name: str, retention_cids: int) -> str:
+def register_hold_sql(name: str, retention_cids: int, *, webhook: bool) -> str:
     """Place (or restart) the hold of subscriber ``name`` at the current head."""
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
         f"INSERT INTO {HOLDS_TABLE}(name, cid, expired) "
         f"SELECT {sql_text(name)}, max(cid), 0 FROM {JOURNAL_TABLE} WHERE true "
         "ON CONFLICT(name) DO UPDATE SET cid = excluded.cid, expired = 0;\n"
-        + prune_sql(retention_cids, create=False)
+        + prune_sql(retention_cids, webhook=webhook, create=False)
     )
 
 
-def advance_hold_sql(name: str, cid: int, retention_cids: int) -> str:
+def advance_hold_sql(name: str, cid: int, retention_cids: int, *, webhook: bool) -> str:
     """Move the hold of ``name`` forward to ``cid`` (never back), then prune."""
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
         f"UPDATE {HOLDS_TABLE} SET cid = max(cid, {int(cid)}) "
         f"WHERE name = {sql_text(name)} AND expired = 0;\n"
-        + prune_sql(retention_cids, create=False)
+        + prune_sql(retention_cids, webhook=webhook, create=False)
     )
 
 
-def release_hold_sql(name: str, retention_cids: int) -> str:
+def release_hold_sql(name: str, retention_cids: int, *, webhook: bool) -> str:
     """Drop the hold of ``name``, then prune what only it kept."""
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
         f"DELETE FROM {HOLDS_TABLE} WHERE name = {sql_text(name)};\n"
-        + prune_sql(retention_cids, create=False)
+        + prune_sql(retention_cids, webhook=webhook, create=False)
     )
 
 
@@ -161,5 +164,6 @@ def high_watermark_sql(hwm: int, retention_cids: int = DEFAULT_RETENTION_CIDS) -
     return (
         f"INSERT INTO {CDC_STATE_TABLE}(name, value) VALUES('hwm', {hwm}) "
         "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value);\n"
-        + prune_sql(retention_cids)  # creates the holds table on nodes that have none yet
+        # (creates the holds table on nodes that have none yet)
+        + prune_sql(retention_cids, webhook=True)
     )

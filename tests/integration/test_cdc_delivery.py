@@ -492,3 +492,20 @@ def test_only_the_leader_sends_and_a_new_leader_resends_above_the_watermark(
 
 def write_rows_store(store: Any, count: int) -> list[int]:
     return [store.execute([S("INSERT INTO t(v) VALUES(?)", (i,))]).cid for i in range(count)]
+
+
+def test_credentials_in_the_url_are_sent_but_never_logged(
+    started: Callable[..., Node], receiver: WebhookReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs every request's URL: the password used to be in every log line (QA)."""
+    caplog.set_level("DEBUG")  # every logger, httpx's included
+    url = receiver.url.replace("http://", "http://alice:s%3Acr3t@")
+    node = started(url)
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 2)
+    wait_delivered(receiver, expected_for(cids))
+    expected = "Basic " + base64.b64encode(b"alice:s:cr3t").decode()
+    assert {r.header("authorization") for r in receiver.requests} == {expected}
+    node.close()  # every request answered and logged
+    assert "cr3t" not in caplog.text
+    assert "HTTP Request: POST" in caplog.text  # (the check above saw httpx's lines)

@@ -58,6 +58,18 @@ def test_rqlite_config_file(tmp_path: Path) -> None:
     assert config.tls.server_name == "example.test" and config.tls.insecure_skip_verify
 
 
+def test_rqlite_keys_at_their_defaults_are_taken(tmp_path: Path) -> None:
+    doc = {"endpoint": "http://x/h", "log_only": False, "high_watermarking_disabled": False}
+    assert parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES).endpoint == "http://x/h"
+
+
+def test_nan_durations_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "nan.json"
+    path.write_text('{"endpoint": "http://x/h", "max_batch_delay": NaN}')
+    with pytest.raises(ConfigError, match="max_batch_delay must be at most 24h"):
+        parse_cdc_config(str(path), known_schemes=SCHEMES)
+
+
 def test_linear_backoff() -> None:
     config = CDCConfig(endpoint="http://x", transmit_min_backoff=1.0, transmit_max_backoff=2.5)
     assert [config.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 1.0]
@@ -98,6 +110,23 @@ def test_linear_backoff() -> None:
         (
             {"endpoint": "http://x/h", "transmit_min_backoff": "5s", "transmit_max_backoff": "1s"},
             "transmit_min_backoff must not exceed",
+        ),
+        # found by QA: these started, then never delivered (or failed every send)
+        ({"endpoint": "http://x/h", "max_batch_delay": "3000000h"}, "must be at most 24h"),
+        ({"endpoint": "http://x/h", "transmit_timeout": 1e400}, "must be at most 24h"),
+        ({"endpoint": "http://[::1/x"}, "is not a valid URL"),
+        ({"endpoint": "http://[zz]/x"}, "is not a valid URL"),
+        ({"endpoint": "http://ex ample.com/x"}, "has an invalid host"),
+        ({"endpoint": "http://x/h", "headers": {"X-A": "a\nb"}}, "holds a line break"),
+        ({"endpoint": "http://x/h", "headers": {"X A": "b"}}, "not a valid HTTP header name"),
+        (
+            {"endpoint": "http://x/h", "headers": {"content-type": "text/plain"}},
+            "Content-Type is set by litecdc",
+        ),
+        ({"endpoint": "http://x/h", "log_only": True}, "log_only: true is not supported"),
+        (
+            {"endpoint": "http://x/h", "high_watermarking_disabled": True},
+            "high_watermarking_disabled: true is not supported",
         ),
     ],
 )
