@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from litecdc.cdc.config import CDCConfig
 from litecdc.db.schema import DEFAULT_RETENTION_CIDS
@@ -101,6 +102,8 @@ class NodeConfig:
         if not self.advertise_url:
             scheme = "https" if self.http_cert else "http"
             object.__setattr__(self, "advertise_url", f"{scheme}://{self.http_addr}")
+        else:
+            _check_advertise_url(self.advertise_url)
         for endpoint in self.etcd_endpoints:
             split_host_port(endpoint.split("://", 1)[-1])
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.cluster):
@@ -169,3 +172,19 @@ def split_host_port(address: str) -> tuple[str, int]:
 def env_default(name: str, default: str | None = None) -> str | None:
     """Read ``LITECDC_<NAME>`` from the environment."""
     return os.environ.get(f"LITECDC_{name.upper()}", default)
+
+
+def _check_advertise_url(url: str) -> None:
+    """Other nodes forward writes and fetch snapshots there: it must be an http(s) URL
+    with a host (cluster QA: "notaurl" was taken, and forwarded writes then failed as
+    "may have been applied")."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        raise ConfigError(
+            f"--advertise-url must be an http:// or https:// URL with a host, such as "
+            f"http://10.0.0.5:4001; got {url!r}"
+        )

@@ -7,11 +7,13 @@ CDC push service.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from litecdc.cdc.retention import RetentionKeeper
 from litecdc.cdc.service import CDCService, Leadership
 from litecdc.config import NodeConfig
+from litecdc.errors import ConfigError
 from litecdc.leadership import StandaloneLeadership
 from litecdc.store import Store
 
@@ -33,6 +35,7 @@ class Node:
         try:
             leadership: Leadership
             if config.clustered:
+                _claim_for_cluster(Path(config.data_dir), config.cluster)
                 cluster = self.cluster = _cluster_node(config, self.store)
                 self.store.route_writes(
                     lambda statements, transaction: cluster.execute(
@@ -78,6 +81,27 @@ class Node:
                     self.cluster.close()
             finally:
                 self.store.close()
+
+
+#: in a data directory: the name of the cluster whose node it is
+CLUSTER_FILE = "cluster"
+
+
+def _claim_for_cluster(data_dir: Path, cluster: str) -> None:
+    """A data directory joins one cluster for good: started with another --cluster (a
+    typo) it would lead a new, empty log of its own and fork the data (cluster QA)."""
+    path = data_dir / CLUSTER_FILE
+    try:
+        recorded = path.read_text().strip()
+    except FileNotFoundError:
+        path.write_text(cluster + "\n")
+        return
+    if recorded != cluster:
+        raise ConfigError(
+            f"data directory {data_dir} belongs to cluster {recorded!r} (see {path}), not "
+            f"{cluster!r}: start it with --cluster {recorded}, or give this node a new data "
+            "directory"
+        )
 
 
 def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:

@@ -256,6 +256,9 @@ class Election:
                 lease = self._set_follower(str(exc))
                 if lease:
                     self._revoke(lease)
+                # etcd cannot be reached: whoever led may be gone, and no write can commit
+                # anyway, so this node knows no leader (readyz 503) until etcd answers
+                self._observe(None)
                 log.info("election %s: %s; retrying", self.key, exc)
                 self._stop.wait(self.retry_interval)
             except Exception:

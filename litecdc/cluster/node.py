@@ -40,10 +40,13 @@ from dataclasses import dataclass
 from litecdc.cluster.election import DEFAULT_TTL, Election
 from litecdc.cluster.etcd import (
     ClusterError,
+    Compare,
     EtcdClient,
     EtcdSettings,
     EtcdUnavailableError,
+    Get,
     LeaseNotFoundError,
+    Put,
 )
 from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key, log_prefix
 from litecdc.cluster.snapshot import LogCompactor, SnapshotInstaller, SnapshotSettings
@@ -67,6 +70,11 @@ DEFAULT_MEMBER_TTL = 10
 
 def members_prefix(cluster: str) -> str:
     return f"/litecdc/{cluster}/members/"
+
+
+def settings_key(cluster: str) -> str:
+    """Settings every node of the cluster must share, recorded by the first to start."""
+    return f"/litecdc/{cluster}/settings"
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,12 @@ class ClusterNode:
         self._member_key = members_prefix(cluster_name) + node_id
         self.last_error: str | None = None
 
+        try:
+            self._refuse_a_taken_node_id()
+            self._check_shared_settings()
+        except BaseException:
+            self.client.close()
+            raise
         self.journal.set_mode(Mode.FOLLOWER)
         try:
             self.apply_loop.start()
@@ -470,6 +484,58 @@ class ClusterNode:
             except (ValueError, KeyError, TypeError):
                 log.warning("member record %s is unreadable", kv.key)
         return sorted(found, key=lambda m: m.node_id)
+
+    def _check_shared_settings(self) -> None:
+        """Every node applies the same SQL: with foreign keys enforced on some nodes only,
+        a write the leader commits can fail (and be recorded empty) on a follower
+        (cluster QA: the tables then differed, silently). The first node records the
+        setting; a node started with another one is refused."""
+        mine = {"foreign_keys": bool(self.store.config.foreign_keys)}
+        key = settings_key(self.cluster)
+        try:
+            result = self.client.txn(
+                [Compare.absent(key)], [Put(key, json.dumps(mine).encode())], [Get(key)]
+            )
+        except ClusterError:
+            return  # etcd unreachable: checked the next time this node starts
+        if result.succeeded or not result.ranges or not result.ranges[0]:
+            return
+        try:
+            recorded = json.loads(result.ranges[0][0].value)
+        except ValueError:
+            return
+        for name, value in mine.items():
+            if name in recorded and recorded[name] != value:
+                flag = "with --fk" if recorded[name] else "without --fk"
+                raise ConfigError(
+                    f"cluster {self.cluster!r} runs {flag}; every node must use the same "
+                    "setting (to change it for the whole cluster, stop every node and delete "
+                    f"the etcd key {key})"
+                )
+
+    def _refuse_a_taken_node_id(self) -> None:
+        """A live member record with this node id and another address is a second node
+        started with the same --node-id: both would answer as one member (cluster QA:
+        /nodes flipped between them, one answered every write with 503). A node that
+        crashed leaves its record for up to ``member_ttl`` seconds: wait that long first."""
+        deadline = time.monotonic() + self.member_ttl + 1
+        while True:
+            try:
+                kv = self.client.get(self._member_key)
+            except ClusterError:
+                return  # etcd unreachable: the node starts and retries, as always
+            try:
+                other = str(json.loads(kv.value)["address"]) if kv is not None else None
+            except (ValueError, KeyError, TypeError):
+                other = None
+            if other is None or other == self.address:
+                return
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"cluster: node id {self.node_id!r} is in use by a running node at "
+                    f"{other}; each node needs a --node-id of its own"
+                )
+            time.sleep(min(self.member_interval, 1.0))
 
     def _member_value(self) -> bytes:
         return json.dumps(

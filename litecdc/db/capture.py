@@ -24,12 +24,14 @@ from typing import Any
 
 import msgspec
 
-from litecdc.db.schema import SEQ_BITS
+from litecdc.db.schema import INTERNAL_PREFIX, SEQ_BITS
 from litecdc.results import RowChange, SQLValue
 
 MAX_CHANGES_PER_TRANSACTION = (1 << SEQ_BITS) - 1
 
 OP_NAMES = {"INSERT": "insert", "UPDATE": "update", "DELETE": "delete"}
+#: prefixes of tables whose rows are never change events
+_NOT_DATA = ("sqlite_", INTERNAL_PREFIX)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
@@ -116,8 +118,10 @@ class ChangeBuffer:
     def hook(self, update: Any) -> None:
         # Keep this minimal: it runs once per changed row, inside SQLite.
         name = update.table_name
-        if name.startswith("sqlite_"):
-            return  # SQLite's own tables (a client's UPDATE sqlite_sequence): not data
+        if name.startswith(_NOT_DATA):
+            # SQLite's own tables (a client's UPDATE sqlite_sequence), and litecdc's
+            # bookkeeping written next to client data (a batch's applied revision)
+            return
         shape = self.shapes.get(name)
         if shape is None:
             shape = self.shapes[name] = self._shape_of(name)

@@ -509,6 +509,7 @@ class Engine:
                         self._write_state(state)
                     finally:
                         self._authorizer.internal = was
+                        self._buffer.clear()
                 self._nested = False
                 self._internal("COMMIT")
                 if self._checkpointer is not None:
@@ -747,6 +748,7 @@ class Engine:
         """
         with self._write_lock:
             self._vfs.pin(timestamp_ms)
+            self._buffer.clear()  # an internal entry carries no change events
             self._begin()
             try:
                 self._execute_internal_text(query)
@@ -789,6 +791,7 @@ class Engine:
                         self._write_state(state)
                     finally:
                         self._authorizer.internal = was
+                        self._buffer.clear()
                 self._commit()
             except BaseException:
                 self._rollback()

@@ -442,6 +442,12 @@ class _Api:
             return Response(
                 "[+]node ok\n[-]leader not ok\n[+]store ok", status_code=503, media_type=_TEXT
             )
+        if self.cluster is not None and self.cluster.status().get("needs_snapshot"):
+            # the log no longer holds what this node misses and no snapshot could be
+            # installed yet (e.g. refused by its peers): it cannot serve current data
+            return Response(
+                "[+]node ok\n[+]leader ok\n[-]store not ok", status_code=503, media_type=_TEXT
+            )
         return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
 
     async def root(self, request: Request) -> Response:

@@ -48,6 +48,11 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
             ("--data-dir", "{d}", "--max-body-bytes", "lots"),
             "error: --max-body-bytes must be an integer, got 'lots'",
         ),
+        (
+            ("--data-dir", "{d}", "--advertise-url", "notaurl"),
+            "error: --advertise-url must be an http:// or https:// URL with a host, such as "
+            "http://10.0.0.5:4001; got 'notaurl'",
+        ),
     ],
 )
 def test_config_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> None:

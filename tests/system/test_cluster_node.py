@@ -20,6 +20,7 @@ from litecdc.cluster import (
 )
 from litecdc.config import NodeConfig
 from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
+from litecdc.errors import ConfigError
 from litecdc.results import Statement as S
 from litecdc.store import Store
 
@@ -247,3 +248,55 @@ def test_internal_entries_go_through_the_log(cluster: Cluster) -> None:
     with pytest.raises(NotLeaderError) as raised:
         follower.write_internal(high_watermark_sql(8))
     assert raised.value.leader_id == leader.node_id
+
+
+def test_a_second_node_with_a_taken_node_id_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.leader()
+    wait_for(lambda: len(cluster.nodes["n2"].members()) == 3, 10)
+    store = Store(NodeConfig(data_dir=tmp_path / "dup"))
+    try:
+        with pytest.raises(ConfigError, match="node id 'n2' is in use by a running node at"):
+            ClusterNode(
+                store, "n2", "http://127.0.0.1:4999", cluster.settings, cluster.name, member_ttl=2
+            )
+    finally:
+        store.close()
+    # the real n2 is undisturbed
+    assert [m.address for m in cluster.nodes["n1"].members() if m.node_id == "n2"] == [
+        "http://127.0.0.1:4002"
+    ]
+
+
+def test_a_node_with_another_foreign_keys_setting_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Foreign keys enforced on some nodes only: a write the leader commits failed on
+    the follower and was recorded empty there (cluster QA)."""
+    cluster.leader()
+    store = Store(NodeConfig(data_dir=tmp_path / "fk", foreign_keys=True))
+    try:
+        with pytest.raises(ConfigError, match="runs without --fk; every node must use the same"):
+            ClusterNode(store, "n4", "http://127.0.0.1:4004", cluster.settings, cluster.name)
+    finally:
+        store.close()
+
+
+def test_a_data_directory_stays_with_its_cluster(tmp_path: Path, etcd: EtcdCluster) -> None:
+    """Started with another --cluster (a typo), a node's data directory used to lead a
+    new log of its own and fork the data (cluster QA)."""
+    from litecdc.node import Node
+
+    def config(cluster: str) -> NodeConfig:
+        return NodeConfig(
+            data_dir=tmp_path / "n1",
+            etcd_endpoints=tuple(etcd.endpoints),
+            cluster=cluster,
+            node_id="n1",
+        )
+
+    Node(config("shop")).close()
+    with pytest.raises(
+        ConfigError, match=r"belongs to cluster 'shop'.*start it with --cluster shop"
+    ):
+        Node(config("shopp"))
+    Node(config("shop")).close()  # and it still opens for its own cluster

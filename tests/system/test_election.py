@@ -261,3 +261,24 @@ def test_a_paused_etcd_member_moves_leadership_to_a_reachable_candidate(
         etcd3.members[0].resume()
         for c in made:
             c.close()
+
+
+def test_a_follower_knows_no_leader_while_etcd_is_down(tmp_path: Path, cluster_name: str) -> None:
+    """It kept naming the last leader (and /readyz said 200) through a whole etcd outage
+    (cluster QA), although no write could commit."""
+    with EtcdCluster(tmp_path / "etcd", size=1) as etcd:
+        made = [Candidate(etcd.endpoints, cluster_name, f"n{i}") for i in (1, 2)]
+        try:
+            for c in made:
+                c.election.start()
+            wait_for(lambda: len(leaders(made)) == 1, 5)
+            (follower,) = [c for c in made if not c.election.is_leader()]
+            wait_for(lambda: follower.election.leader() is not None, 5)
+            etcd.members[0].kill()
+            wait_for(lambda: follower.election.leader() is None, 15)
+            etcd.members[0].start()
+            etcd.wait_healthy()
+            wait_for(lambda: follower.election.leader() is not None, 20)
+        finally:
+            for c in made:
+                c.close()

@@ -325,3 +325,18 @@ def test_without_rowid_changes_have_no_rowids(store: Store) -> None:
         ("update", None, None, {"k": "a"}),
         ("delete", None, None, {"k": "a"}),
     ]
+
+
+def test_litecdc_bookkeeping_never_becomes_a_change(store: Store) -> None:
+    """A batch of log entries records the node's applied revision in the same SQLite
+    transaction; that row change used to stay in the capture buffer and be saved with
+    the next internal entry (cluster QA: webhook events for _litecdc_node_state)."""
+    from litecdc.db.schema import CREATE_CDC_STATE
+
+    store.execute([S("CREATE TABLE t(x)")])
+    store.engine.in_one_transaction([lambda: None], state={"applied_revision": 7})
+    store.engine.in_one_transaction([lambda: None], state={"applied_revision": 8})
+    store.journal.commit_internal(CREATE_CDC_STATE)
+    out = store.execute([S("INSERT INTO t VALUES(1)")])
+    assert [(c.table, c.op) for c in store.changes(0, 100)] == [("t", "insert")]
+    assert out.cid is not None

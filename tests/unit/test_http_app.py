@@ -160,3 +160,28 @@ def test_load_of_failing_sql_text_is_an_sql_error_and_changes_nothing(http: Test
     assert r.json()["results"][0]["values"] == [[1]]
     r = http.get("/db/query", params={"q": "SELECT * FROM a"})
     assert r.json()["results"][0]["error"] == "no such table: a"
+
+
+class _StuckFollower:
+    """Stands in for a cluster node (a real one needs etcd and peers, see tests/system):
+    a follower whose log was compacted past it and that could not install a snapshot."""
+
+    def is_leader(self) -> bool:
+        return False
+
+    def leader(self) -> tuple[str, str] | None:
+        return ("n1", "http://127.0.0.1:4001")
+
+    def status(self) -> dict[str, object]:
+        return {"needs_snapshot": True, "last_error": "snapshot from n1: HTTP 401"}
+
+    def members(self) -> list[object]:
+        return []
+
+
+def test_readyz_is_503_while_a_follower_needs_a_snapshot(store: Store) -> None:
+    app = create_app(store, store.config, cluster=_StuckFollower())  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        r = c.get("/readyz")
+        assert (r.status_code, r.text) == (503, "[+]node ok\n[+]leader ok\n[-]store not ok")
+        assert c.get("/readyz?noleader").status_code == 200
