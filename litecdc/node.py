@@ -7,6 +7,7 @@ CDC push service.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -94,7 +95,13 @@ def _claim_for_cluster(data_dir: Path, cluster: str) -> None:
     try:
         recorded = path.read_text().strip()
     except FileNotFoundError:
-        path.write_text(cluster + "\n")
+        # written whole or not at all: an empty file would tie the directory to cluster ''
+        temporary = path.with_name(CLUSTER_FILE + ".tmp")
+        with temporary.open("w") as file:
+            file.write(cluster + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        temporary.replace(path)
         return
     if recorded != cluster:
         raise ConfigError(

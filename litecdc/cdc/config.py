@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from litecdc.errors import ConfigError
 
 #: Defaults, as rqlite's (cdc/config.go); durations in seconds.
@@ -325,9 +327,10 @@ def _check_url(endpoint: str) -> None:
     try:
         parts = urlsplit(endpoint)
         host = parts.hostname
-    except ValueError as exc:
+        httpx.URL(endpoint)  # what the HTTP client itself refuses ("http://[::1]x/")
+    except (ValueError, httpx.InvalidURL) as exc:
         raise ConfigError(f"cdc config: endpoint {endpoint!r} is not a valid URL: {exc}") from None
-    if host is not None and any(c.isspace() or c in '<>"{}|^`' for c in host):
+    if parts.netloc and (not host or any(c.isspace() or c in '<>"{}|^`' for c in host)):
         raise ConfigError(f"cdc config: endpoint {endpoint!r} has an invalid host {host!r}")
 
 
@@ -338,6 +341,11 @@ def _check_header(name: str, value: str) -> None:
         raise ConfigError(
             f"cdc config: headers: the value of {name} holds a line break or NUL, which "
             "HTTP does not allow"
+        )
+    if not all(c == "\t" or " " <= c <= "~" for c in value):
+        raise ConfigError(
+            f"cdc config: headers: the value of {name} must be printable ASCII "
+            "(the HTTP client sends no other header text)"
         )
     if name.lower() == "content-type":
         raise ConfigError(

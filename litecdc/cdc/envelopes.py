@@ -50,7 +50,8 @@ def _transactions(changes: Sequence[RowChange]) -> list[list[RowChange]]:
 def key_images(change: RowChange) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The row's key before and after the change (``row_ids_only``): an update that
     changes the key has the old one before and the new one after."""
-    if set(change.pk) == {"rowid"} and "rowid" not in (change.after or change.before or {}):
+    rowids = (change.old_rowid, change.new_rowid)
+    if set(change.pk) == {"rowid"} and change.pk["rowid"] in rowids:  # the key is the rowid
         before = {"rowid": change.old_rowid} if change.before is not None else None
         after = {"rowid": change.new_rowid} if change.after is not None else None
         return before, after

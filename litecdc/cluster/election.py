@@ -118,6 +118,8 @@ class Election:
         self._fence: int | None = None
         self._deadline = 0.0
         self._leader: LeaderInfo | None = None
+        #: when etcd last answered this node's election thread (monotonic seconds)
+        self._last_contact = time.monotonic()
 
         self._stop = threading.Event()
         self._watch: Watch | None = None
@@ -246,6 +248,7 @@ class Election:
         while not self._stop.is_set():
             try:
                 current = self.client.range(self.key)
+                self._last_contact = time.monotonic()
                 if not current.kvs:
                     self._observe(None)
                     if self._campaign():
@@ -256,9 +259,12 @@ class Election:
                 lease = self._set_follower(str(exc))
                 if lease:
                     self._revoke(lease)
-                # etcd cannot be reached: whoever led may be gone, and no write can commit
-                # anyway, so this node knows no leader (readyz 503) until etcd answers
-                self._observe(None)
+                # etcd out of reach for two lease times (a quiet watch is checked once per
+                # lease time): whoever led may be gone, and no write can commit anyway, so
+                # this node knows no leader (readyz 503) until etcd answers. One failed
+                # request is not that: the leader's lease outlives it.
+                if time.monotonic() - self._last_contact > 2 * self.ttl:
+                    self._observe(None)
                 log.info("election %s: %s; retrying", self.key, exc)
                 self._stop.wait(self.retry_interval)
             except Exception:
@@ -329,9 +335,11 @@ class Election:
                         return
                     # Quiet: check with a read that fails over, in case the watch hangs.
                     current = self.client.get(self.key)
+                    self._last_contact = time.monotonic()
                     if current is None or current.create_revision != known.fence_revision:
                         return
                     continue
+                self._last_contact = time.monotonic()
                 for event in batch.events:
                     if event.type == "delete":
                         log.info("leader %s of %s is gone", known.node_id, self.cluster)

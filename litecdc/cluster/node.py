@@ -29,6 +29,7 @@ service's ``Leadership``: it is the leader only once it can write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -45,6 +46,7 @@ from litecdc.cluster.etcd import (
     EtcdSettings,
     EtcdUnavailableError,
     Get,
+    KeyValue,
     LeaseNotFoundError,
     Put,
 )
@@ -70,6 +72,13 @@ DEFAULT_MEMBER_TTL = 10
 
 def members_prefix(cluster: str) -> str:
     return f"/litecdc/{cluster}/members/"
+
+
+def _member_address(kv: KeyValue) -> str | None:
+    try:
+        return str(json.loads(kv.value)["address"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def settings_key(cluster: str) -> str:
@@ -486,11 +495,20 @@ class ClusterNode:
         return sorted(found, key=lambda m: m.node_id)
 
     def _check_shared_settings(self) -> None:
-        """Every node applies the same SQL: with foreign keys enforced on some nodes only,
-        a write the leader commits can fail (and be recorded empty) on a follower
-        (cluster QA: the tables then differed, silently). The first node records the
-        setting; a node started with another one is refused."""
-        mine = {"foreign_keys": bool(self.store.config.foreign_keys)}
+        """Settings that must be the same on every node, recorded in etcd by the first
+        node to start; a node started with another value is refused.
+
+        * ``--fk``: every node applies the same SQL; with foreign keys enforced on some
+          nodes only, a write the leader commits can fail (and be recorded empty) on a
+          follower (cluster QA: the tables then differed, silently).
+        * ``--cdc-config`` present or not: the leader writes the pruning of the change log,
+          and whether a webhook's undelivered changes are kept depends on it; a leader
+          without the webhook would prune what the others still have to send.
+        """
+        mine = {
+            "foreign_keys": bool(self.store.config.foreign_keys),
+            "webhook": self.store.config.cdc is not None,
+        }
         key = settings_key(self.cluster)
         try:
             result = self.client.txn(
@@ -506,36 +524,46 @@ class ClusterNode:
             return
         for name, value in mine.items():
             if name in recorded and recorded[name] != value:
-                flag = "with --fk" if recorded[name] else "without --fk"
+                option = {"foreign_keys": "--fk", "webhook": "--cdc-config"}[name]
+                runs = "with" if recorded[name] else "without"
                 raise ConfigError(
-                    f"cluster {self.cluster!r} runs {flag}; every node must use the same "
-                    "setting (to change it for the whole cluster, stop every node and delete "
+                    f"cluster {self.cluster!r} runs {runs} {option}; every node must do the "
+                    "same (to change it for the whole cluster, stop every node and delete "
                     f"the etcd key {key})"
                 )
+        if set(mine) - set(recorded):  # recorded by an older version: complete it
+            with contextlib.suppress(ClusterError):
+                self.client.put(key, json.dumps({**mine, **recorded}).encode())
 
     def _refuse_a_taken_node_id(self) -> None:
-        """A live member record with this node id and another address is a second node
-        started with the same --node-id: both would answer as one member (cluster QA:
-        /nodes flipped between them, one answered every write with 503). A node that
-        crashed leaves its record for up to ``member_ttl`` seconds: wait that long first."""
-        deadline = time.monotonic() + self.member_ttl + 1
-        while True:
+        """A member record with this node id and another address that its owner keeps
+        rewriting is a second node started with the same --node-id: both would answer as
+        one member (cluster QA: /nodes flipped between them, one answered every write with
+        503). A live member rewrites its record every ``member_interval``; the record of a
+        node that crashed is only waiting for its lease to end (etcd may extend that after
+        its own restart), and this node's record replaces it."""
+        address_of = _member_address
+        try:
+            kv = self.client.get(self._member_key)
+        except ClusterError:
+            return  # etcd unreachable: the node starts and retries, as always
+        if kv is None or address_of(kv) in (None, self.address):
+            return
+        first = kv.mod_revision
+        deadline = time.monotonic() + 2 * self.member_interval + 1
+        while time.monotonic() < deadline:
+            time.sleep(min(self.member_interval / 4, 0.5))
             try:
                 kv = self.client.get(self._member_key)
             except ClusterError:
-                return  # etcd unreachable: the node starts and retries, as always
-            try:
-                other = str(json.loads(kv.value)["address"]) if kv is not None else None
-            except (ValueError, KeyError, TypeError):
-                other = None
-            if other is None or other == self.address:
                 return
-            if time.monotonic() >= deadline:
+            if kv is None or address_of(kv) in (None, self.address):
+                return
+            if kv.mod_revision != first:
                 raise ConfigError(
                     f"cluster: node id {self.node_id!r} is in use by a running node at "
-                    f"{other}; each node needs a --node-id of its own"
+                    f"{address_of(kv)}; each node needs a --node-id of its own"
                 )
-            time.sleep(min(self.member_interval, 1.0))
 
     def _member_value(self) -> bytes:
         return json.dumps(

@@ -256,9 +256,7 @@ def test_a_second_node_with_a_taken_node_id_is_refused(cluster: Cluster, tmp_pat
     store = Store(NodeConfig(data_dir=tmp_path / "dup"))
     try:
         with pytest.raises(ConfigError, match="node id 'n2' is in use by a running node at"):
-            ClusterNode(
-                store, "n2", "http://127.0.0.1:4999", cluster.settings, cluster.name, member_ttl=2
-            )
+            ClusterNode(store, "n2", "http://127.0.0.1:4999", cluster.settings, cluster.name)
     finally:
         store.close()
     # the real n2 is undisturbed
@@ -275,7 +273,7 @@ def test_a_node_with_another_foreign_keys_setting_is_refused(
     cluster.leader()
     store = Store(NodeConfig(data_dir=tmp_path / "fk", foreign_keys=True))
     try:
-        with pytest.raises(ConfigError, match="runs without --fk; every node must use the same"):
+        with pytest.raises(ConfigError, match="runs without --fk; every node must do the same"):
             ClusterNode(store, "n4", "http://127.0.0.1:4004", cluster.settings, cluster.name)
     finally:
         store.close()
@@ -300,3 +298,46 @@ def test_a_data_directory_stays_with_its_cluster(tmp_path: Path, etcd: EtcdClust
     ):
         Node(config("shopp"))
     Node(config("shop")).close()  # and it still opens for its own cluster
+
+
+def test_a_crashed_nodes_record_does_not_keep_its_id_from_restarting_elsewhere(
+    cluster: Cluster, tmp_path: Path, client: EtcdClient
+) -> None:
+    """A record its owner no longer rewrites (kill -9, then a restart at another
+    address) only waits for its lease: the restarted node takes the id at once."""
+    from litecdc.cluster.node import members_prefix
+
+    lease = client.grant_lease(30).id  # a crashed n9's record: nobody keeps it up
+    client.put(
+        members_prefix(cluster.name) + "n9",
+        b'{"id": "n9", "address": "http://127.0.0.1:4009"}',
+        lease=lease,
+    )
+    store = Store(NodeConfig(data_dir=tmp_path / "n9"))
+    started = time.monotonic()
+    node = ClusterNode(store, "n9", "http://127.0.0.1:4019", cluster.settings, cluster.name)
+    try:
+        assert time.monotonic() - started < 10
+        wait_for(
+            lambda: any(m.address.endswith(":4019") for m in node.members() if m.node_id == "n9"),
+            10,
+        )
+    finally:
+        node.close()
+        store.close()
+
+
+def test_a_node_with_a_webhook_in_a_cluster_without_one_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The leader writes the pruning of the change log: a leader without the webhook
+    would prune changes the others still have to send (review)."""
+    from litecdc.cdc import parse_cdc_config
+
+    cluster.leader()
+    store = Store(NodeConfig(data_dir=tmp_path / "cdc", cdc=parse_cdc_config("stdout")))
+    try:
+        with pytest.raises(ConfigError, match="runs without --cdc-config; every node must do"):
+            ClusterNode(store, "n5", "http://127.0.0.1:4005", cluster.settings, cluster.name)
+    finally:
+        store.close()

@@ -282,3 +282,39 @@ def test_a_follower_knows_no_leader_while_etcd_is_down(tmp_path: Path, cluster_n
         finally:
             for c in made:
                 c.close()
+
+
+def test_one_failed_request_does_not_make_a_follower_forget_the_leader(
+    etcd: EtcdCluster, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only etcd out of reach for a lease's time does (review: a single timed-out read
+    made readyz 503 and refused forwarded writes while the leader was fine)."""
+    from litecdc.cluster import EtcdUnavailableError
+
+    made = [Candidate(etcd.endpoints, cluster_name, f"n{i}") for i in (1, 2)]
+    try:
+        for c in made:
+            c.election.start()
+        wait_for(lambda: len(leaders(made)) == 1, 5)
+        (follower,) = [c for c in made if not c.election.is_leader()]
+        wait_for(lambda: follower.election.leader() is not None, 5)
+        real_get = follower.client.get
+        failed: list[bool] = []
+
+        def get_failing_once(*args: object, **kwargs: object) -> object:
+            if not failed:
+                failed.append(True)
+                raise EtcdUnavailableError("injected: one request timed out")
+            return real_get(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(follower.client, "get", get_failing_once)
+        seen: list[object] = []
+        deadline = time.monotonic() + 5  # the watch's quiet check runs within one TTL (2 s)
+        while time.monotonic() < deadline:
+            seen.append(follower.election.leader())
+            time.sleep(0.02)
+        assert failed, "the injected failure never happened"
+        assert None not in seen
+    finally:
+        for c in made:
+            c.close()

@@ -117,6 +117,9 @@ def test_linear_backoff() -> None:
         ({"endpoint": "http://[::1/x"}, "is not a valid URL"),
         ({"endpoint": "http://[zz]/x"}, "is not a valid URL"),
         ({"endpoint": "http://ex ample.com/x"}, "has an invalid host"),
+        ({"endpoint": "http://[::1]x/"}, "is not a valid URL"),
+        ({"endpoint": "http://user@/x"}, "has an invalid host"),
+        ({"endpoint": "http://x/h", "headers": {"X-A": "\u00e9"}}, "must be printable ASCII"),
         ({"endpoint": "http://x/h", "headers": {"X-A": "a\nb"}}, "holds a line break"),
         ({"endpoint": "http://x/h", "headers": {"X A": "b"}}, "not a valid HTTP header name"),
         (

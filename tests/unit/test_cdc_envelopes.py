@@ -50,3 +50,10 @@ def test_rqlite_row_ids_only_identifies_without_rowid_rows_by_their_key() -> Non
     events = doc["payload"][0]["events"]
     assert events[0] == {"op": "INSERT", "table": "t", "after": {"k": "x"}}
     assert events[1] == {"op": "UPDATE", "table": "t", "new_row_id": 2, "old_row_id": 1}
+
+
+def test_a_user_column_named_rowid_is_not_taken_for_the_row_id() -> None:
+    # CREATE TABLE t(rowid TEXT, x): no declared key, so the key is the real rowid
+    named = change("insert", {"rowid": 1}, None, {"rowid": "abc", "x": 2}, rowids=(None, 1))
+    events = json.loads(debezium_envelope([named], node_id="n", row_ids_only=True))
+    assert (events[0]["before"], events[0]["after"]) == (None, {"rowid": 1})
