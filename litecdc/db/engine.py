@@ -146,7 +146,12 @@ class Engine:
     """One SQLite database file with litecdc's journal and change tables."""
 
     def __init__(
-        self, path: str | os.PathLike[str], *, synchronous: str = "full", foreign_keys: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "full",
+        foreign_keys: bool = False,
+        background_checkpoints: bool = True,
     ) -> None:
         self.path = str(path)
         pin_process_timezone()
@@ -158,9 +163,10 @@ class Engine:
         mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
         self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._writer.execute(CREATE_INTERNAL)
+        # (off: SQLite checkpoints inside the COMMIT that passes 1000 WAL pages, as usual)
         self._checkpointer = (
             BackgroundCheckpointer(self._writer, self.path, synchronous=synchronous)
-            if str(mode).lower() == "wal"
+            if background_checkpoints and str(mode).lower() == "wal"
             else None
         )
         if foreign_keys:

@@ -130,3 +130,22 @@ def test_a_failing_checkpoint_is_logged_and_tried_again(
         background._conn = working
         background.close()
         writer.close()
+
+
+def test_without_the_thread_sqlite_checkpoints_in_the_commit_as_usual(tmp_path: Path) -> None:
+    """Cluster nodes run without it (measured: slower on a busy machine, see store.py)."""
+    from litecdc.db.engine import Engine
+
+    engine = Engine(tmp_path / "db.sqlite", background_checkpoints=False)
+    try:
+        assert engine._checkpointer is None
+        engine._internal("CREATE TABLE t(v)")
+        for _ in range(30):  # ~1500 pages in all: the autocheckpoint starts the WAL over
+            engine._internal(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50) "
+                "INSERT INTO t SELECT randomblob(3900) FROM n"
+            )
+        wal = Path(engine.path + "-wal").stat().st_size // (PAGE + 24)
+        assert wal <= CHECKPOINT_PAGES + 100
+    finally:
+        engine.close()
