@@ -113,3 +113,14 @@ class Node:
 
 def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
+
+
+def serve_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m litecdc serve ARGS`` run to its end (for start-up errors)."""
+    return subprocess.run(
+        [sys.executable, "-m", "litecdc", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )

@@ -7,17 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from litecdc_node import Node
+from litecdc_node import Node, serve_cli
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "litecdc", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    return serve_cli(*args, env={"PATH": "/usr/bin:/bin"})  # no LITECDC_* from outside
 
 
 @pytest.mark.parametrize(

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import trustme
-from litecdc_node import Node, free_port
+from litecdc_node import Node, free_port, serve_cli
 
 
 def _last_cid(client: httpx.Client) -> int:
@@ -135,21 +133,12 @@ def test_undecodable_json_keeps_the_connection(client: httpx.Client) -> None:
     assert len(set(ports)) == 1, ports
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "litecdc", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_port_in_use_is_a_configuration_error_before_serving(tmp_path: Path) -> None:
     port = free_port()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()
-        proc = _serve("--data-dir", str(tmp_path / "d"), "--http-addr", f"127.0.0.1:{port}")
+        proc = serve_cli("--data-dir", str(tmp_path / "d"), "--http-addr", f"127.0.0.1:{port}")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: --http-addr 127.0.0.1:{port}: cannot listen there: Address already in use "
@@ -186,7 +175,7 @@ def test_bad_certificate_and_key_are_configuration_errors(tmp_path: Path) -> Non
         ),
     ]
     for (cert_arg, key_arg), message in cases:
-        proc = _serve(*base, "--http-cert", cert_arg, "--http-key", key_arg)
+        proc = serve_cli(*base, "--http-cert", cert_arg, "--http-key", key_arg)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines()[-1] == message
         assert "serving" not in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import subprocess
 import sys
@@ -263,25 +264,34 @@ def test_a_paused_etcd_member_moves_leadership_to_a_reachable_candidate(
             c.close()
 
 
+@contextlib.contextmanager
+def leader_and_follower(etcd: EtcdCluster, cluster_name: str) -> Iterator[Candidate]:
+    """Two candidates, once one leads and the other knows it: the follower."""
+    made = [Candidate(etcd.endpoints, cluster_name, f"n{i}") for i in (1, 2)]
+    try:
+        for c in made:
+            c.election.start()
+        wait_for(lambda: len(leaders(made)) == 1, 5)
+        (follower,) = [c for c in made if not c.election.is_leader()]
+        wait_for(lambda: follower.election.leader() is not None, 5)
+        yield follower
+    finally:
+        for c in made:
+            c.close()
+
+
 def test_a_follower_knows_no_leader_while_etcd_is_down(tmp_path: Path, cluster_name: str) -> None:
     """It kept naming the last leader (and /readyz said 200) through a whole etcd outage
     (cluster QA), although no write could commit."""
-    with EtcdCluster(tmp_path / "etcd", size=1) as etcd:
-        made = [Candidate(etcd.endpoints, cluster_name, f"n{i}") for i in (1, 2)]
-        try:
-            for c in made:
-                c.election.start()
-            wait_for(lambda: len(leaders(made)) == 1, 5)
-            (follower,) = [c for c in made if not c.election.is_leader()]
-            wait_for(lambda: follower.election.leader() is not None, 5)
-            etcd.members[0].kill()
-            wait_for(lambda: follower.election.leader() is None, 15)
-            etcd.members[0].start()
-            etcd.wait_healthy()
-            wait_for(lambda: follower.election.leader() is not None, 20)
-        finally:
-            for c in made:
-                c.close()
+    with (
+        EtcdCluster(tmp_path / "etcd", size=1) as etcd,
+        leader_and_follower(etcd, cluster_name) as follower,
+    ):
+        etcd.members[0].kill()
+        wait_for(lambda: follower.election.leader() is None, 15)
+        etcd.members[0].start()
+        etcd.wait_healthy()
+        wait_for(lambda: follower.election.leader() is not None, 20)
 
 
 def test_one_failed_request_does_not_make_a_follower_forget_the_leader(
@@ -291,13 +301,7 @@ def test_one_failed_request_does_not_make_a_follower_forget_the_leader(
     made readyz 503 and refused forwarded writes while the leader was fine)."""
     from litecdc.cluster import EtcdUnavailableError
 
-    made = [Candidate(etcd.endpoints, cluster_name, f"n{i}") for i in (1, 2)]
-    try:
-        for c in made:
-            c.election.start()
-        wait_for(lambda: len(leaders(made)) == 1, 5)
-        (follower,) = [c for c in made if not c.election.is_leader()]
-        wait_for(lambda: follower.election.leader() is not None, 5)
+    with leader_and_follower(etcd, cluster_name) as follower:
         real_get = follower.client.get
         failed: list[bool] = []
 
@@ -315,6 +319,3 @@ def test_one_failed_request_does_not_make_a_follower_forget_the_leader(
             time.sleep(0.02)
         assert failed, "the injected failure never happened"
         assert None not in seen
-    finally:
-        for c in made:
-            c.close()
