@@ -7,6 +7,9 @@ cache without authorizing them again, so sets are cached per SQL text and the
 cache is cleared on every schema change.
 
 The same callback refuses, with a reason, what a replicated write must not do.
+SQLite does not show it a trigger's body at CREATE TRIGGER, only when a statement
+that fires the trigger is prepared; the engine prepares such statements (without
+running them) to judge a new trigger (``Engine._check_triggers``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ _DDL = {
     apsw.SQLITE_REINDEX,
     apsw.SQLITE_ANALYZE,
 }
+_CREATE = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_VIEW, apsw.SQLITE_CREATE_TRIGGER}
 _TEMP_DDL = {
     apsw.SQLITE_CREATE_TEMP_TABLE,
     apsw.SQLITE_CREATE_TEMP_INDEX,
@@ -58,20 +62,52 @@ INTROSPECTION_PRAGMAS = frozenset(
         "foreign_key_check",
         "integrity_check",
         "quick_check",
-        "collation_list",
-        "function_list",
-        "pragma_list",
         "user_version",
         "application_id",
         "encoding",
         "foreign_keys",
     }
 )
+#: PRAGMAs that list what the node's SQLite build and connection provide (functions,
+#: modules, collations, compile-time options, pragmas): a replica with another build
+#: would store other rows, so writes may not read them; queries may
+BUILD_DEPENDENT_PRAGMAS = frozenset(
+    {"function_list", "module_list", "compile_options", "pragma_list", "collation_list"}
+)
+#: introspection PRAGMAs that change the file header when given a value
+_HEADER_PRAGMAS = frozenset({"user_version", "application_id", "foreign_keys"})
+#: PRAGMAs a query may give an argument: the read-only ones
+_QUERY_PRAGMAS = (INTROSPECTION_PRAGMAS - _HEADER_PRAGMAS) | BUILD_DEPENDENT_PRAGMAS
+#: table-valued PRAGMAs are the eponymous virtual tables pragma_<name>
+_PRAGMA_TABLE_PREFIX = "pragma_"
 #: tables whose contents depend on the file layout of each replica
 _LAYOUT_TABLES = frozenset({"dbstat", "sqlite_dbpage"})
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema"})
 #: PRAGMAs that read every table (or the one named): the transaction reads everything
 _READ_ALL_PRAGMAS = frozenset({"foreign_key_check", "integrity_check", "quick_check"})
+
+
+def pragma_refusal(pragma: str, value: str | None) -> str | None:
+    """Why ``PRAGMA pragma`` (``value``: its argument or new value, if any) cannot be
+    used in a write; None when it may."""
+    name = pragma.lower()
+    if name in BUILD_DEPENDENT_PRAGMAS:
+        return (
+            f"PRAGMA {pragma} lists what this node's SQLite build and connection provide, "
+            "which can differ between replicas; it cannot be used in a write (a query can "
+            "read it)"
+        )
+    if name in INTROSPECTION_PRAGMAS and (value is None or name not in _HEADER_PRAGMAS):
+        return None
+    if value is None:  # a read: page_count, data_version, database_list…
+        return (
+            f"PRAGMA {pragma} reads connection or file state that differs between "
+            "replicas; it cannot be used in a write"
+        )
+    return (
+        f"PRAGMA {pragma} changes connection or file state that is not "
+        "replicated; it is not allowed in writes"
+    )
 
 
 @dataclass(slots=True)
@@ -81,6 +117,9 @@ class Access:
     reads: set[str] = field(default_factory=set)
     writes: set[str] = field(default_factory=set)
     schema: bool = False
+    #: tables, views and triggers the statement creates (SQLite's own tables too, such
+    #: as the sqlite_stat1 a first ANALYZE creates)
+    created: set[str] = field(default_factory=set)
     #: reads state that any earlier write may have changed (sqlite_sequence, or every
     #: table at once as foreign_key_check does): a barrier, like a schema change
     reads_everything: bool = False
@@ -89,6 +128,8 @@ class Access:
     writes_sqlite_tables: bool = False
     #: why the statement was refused, if it was
     refused: str | None = None
+    #: the trigger or view whose body held what was refused (None: the statement itself)
+    refused_in: str | None = None
     #: the refusal means the client wanted a transaction (BEGIN…): fail the whole request
     refused_transaction_control: bool = False
 
@@ -107,6 +148,7 @@ class Access:
         self.reads |= other.reads
         self.writes |= other.writes
         self.schema = self.schema or other.schema
+        self.created |= other.created
         self.reads_everything = self.reads_everything or other.reads_everything
         self.writes_sqlite_tables = self.writes_sqlite_tables or other.writes_sqlite_tables
 
@@ -118,40 +160,66 @@ def _is_user_object(name: str | None) -> bool:
 class WriteAuthorizer:
     """The writer connection's authorizer: records access, refuses the unreplicable."""
 
-    def __init__(self, on_schema_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        on_schema_change: Callable[[], None],
+        is_table: Callable[[str], bool] | None = None,
+    ) -> None:
         #: called when a statement that changes the schema is prepared, before it runs
         self._on_schema_change = on_schema_change
+        #: whether a table or view of that name exists (one named pragma_<name> hides
+        #: the pragma's table); None: assume none does
+        self._is_table = is_table
         self.recording: Access | None = None
         #: True while litecdc runs its own statements (no checks, no recording)
         self.internal = False
         #: the previous call was SQLite moving a root page (DROP TABLE / DROP INDEX)
         self._moved_rootpage = False
-        #: the SQL statement being prepared is DDL / writes sqlite_stat* (see prepared)
+        #: the trigger or view whose body SQLite is authorizing (its 5th argument)
+        self._context: str | None = None
+        #: the SQL statement being prepared is DDL / writes sqlite_stat* / reads a
+        #: table-valued pragma (see prepared), with the trigger or view doing it
         self._ddl_prepared = False
-        self._stat_written: str | None = None
+        self._stat_written: tuple[str, str | None] | None = None
+        self._pragma_tables: dict[str, str | None] = {}
+
+    def reset(self) -> None:
+        """Forget what the last statement noted (before a new one is prepared)."""
+        self._stat_written, self._ddl_prepared = None, False
+        self._pragma_tables = {}
 
     def prepared(self) -> str | None:
         """Called after each SQL statement of a client's string is prepared, before it
         runs: why it must not run (None: it may), judged on the whole statement."""
-        stat, ddl = self._stat_written, self._ddl_prepared
-        self._stat_written, self._ddl_prepared = None, False
+        stat, ddl, pragma_tables = self._stat_written, self._ddl_prepared, self._pragma_tables
+        self.reset()
         if stat is not None and not ddl:
             # SQLite's own DDL writes them (ANALYZE, DROP TABLE/INDEX, ALTER TABLE; ANALYZE
             # before its own action is authorized). A client's rows reach the query planner
             # only when each node next loads the schema (a restart), so replicas would
             # plan — and number rows — differently
-            reason = (
-                f"{stat} cannot be written directly: the statistics would reach each "
+            self._context = stat[1]
+            return self._refusal(
+                f"{stat[0]} cannot be written directly: the statistics would reach each "
                 "replica's query planner at a different time; run ANALYZE instead"
             )
-            if self.recording is not None and self.recording.refused is None:
-                self.recording.refused = reason
-            return reason
+        for table, context in pragma_tables.items():
+            # SQLite authorizes the pragma itself only when the table is scanned — not
+            # when a trigger body is compiled, nor in a write that reads no row of it
+            reason = pragma_refusal(table[len(_PRAGMA_TABLE_PREFIX) :], None)
+            if reason is not None and not (self._is_table is not None and self._is_table(table)):
+                self._context = context
+                return self._refusal(reason)
         return None
 
-    def _refuse(self, reason: str) -> int:
+    def _refusal(self, reason: str) -> str:
         if self.recording is not None and self.recording.refused is None:
             self.recording.refused = reason
+            self.recording.refused_in = self._context
+        return reason
+
+    def _refuse(self, reason: str) -> int:
+        self._refusal(reason)
         return apsw.SQLITE_DENY
 
     def __call__(
@@ -166,8 +234,11 @@ class WriteAuthorizer:
             return apsw.SQLITE_OK
         access = self.recording
         moved_rootpage, self._moved_rootpage = self._moved_rootpage, False
+        self._context = trigger_or_view
         if action == apsw.SQLITE_READ:
             table = arg1 or ""
+            if table[: len(_PRAGMA_TABLE_PREFIX)].lower() == _PRAGMA_TABLE_PREFIX:
+                self._pragma_tables.setdefault(table, trigger_or_view)  # judged in prepared
             if table.startswith(INTERNAL_PREFIX):
                 return self._refuse(
                     f"table {table} is internal to litecdc and cannot be read in a write: its "
@@ -199,7 +270,7 @@ class WriteAuthorizer:
             if arg1 in _SCHEMA_TABLES and arg2 == "rootpage":
                 self._moved_rootpage = True
             if arg1 and arg1.startswith("sqlite_stat"):
-                self._stat_written = arg1  # judged once the statement is prepared
+                self._stat_written = (arg1, trigger_or_view)  # judged in prepared
             if access is not None and arg1 is not None:
                 if _is_user_object(arg1):
                     access.writes.add(arg1)
@@ -234,6 +305,8 @@ class WriteAuthorizer:
             if access is not None:
                 access.schema = True
                 access.writes.update(n for n in names if n and _is_user_object(n))
+                if action in _CREATE and arg1:
+                    access.created.add(arg1)
             return apsw.SQLITE_OK
         if action in _TEMP_DDL:
             return self._refuse(
@@ -247,20 +320,8 @@ class WriteAuthorizer:
         if action == apsw.SQLITE_PRAGMA:
             if (arg1 or "").lower() in _READ_ALL_PRAGMAS and access is not None:
                 access.reads_everything = True
-            if (arg1 or "").lower() in INTROSPECTION_PRAGMAS and (
-                arg2 is None
-                or (arg1 or "").lower() not in ("user_version", "application_id", "foreign_keys")
-            ):
-                return apsw.SQLITE_OK
-            if arg2 is None:  # a read: page_count, data_version, database_list…
-                return self._refuse(
-                    f"PRAGMA {arg1} reads connection or file state that differs between "
-                    "replicas; it cannot be used in a write"
-                )
-            return self._refuse(
-                f"PRAGMA {arg1} changes connection or file state that is not "
-                "replicated; it is not allowed in writes"
-            )
+            reason = pragma_refusal(arg1 or "", arg2)
+            return apsw.SQLITE_OK if reason is None else self._refuse(reason)
         if action in (apsw.SQLITE_TRANSACTION, apsw.SQLITE_SAVEPOINT):
             if self.recording is not None:
                 self.recording.refused_transaction_control = True
@@ -324,10 +385,7 @@ class ReadAuthorizer:
         if (
             action == apsw.SQLITE_PRAGMA
             and arg2 is not None
-            and (
-                (arg1 or "").lower() not in INTROSPECTION_PRAGMAS
-                or (arg1 or "").lower() in ("user_version", "application_id", "foreign_keys")
-            )
+            and (arg1 or "").lower() not in _QUERY_PRAGMAS
         ):
             return self._refuse(
                 f"PRAGMA {arg1} with a value changes connection state; only "

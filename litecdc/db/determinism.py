@@ -12,7 +12,8 @@ transaction runs (first time on the leader, or re-applied from the journal):
   replica that never runs the failed statement see the same sequence.
 
 Everything else that would differ between replicas is refused before commit
-(see ``NON_DETERMINISTIC_FUNCTIONS``).
+(see ``NON_DETERMINISTIC_FUNCTIONS``, and ``litecdc.db.access`` for PRAGMAs, tables
+and trigger bodies).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +63,7 @@ ENVIRONMENTAL_ERRORS: tuple[type[BaseException], ...] = (
 )
 MAX_ROWID = 2**63 - 1
 _SQLITE_HEADER = b"SQLite format 3\x00"
+_NO_SUCH_TABLE = re.compile(r"no such table: (?:\w+\.)?(\S+)")
 
 
 @dataclass(slots=True)
@@ -175,7 +177,9 @@ class Engine:
         self._random.install(self._writer)
         self._access_cache: dict[str, Access] = {}
         self._buffer = ChangeBuffer(self._table_shape)
-        self._authorizer = WriteAuthorizer(on_schema_change=self._buffer.shapes.clear)
+        self._authorizer = WriteAuthorizer(
+            on_schema_change=self._buffer.shapes.clear, is_table=self._is_table
+        )
         self._writer.authorizer = self._authorizer
         self._writer.preupdate_hook(self._buffer.hook)
         self._readers = threading.local()
@@ -225,6 +229,16 @@ class Engine:
             return self._writer.execute(sql, params).fetchall()
         finally:
             self._authorizer.internal = was_internal
+
+    def _is_table(self, name: str) -> bool:
+        """Whether a table or view called ``name`` exists (names are case-insensitive)."""
+        return bool(
+            self._internal(
+                "SELECT 1 FROM sqlite_schema WHERE type IN ('table', 'view') "
+                "AND name = ? COLLATE NOCASE",
+                (name,),
+            )
+        )
 
     def _table_shape(self, table: str) -> TableShape:
         """Columns and key of ``table``, read from the schema (called from the capture hook)."""
@@ -300,6 +314,100 @@ class Engine:
                 "litecdc's internal tables"
             )
         return None
+
+    def _check_triggers(self, access: Access) -> str | None:
+        """Refuse a statement after which a trigger's body would be refused by every write
+        that fires it (it writes an internal table, reads the file layout…).
+
+        SQLite compiles a trigger body only when a statement that fires it is prepared,
+        so the authorizer never sees it at CREATE TRIGGER: the triggers concerned are
+        compiled here by preparing — not running — an INSERT, an UPDATE of every column
+        and a DELETE of their table, which the authorizer judges as any write. Concerned
+        are the triggers the statement creates, and older ones whose SQL names a table or
+        view it creates (SQLite's sqlite_stat1 included, which the first ANALYZE creates):
+        SQLite cannot compile a body that names a missing table, so such a body is judged
+        when that table appears (failing that, when it fires).
+        """
+        if not access.created:
+            return None
+        triggers = self._internal(
+            "SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'"
+        )
+        if not triggers:
+            return None
+        created = {name.lower() for name in access.created}
+        trigger_names = {str(name).lower(): str(name) for name, _, _ in triggers}
+        tables = sorted(created - trigger_names.keys(), key=len, reverse=True)
+        mentions = (
+            re.compile(rf"(?<![\w$])(?:{'|'.join(map(re.escape, tables))})(?![\w$])", re.IGNORECASE)
+            if tables
+            else None
+        )
+        concerned: dict[str, list[str]] = {}
+        for name, table, sql in triggers:
+            if str(name).lower() in created or (mentions and mentions.search(str(sql or ""))):
+                concerned.setdefault(str(table), []).append(str(name).lower())
+        for table, selected in concerned.items():
+            for op, sql in self._firing_statements(table):
+                reason, where, missing = self._dry_prepare(sql)
+                if reason is None and missing and missing.startswith(INTERNAL_PREFIX):
+                    reason = f"table {missing} is internal to litecdc and cannot be used in a write"
+                where = (where or "").lower()
+                if reason is None or (where in trigger_names and where not in selected):
+                    # (another trigger's doing, from before these checks: writes to the
+                    # table fail already, and this statement is not the cause)
+                    continue
+                if where not in selected and len(selected) == 1:
+                    where = selected[0]  # the reason is in a view its body reads
+                culprits = [where] if where in selected else selected
+                who = " or ".join(trigger_names[name] for name in culprits)
+                return f"trigger {who} would make every {op} on {table} fail: {reason}"
+        return None
+
+    def _firing_statements(self, table: str) -> list[tuple[str, str]]:
+        """Statements that fire every trigger on ``table`` (UPDATE OF any column too)."""
+        quoted = _quote(table)
+        columns = [
+            _quote(str(name))
+            for name, hidden in self._internal(
+                "SELECT name, hidden FROM pragma_table_xinfo(?)", (table,)
+            )
+            if hidden == 0  # generated columns cannot be SET
+        ]
+        statements = [("INSERT", f"INSERT INTO {quoted} DEFAULT VALUES")]
+        if columns:
+            assignments = ", ".join(f"{c} = {c}" for c in columns)
+            statements.append(("UPDATE", f"UPDATE {quoted} SET {assignments}"))
+        statements.append(("DELETE", f"DELETE FROM {quoted}"))
+        return statements
+
+    def _dry_prepare(self, sql: str) -> tuple[str | None, str | None, str | None]:
+        """Prepare ``sql`` on the writer, judged by the authorizer, without running it:
+        (why it would be refused, the trigger or view that holds the reason, the table
+        SQLite could not find when it cannot compile it)."""
+        authorizer = self._authorizer
+        probe = Access()
+        saved, authorizer.recording = authorizer.recording, probe
+        authorizer.reset()
+
+        def stop(cursor: apsw.Cursor, text: str, bindings: Any) -> bool:
+            authorizer.prepared()  # what is judged on the whole statement (into probe)
+            return False  # never run it
+
+        cursor = self._writer.cursor()
+        cursor.exec_trace = stop
+        missing = None
+        try:
+            cursor.execute(sql, can_cache=False)
+        except (apsw.ExecTraceAbort, apsw.AuthError):
+            pass  # prepared (or refused: the reason is in probe)
+        except apsw.SQLError as exc:  # cannot compile: a view without INSTEAD OF, a missing table…
+            found = _NO_SUCH_TABLE.search(str(exc))
+            missing = found.group(1) if found else None
+        finally:
+            authorizer.recording = saved
+            authorizer.reset()
+        return probe.refused, probe.refused_in, missing
 
     # -- writes -----------------------------------------------------------------------
     def run_write(
@@ -550,7 +658,7 @@ class Engine:
             access = self._authorizer.recording = Access()
         started = time.perf_counter()
         changes_before = writer.total_changes()
-        self._authorizer.prepared()  # forget anything left from an earlier statement
+        self._authorizer.reset()  # forget anything left from an earlier statement
         try:
             last = _LastResult(self._authorizer.prepared)
             last.run(
@@ -561,7 +669,11 @@ class Engine:
             if access.refused is not None:
                 raise StatementError(access.refused)
             if access.schema:
-                problem = self._check_capturable(access.writes) or self._check_internal_names()
+                problem = (
+                    self._check_capturable(access.writes)
+                    or self._check_internal_names()
+                    or self._check_triggers(access)
+                )
                 if problem is not None:
                     raise StatementError(problem)
             problem = self._check_rowid_space(buffer_mark)
@@ -701,6 +813,7 @@ class Engine:
                             raise StatementError(access.refused)
                     finally:
                         self._authorizer.recording = None
+                        self._authorizer.reset()
                 self._append(entry, access)
                 self._internal("COMMIT")
                 ok = True

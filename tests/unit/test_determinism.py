@@ -24,6 +24,18 @@ S = Statement
             "PRAGMA page_count reads connection or file state that differs between replicas",
         ),
         ("INSERT INTO t SELECT count(*) FROM dbstat", "dbstat describes the file layout"),
+        (
+            "INSERT INTO t SELECT name FROM pragma_function_list",
+            "PRAGMA function_list lists what this node's SQLite build",
+        ),
+        # refused for what the statement names, even when no row would be read
+        ("INSERT INTO t SELECT name FROM pragma_function_list WHERE 0", "PRAGMA function_list"),
+        ("INSERT INTO t SELECT name FROM pragma_module_list", "PRAGMA module_list lists"),
+        ("INSERT INTO t SELECT * FROM pragma_compile_options", "PRAGMA compile_options lists"),
+        ("INSERT INTO t SELECT count(*) FROM pragma_pragma_list", "PRAGMA pragma_list lists"),
+        ("INSERT INTO t SELECT name FROM pragma_collation_list", "PRAGMA collation_list lists"),
+        ("INSERT INTO t SELECT name FROM main.pragma_function_list", "PRAGMA function_list"),
+        ("PRAGMA function_list", "can differ between replicas"),
         ("BEGIN", "transaction control statements are not allowed"),
         ("SAVEPOINT s", "transaction control statements are not allowed"),
         ("CREATE VIRTUAL TABLE v USING fts5(x)", "virtual tables are not supported"),
@@ -42,6 +54,34 @@ def test_unreplayable_writes_are_refused(store: Store, sql: str, reason: str) ->
 def test_reads_may_use_them(store: Store) -> None:
     result = store.query([S("SELECT sqlite_version(), changes(), random() IS NOT NULL")])[0]
     assert result.error is None and result.rows and result.rows[0][2] == 1
+    for pragma in ("function_list", "module_list", "compile_options", "pragma_list"):
+        listed = store.query([S(f"SELECT count(*) FROM pragma_{pragma}")])[0]
+        assert listed.error is None and listed.rows and listed.rows[0][0] > 0, pragma
+    assert store.query([S("PRAGMA function_list")])[0].rows
+
+
+def test_build_dependent_pragmas_are_refused_through_views_too(store: Store) -> None:
+    store.execute(
+        [S("CREATE TABLE t(x)"), S("CREATE VIEW fl AS SELECT name FROM pragma_function_list")]
+    )
+    before = store.journal.last_cid()
+    out = store.execute([S("INSERT INTO t SELECT name FROM fl")])
+    assert "PRAGMA function_list lists" in (out.results[0].error or ""), out.results[0].error
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT count(*) > 0 FROM fl")])[0].rows == [(1,)]
+
+
+def test_a_table_named_like_a_pragma_is_an_ordinary_table(store: Store) -> None:
+    store.execute(
+        [
+            S("CREATE TABLE t(x)"),
+            S("CREATE TABLE pragma_function_list(name)"),
+            S("INSERT INTO pragma_function_list VALUES('mine')"),
+        ]
+    )
+    out = store.execute([S("INSERT INTO t SELECT name FROM pragma_function_list")])
+    assert out.results[0].error is None and out.cid is not None
+    assert store.query([S("SELECT x FROM t")])[0].rows == [("mine",)]
 
 
 def test_introspection_pragmas_are_allowed_in_writes(store: Store) -> None:
