@@ -26,7 +26,8 @@ SYNCHRONOUS_LEVELS = ("off", "normal", "full", "extra")
 class NodeConfig:
     #: Directory holding the node's SQLite file; created if missing.
     data_dir: Path
-    #: host:port the HTTP API listens on. Default 127.0.0.1:4001 (rqlite's port).
+    #: host:port the HTTP API listens on. Default 127.0.0.1:4001 (rqlite's port). Port 0
+    #: (the system chooses) is for standalone nodes only.
     http_addr: str = DEFAULT_HTTP_ADDR
     #: This node's id in /status and CDC envelopes. Default: the HTTP address.
     node_id: str = ""
@@ -106,6 +107,14 @@ class NodeConfig:
             _check_advertise_url(self.advertise_url)
         for endpoint in self.etcd_endpoints:
             split_host_port(endpoint.split("://", 1)[-1])
+        if self.clustered and port == 0:
+            # the node id and advertised URL would say port 0, and other nodes would
+            # forward there (cluster QA); the port is chosen only when the socket is bound
+            raise ConfigError(
+                f"--http-addr {self.http_addr} lets the system choose the port, which the "
+                "other nodes of a cluster cannot know: give a fixed port, such as "
+                f"{self.http_addr.rpartition(':')[0]}:4001"
+            )
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.cluster):
             raise ConfigError(
                 f"cluster name may hold letters, digits, '.', '_' and '-', got {self.cluster!r}"

@@ -41,7 +41,14 @@ from litecdc.cluster.log import (
     log_key,
     log_prefix,
 )
-from litecdc.cluster.node import ClusterNode, Member, members_prefix
+from litecdc.cluster.node import (
+    ClusterNode,
+    KnownMember,
+    Member,
+    MemberRunningError,
+    joined_prefix,
+    members_prefix,
+)
 from litecdc.cluster.snapshot import (
     Compaction,
     LogCompactor,
@@ -69,6 +76,7 @@ __all__ = [
     "EtcdUnavailableError",
     "Get",
     "KeyValue",
+    "KnownMember",
     "LeaderInfo",
     "Lease",
     "LeaseNotFoundError",
@@ -76,6 +84,7 @@ __all__ = [
     "LogCompactor",
     "LogWriteOutcome",
     "Member",
+    "MemberRunningError",
     "NotLeaderError",
     "Put",
     "RangeResult",
@@ -87,6 +96,7 @@ __all__ = [
     "Watch",
     "WatchBatch",
     "WatchEvent",
+    "joined_prefix",
     "leader_key",
     "log_key",
     "log_prefix",

@@ -42,6 +42,7 @@ from litecdc.cluster.election import DEFAULT_TTL, Election
 from litecdc.cluster.etcd import (
     ClusterError,
     Compare,
+    Delete,
     EtcdClient,
     EtcdSettings,
     EtcdUnavailableError,
@@ -52,7 +53,14 @@ from litecdc.cluster.etcd import (
 )
 from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key, log_prefix
 from litecdc.cluster.snapshot import LogCompactor, SnapshotInstaller, SnapshotSettings
-from litecdc.errors import ConfigError, ModeError, NotLeaderError, OutcomeUnknownError
+from litecdc.errors import (
+    ConfigError,
+    ModeError,
+    NotFoundError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    RequestError,
+)
 from litecdc.journal.journal import Mode
 from litecdc.results import LogEntry, ReadLevel, Statement
 from litecdc.store import Store
@@ -71,7 +79,14 @@ DEFAULT_MEMBER_TTL = 10
 
 
 def members_prefix(cluster: str) -> str:
+    """Live member records: one per running node, on a lease of its own."""
     return f"/litecdc/{cluster}/members/"
+
+
+def joined_prefix(cluster: str) -> str:
+    """Records of the nodes that joined the cluster, on no lease: a node that stops stays
+    known (``/nodes`` lists it as not reachable) until it is removed (``DELETE /remove``)."""
+    return f"/litecdc/{cluster}/joined/"
 
 
 def _member_address(kv: KeyValue) -> str | None:
@@ -86,6 +101,12 @@ def settings_key(cluster: str) -> str:
     return f"/litecdc/{cluster}/settings"
 
 
+class MemberRunningError(ClusterError):
+    """A node that is running cannot be removed from the cluster."""
+
+    http_status = 409
+
+
 @dataclass(frozen=True)
 class Member:
     """One node as it registered itself under ``/litecdc/<cluster>/members/<id>``."""
@@ -97,6 +118,27 @@ class Member:
     applied_revision: int
     #: the log was compacted past the member's position: it needs a snapshot
     needs_snapshot: bool = False
+
+
+@dataclass(frozen=True)
+class KnownMember:
+    """A node that joined the cluster and was not removed (rqlite's configured nodes),
+    with its live member record when it has one."""
+
+    node_id: str
+    address: str
+    #: the node's live record; None when it has none (stopped, or cannot reach etcd)
+    live: Member | None
+
+    @property
+    def error(self) -> str | None:
+        """Why the node is not reachable; None while it has a live record."""
+        if self.live is not None:
+            return None
+        return (
+            "no live member record in etcd: the node is stopped or cannot reach etcd (if "
+            "it left the cluster for good, forget it with DELETE /remove)"
+        )
 
 
 class ClusterNode:
@@ -165,6 +207,7 @@ class ClusterNode:
         self._accepting = False  # leads, caught up, appender open
         self._reported = False  # what listeners last heard
         self._member_key = members_prefix(cluster_name) + node_id
+        self._joined_key = joined_prefix(cluster_name) + node_id
         self.last_error: str | None = None
 
         try:
@@ -494,6 +537,52 @@ class ClusterNode:
                 log.warning("member record %s is unreadable", kv.key)
         return sorted(found, key=lambda m: m.node_id)
 
+    def known_members(self) -> list[KnownMember]:
+        """Every node that joined and was not removed, and every live member, sorted by
+        id. The joined records are read first: a node that joins in between is live, one
+        that stops in between is not."""
+        joined: dict[str, str] = {}
+        prefix = joined_prefix(self.cluster)
+        for kv in self.client.range(prefix, prefix=True).kvs:
+            address = _member_address(kv)
+            if address is None:
+                log.warning("joined record %s is unreadable", kv.key)
+            joined[kv.key[len(prefix) :]] = address or ""
+        live = {m.node_id: m for m in self.members()}
+        known = []
+        for node_id in sorted(joined.keys() | live.keys()):
+            member = live.get(node_id)
+            address = member.address if member is not None else joined[node_id]
+            known.append(KnownMember(node_id, address, member))
+        return known
+
+    def remove_member(self, node_id: str) -> None:
+        """Forget a node that left the cluster for good (rqlite's ``DELETE /remove``): its
+        joined record goes, so ``/nodes`` stops listing it. Refused while the node runs
+        (MemberRunningError, HTTP 409: stop it first); NotFoundError for an id the cluster
+        does not know. Started again, the node joins again."""
+        if not node_id or "/" in node_id:
+            raise RequestError(f"invalid node id {node_id!r}")
+        member = members_prefix(self.cluster) + node_id
+        joined = joined_prefix(self.cluster) + node_id
+        # one txn: a node that starts meanwhile writes its member record first, so either
+        # it is refused as running or its joined record is written after the delete
+        result = self.client.txn(
+            [Compare.absent(member), Compare(joined, "create_revision", ">", 0)],
+            [Delete(joined)],
+            [Get(member)],
+        )
+        if result.succeeded:
+            log.info("node %s removed from cluster %s", node_id, self.cluster)
+            return
+        running = result.ranges[0] if result.ranges else []
+        if running:
+            raise MemberRunningError(
+                f"node {node_id!r} is running (at {_member_address(running[0])}): stop it "
+                "before removing it"
+            )
+        raise NotFoundError(f"node {node_id!r} is not a member of this cluster")
+
     def _check_shared_settings(self) -> None:
         """Settings that must be the same on every node, recorded in etcd by the first
         node to start; a node started with another value is refused.
@@ -577,10 +666,15 @@ class ClusterNode:
             }
         ).encode()
 
+    def _joined_value(self) -> bytes:
+        return json.dumps({"id": self.node_id, "address": self.address}).encode()
+
     def _run_member(self) -> None:
-        """Keep this node's member record (own lease) up to date every member_interval."""
+        """Keep this node's member record (own lease) up to date every member_interval,
+        and record once that it joined (no lease: it outlives the node)."""
         lease = 0
         wait = 0.0
+        joined = False
         while not self._stop.wait(wait):
             wait = self.member_interval
             try:
@@ -589,6 +683,9 @@ class ClusterNode:
                 if not lease:
                     lease = self.client.grant_lease(self.member_ttl).id
                 self.client.put(self._member_key, self._member_value(), lease=lease)
+                if not joined:  # after the member record: see remove_member
+                    self.client.put(self._joined_key, self._joined_value())
+                    joined = True
             except LeaseNotFoundError:
                 lease, wait = 0, 0.0
             except ClusterError as exc:

@@ -113,13 +113,27 @@ class ClusterMember(Protocol):
     def applied_revision(self) -> int: ...
 
 
+class KnownClusterMember(Protocol):
+    """A node that joined the cluster, running or not (litecdc.cluster.KnownMember)."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def live(self) -> ClusterMember | None: ...
+    @property
+    def error(self) -> str | None: ...
+
+
 class ClusterView(Protocol):
     """What the API shows of a cluster node (litecdc.cluster.ClusterNode)."""
 
     def is_leader(self) -> bool: ...
     def leader(self) -> tuple[str, str] | None: ...
     def status(self) -> dict[str, object]: ...
-    def members(self) -> Sequence[ClusterMember]: ...
+    def known_members(self) -> Sequence[KnownClusterMember]: ...
+    def remove_member(self, node_id: str) -> None: ...
 
 
 class _Api:
@@ -140,6 +154,8 @@ class _Api:
         self.scheme = "https" if self.tls else "http"
         self.started = datetime.now(UTC)
         self.last_backup: datetime | None = None
+        #: forwards writes to the leader; readyz checks the leader through it (set by create_app)
+        self.forwarder: LeaderForwarder | None = None
 
     # -- plumbing ----------------------------------------------------------------------
     def _denied(self, request: Request, perms: tuple[str, ...]) -> Response | None:
@@ -412,43 +428,67 @@ class _Api:
         ]
         if self.cluster is not None:
             cluster = self.cluster
-            members = await to_thread.run_sync(cluster.members)
+            members = await to_thread.run_sync(cluster.known_members)
             leader = cluster.leader()
-            nodes = [
-                {
-                    "id": m.node_id,
-                    "api_addr": m.address,
-                    "addr": m.address.split("://", 1)[-1],
-                    "voter": True,
-                    "reachable": True,
-                    "leader": leader is not None and leader[0] == m.node_id,
-                    "mode": m.mode,
-                    "applied_cid": m.applied_cid,
-                    "applied_revision": m.applied_revision,
-                }
-                for m in members
-            ]
+            nodes = [_node_doc(m, leader) for m in members]
         pretty = "pretty" in request.query_params
         if request.query_params.get("ver") == "2" or request.query_params.get("version") == "2":
             return _json({"nodes": nodes}, pretty=pretty)
         return _json({n["id"]: n for n in nodes}, pretty=pretty)
+
+    async def remove(self, request: Request) -> Response:
+        """rqlite's ``DELETE /remove`` with ``{"id": "NODE_ID"}``: forget a node that left
+        the cluster for good, so ``/nodes`` stops listing it."""
+        if r := self._gate(request, ("remove",), ("DELETE",)):
+            return r
+        doc = await self._json_object(request)
+        node_id = doc.get("id")
+        if set(doc) != {"id"} or not isinstance(node_id, str):
+            raise RequestError(
+                'the body of DELETE /remove must be {"id": "NODE_ID"}, the id of the node '
+                f"to remove; got {json.dumps(doc)}"
+            )
+        if self.cluster is None:
+            raise RequestError("this node is standalone: it has no cluster members to remove")
+        cluster = self.cluster
+        await to_thread.run_sync(lambda: cluster.remove_member(node_id))
+        return Response(status_code=200)  # rqlite answers 200 with an empty body
 
     async def readyz(self, request: Request) -> Response:
         if r := self._gate(request, ("ready",), ("GET",)):
             return r
         if "noleader" in request.query_params:
             return Response("[+]node ok", media_type=_TEXT)
-        if self.cluster is not None and self.cluster.leader() is None:
+        if self.cluster is None:
+            return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
+        leader = self.cluster.leader()
+        if leader is None:
             return Response(
                 "[+]node ok\n[-]leader not ok\n[+]store ok", status_code=503, media_type=_TEXT
             )
-        if self.cluster is not None and self.cluster.status().get("needs_snapshot"):
+        if self.cluster.status().get("needs_snapshot"):
             # the log no longer holds what this node misses and no snapshot could be
             # installed yet (e.g. refused by its peers): it cannot serve current data
             return Response(
                 "[+]node ok\n[+]leader ok\n[-]store not ok", status_code=503, media_type=_TEXT
             )
+        if leader[0] != self.config.node_id and not self.cluster.is_leader():
+            # as rqlite's readyz does: a follower that cannot reach its leader the way it
+            # forwards writes (e.g. it cannot verify the leader's certificate) is not ready
+            problem = await self._leader_problem(*leader)
+            if problem is not None:
+                return Response(
+                    f"[+]node ok\n[-]leader not contactable: {problem}\n[+]store ok",
+                    status_code=503,
+                    media_type=_TEXT,
+                )
         return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
+
+    async def _leader_problem(self, leader_id: str, address: str) -> str | None:
+        """Why this node cannot reach the leader the way it forwards writes, or None."""
+        if self.forwarder is None:
+            return None
+        return await self.forwarder.leader_problem(leader_id, address)
 
     async def root(self, request: Request) -> Response:
         return RedirectResponse("/status", status_code=302)
@@ -651,6 +691,28 @@ class _Api:
 SOURCE_PAGE_DEFAULT = 50_000
 
 
+def _node_doc(member: KnownClusterMember, leader: tuple[str, str] | None) -> dict[str, Any]:
+    """One node of ``/nodes`` in rqlite's shape; a node without a live member record is
+    listed as not reachable, with the reason in ``error`` (as rqlite lists a configured
+    node it cannot contact)."""
+    doc: dict[str, Any] = {
+        "id": member.node_id,
+        "api_addr": member.address,
+        "addr": member.address.split("://", 1)[-1],
+        "voter": True,
+    }
+    live = member.live
+    if live is None:
+        return doc | {"reachable": False, "leader": False, "error": member.error}
+    return doc | {
+        "reachable": True,
+        "leader": leader is not None and leader[0] == member.node_id,
+        "mode": live.mode,
+        "applied_cid": live.applied_cid,
+        "applied_revision": live.applied_revision,
+    }
+
+
 def _check_utf8(data: bytes) -> None:
     """/db/load takes SQL text as UTF-8; anything else is a bad request (HTTP 400)."""
     try:
@@ -807,7 +869,7 @@ def create_app(
     """The Starlette app serving ``store`` (and ``cdc``'s status). Raises ConfigError for a
     bad auth file."""
     api = _Api(store, config, cdc, cluster)
-    forwarder = LeaderForwarder(
+    forwarder = api.forwarder = LeaderForwarder(
         config.node_id, ca_cert=str(config.node_ca_cert) if config.node_ca_cert else None
     )
     rq: dict[str, Any] = dict(json_errors=False, forwarder=forwarder)
@@ -822,6 +884,7 @@ def create_app(
         Route("/status", _guard(api.status, **rq), methods=_ALL_METHODS),
         Route("/nodes", _guard(api.nodes, **rq), methods=_ALL_METHODS),
         Route("/readyz", _guard(api.readyz, **rq), methods=_ALL_METHODS),
+        Route("/remove", _guard(api.remove, **rq), methods=_ALL_METHODS),
         Route("/journal", _guard(api.journal, **own), methods=_ALL_METHODS),
         Route("/cdc/changes", _guard(api.changes, **own), methods=_ALL_METHODS),
         Route("/cdc/subscriptions", _guard(api.subscriptions, **own), methods=_ALL_METHODS),

@@ -23,9 +23,16 @@ _KEPT_HEADERS = ("authorization", "content-type", "accept")
 _RELAYED_HEADERS = ("content-type", "location", "www-authenticate")
 
 
+#: seconds readyz waits for the leader to answer
+LEADER_CHECK_TIMEOUT = 5.0
+#: OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
+_HOSTNAME_MISMATCH = 62
+
+
 class LeaderForwarder:
     def __init__(self, node_id: str, *, ca_cert: str | None = None, timeout: float = 30.0) -> None:
         self._node_id = node_id
+        self._ca_cert = ca_cert
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=ca_cert) if ca_cert else True
         )
@@ -66,15 +73,49 @@ class LeaderForwarder:
                     status_code=504,
                     media_type="text/plain; charset=utf-8",
                 )
+            problem = self._problem(error.leader_id, leader, exc)
             return Response(
-                f"not leader, and forwarding to the leader at {leader} failed: "
-                f"{exc.__class__.__name__}: {exc}\n",
+                f"not leader, and forwarding failed: {problem}\n",
                 status_code=503,
                 media_type="text/plain; charset=utf-8",
                 headers={"Retry-After": "1"},
             )
         relayed = {k: v for k in _RELAYED_HEADERS if (v := answer.headers.get(k)) is not None}
         return Response(answer.content, status_code=answer.status_code, headers=relayed)
+
+    async def leader_problem(self, leader_id: str, address: str) -> str | None:
+        """Why writes cannot be forwarded to the leader at ``address`` (it does not answer,
+        its certificate cannot be verified…), or None. Any answer (a 401 too) shows the
+        address works and the certificate is trusted."""
+        try:
+            await self._client.get(
+                address.rstrip("/") + "/readyz?noleader", timeout=LEADER_CHECK_TIMEOUT
+            )
+        except httpx.HTTPError as exc:
+            return self._problem(leader_id, address, exc)
+        return None
+
+    def _problem(self, leader_id: str | None, address: str, exc: httpx.HTTPError) -> str:
+        """What went wrong reaching the leader; a certificate that cannot be verified
+        says which option fixes it."""
+        leader = f"the leader {leader_id} at {address}" if leader_id else f"the leader at {address}"
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            return f"{leader} does not answer ({type(exc).__name__}: {exc})"
+        if cause.verify_code == _HOSTNAME_MISMATCH:
+            fix = "its certificate must name the host of the leader's --advertise-url"
+        elif self._ca_cert is None:
+            fix = "pass --node-ca-cert with the CA that signed the nodes' certificates"
+        else:
+            fix = (
+                f"--node-ca-cert {self._ca_cert} must be the CA that signed the nodes' certificates"
+            )
+        return (
+            f"the HTTPS certificate of {leader} cannot be verified "
+            f"({cause.verify_message or cause}): {fix}"
+        )
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -57,11 +57,15 @@ def _journal(node: Node) -> list[Any]:
 
 
 def _secure_node(base: Path, i: int, certs: CertFiles, etcd: EtcdCluster, cluster: str,
-                 *extra: str) -> Node:  # fmt: skip
+                 *extra: str, trust_peers: bool = True, port: int | None = None,
+                 ) -> Node:  # fmt: skip
+    """Node ``i`` serving HTTPS with an auth file; with ``trust_peers`` it verifies the
+    other nodes' certificates with the test CA (--node-ca-cert)."""
     auth = base / f"auth-n{i}.json"
     local = _local_user(i)
     users = [*USERS, {"username": local[0], "password": local[1], "perms": ["execute"]}]
     auth.write_text(json.dumps(users))
+    node_ca = ("--node-ca-cert", str(certs.ca_cert)) if trust_peers else ()
     return Node(
         base / f"n{i}",
         "--etcd", etcd.endpoints[0],
@@ -69,13 +73,14 @@ def _secure_node(base: Path, i: int, certs: CertFiles, etcd: EtcdCluster, cluste
         "--node-id", f"n{i}",
         "--http-cert", str(certs.server_cert),
         "--http-key", str(certs.server_key),
-        "--node-ca-cert", str(certs.ca_cert),
+        *node_ca,
         "--auth", str(auth),
         "--node-user", NODE[0],
         "--node-password", NODE[1],
         *extra,
         https=True,
         verify=ssl.create_default_context(cafile=str(certs.ca_cert)),
+        port=port,
     )  # fmt: skip
 
 
@@ -200,6 +205,50 @@ def test_snapshot_catch_up_over_https_with_credentials(secure_nodes: list[Node])
         assert r.status_code == 200, r.text
         cid = r.json()["raft_index"]
     assert all(_rows(n, cid)[-1] == [41, "after"] for n in nodes)
+
+
+def test_a_follower_that_cannot_verify_the_leaders_certificate_is_not_ready(
+    tmp_path: Path, certs: CertFiles, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    """Started without --node-ca-cert in front of a leader whose certificate a private CA
+    signed, a follower said ready (readyz 200) while every forwarded write failed with 503
+    (cluster QA). Its readyz now contacts the leader as forwarding does, and says why not."""
+    nodes = _start([_secure_node(tmp_path, 0, certs, etcd, cluster_name)])
+    try:
+        _leader(nodes)
+        # start() takes readyz's 401 (no credentials) for "up"; readiness is checked below
+        follower = _secure_node(tmp_path, 1, certs, etcd, cluster_name, trust_peers=False)
+        nodes.append(follower.start())
+
+        def readyz() -> Any:
+            with follower.client(auth=ADMIN) as c:
+                r = c.get("/readyz")
+            return r if "[-]leader not contactable" in r.text else None
+
+        r = _wait(readyz, "the follower to report the leader it cannot verify")
+        assert r.status_code == 503
+        assert r.text.startswith(
+            f"[+]node ok\n[-]leader not contactable: the HTTPS certificate of the leader n0 "
+            f"at {nodes[0].url} cannot be verified ("
+        ), r.text
+        assert "pass --node-ca-cert with the CA that signed the nodes' certificates" in r.text
+        assert r.text.endswith("\n[+]store ok")
+        with follower.client(auth=ADMIN) as c:  # what readyz foretold
+            r = c.post("/db/execute", json=["CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)"])
+            assert r.status_code == 503, r.text
+            assert "pass --node-ca-cert" in r.text  # the forwarder says the same
+            assert c.get("/readyz", params={"noleader": ""}).status_code == 200
+        # restarted with the CA, the same follower is ready and forwards
+        assert follower.stop() == 0
+        nodes[1] = _secure_node(tmp_path, 1, certs, etcd, cluster_name, port=follower.port)
+        nodes[1].start()
+        with nodes[1].client(auth=ADMIN) as c:
+            _wait(lambda: c.get("/readyz").status_code == 200, "the follower to be ready")
+            r = c.post("/db/execute", json=["CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)"])
+            assert r.status_code == 200, r.text
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def test_nodes_reach_an_etcd_with_tls_and_client_certificates(

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.litecdc_node import Node
+from e2e.litecdc_node import Node, serve_cli
 from etcd_cluster import EtcdCluster
 from serve_cluster import leader as _leader
 from serve_cluster import rows as _rows
@@ -72,6 +72,68 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
         with node.client() as c:
             journals.append(c.get("/journal", params={"after": 1}).json()["entries"])
     assert journals[0] == journals[1] == journals[2]
+
+
+def test_nodes_lists_a_stopped_member_as_unreachable_until_it_is_removed(
+    nodes: list[Node],
+) -> None:
+    """A member that stopped vanished from /nodes as soon as its etcd record went (cluster
+    QA). As rqlite lists a configured node that is down, it stays listed — not reachable,
+    with the reason — until ``DELETE /remove`` forgets it."""
+    leader = _leader(nodes)
+    index = nodes.index(next(n for n in nodes if n is not leader))
+    stopped, stopped_id = nodes[index], f"n{index}"
+    assert stopped.stop() == 0  # its member record (lease) is revoked as it leaves
+    with leader.client() as c:
+        listed = {n["id"]: n for n in c.get("/nodes", params={"ver": "2"}).json()["nodes"]}
+        assert sorted(listed) == ["n0", "n1", "n2"]
+        down = listed.pop(stopped_id)
+        assert down["reachable"] is False and down["leader"] is False
+        assert down["api_addr"] == stopped.url
+        assert "no live member record in etcd" in down["error"]
+        assert "DELETE /remove" in down["error"]
+        assert all(n["reachable"] and "error" not in n for n in listed.values())
+        legacy = c.get("/nodes").json()  # rqlite's default shape: keyed by id
+        assert legacy[stopped_id]["reachable"] is False and "error" in legacy[stopped_id]
+
+        # bad input changes nothing: a running member, an unknown id, a malformed body
+        running = _status(leader)["node"]["id"]
+        r = c.request("DELETE", "/remove", json={"id": running})
+        assert r.status_code == 409, r.text
+        assert r.text.startswith(f"node {running!r} is running")
+        r = c.request("DELETE", "/remove", json={"id": "n9"})
+        assert (r.status_code, r.text) == (404, "node 'n9' is not a member of this cluster\n")
+        for body in ({"node": stopped_id}, {"id": 3}, [stopped_id], {"id": stopped_id, "x": 1}):
+            assert c.request("DELETE", "/remove", json=body).status_code == 400, body
+        assert c.post("/remove", json={"id": stopped_id}).status_code == 405
+        assert sorted(c.get("/nodes").json()) == ["n0", "n1", "n2"]
+
+        r = c.request("DELETE", "/remove", json={"id": stopped_id})
+        assert (r.status_code, r.text) == (200, "")
+        assert stopped_id not in c.get("/nodes").json()
+    # started again, the node joins again
+    nodes[index] = Node(stopped.data_dir, *stopped.extra, port=stopped.port).start()
+    with leader.client() as c:
+        _wait(lambda: c.get("/nodes").json()[stopped_id]["reachable"], "the node listed again")
+
+
+def test_an_os_chosen_http_port_is_refused_in_a_cluster(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    """With ``--http-addr 127.0.0.1:0`` the node id and advertised URL said port 0, and
+    the other nodes forwarded writes there (cluster QA)."""
+    data_dir = tmp_path / "n0"
+    proc = serve_cli(
+        "--data-dir", str(data_dir), "--http-addr", "127.0.0.1:0",
+        "--etcd", etcd.endpoints[0], "--cluster", cluster_name,
+        env={"PATH": "/usr/bin:/bin"},  # no LITECDC_* from outside
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "error: --http-addr 127.0.0.1:0 lets the system choose the port, which the other "
+        "nodes of a cluster cannot know: give a fixed port, such as 127.0.0.1:4001\n"
+    )
+    assert not data_dir.exists()  # refused before anything was opened
 
 
 @pytest.mark.slow

@@ -185,3 +185,16 @@ def test_readyz_is_503_while_a_follower_needs_a_snapshot(store: Store) -> None:
         r = c.get("/readyz")
         assert (r.status_code, r.text) == (503, "[+]node ok\n[+]leader ok\n[-]store not ok")
         assert c.get("/readyz?noleader").status_code == 200
+
+
+def test_remove_on_a_standalone_node_is_a_clear_400(http: TestClient) -> None:
+    """rqlite's ``DELETE /remove`` forgets a cluster member; a standalone node has none."""
+    r = http.request("DELETE", "/remove", json={"id": "n2"})
+    assert (r.status_code, r.text) == (
+        400,
+        "this node is standalone: it has no cluster members to remove\n",
+    )
+    r = http.request("DELETE", "/remove", json={"id": ["n2"]})
+    assert r.status_code == 400
+    assert r.text.startswith('the body of DELETE /remove must be {"id": "NODE_ID"}')
+    assert http.get("/remove").status_code == 405
