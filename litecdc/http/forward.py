@@ -75,7 +75,7 @@ class LeaderForwarder:
                 )
             problem = self._problem(error.leader_id, leader, exc)
             return Response(
-                f"not leader, and forwarding failed: {problem}\n",
+                f"not leader, and forwarding to the leader failed: {problem}\n",
                 status_code=503,
                 media_type="text/plain; charset=utf-8",
                 headers={"Retry-After": "1"},

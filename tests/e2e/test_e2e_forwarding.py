@@ -95,7 +95,8 @@ async def test_no_known_leader_is_503_and_a_forwarded_request_is_not_forwarded_a
         )
         assert r.status_code == 503 and "forwarded once" in r.text
         r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])  # leader down
-        assert r.status_code == 503 and "forwarding to the leader" in r.text
+        assert r.status_code == 503 and "forwarding to the leader failed" in r.text
+        assert "does not answer (ConnectError" in r.text
     store.close()
 
 
