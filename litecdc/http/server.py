@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import socket
@@ -142,6 +143,9 @@ def listen(host: str, port: int) -> list[socket.socket]:
             if (family, address) in seen:
                 continue
             seen.add((family, address))
+            if port == 0 and sockets:
+                # one port for every address the name resolves to: the one the system chose
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
             sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -162,6 +166,22 @@ def listen(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def with_bound_port(config: NodeConfig, port: int) -> NodeConfig:
+    """``config`` (``--http-addr HOST:0``) with the port the system chose, so the log line,
+    /status and the default node id and advertised URL show where the node really is.
+    (A cluster refuses port 0: its node id would change at each start.)"""
+    default_id = config.node_id == f"{config.http_host}:0"
+    scheme = "https" if config.http_cert else "http"
+    default_url = config.advertise_url == f"{scheme}://{config.http_addr}"
+    host = config.http_addr.rpartition(":")[0]
+    return dataclasses.replace(
+        config,
+        http_addr=f"{host}:{port}",
+        node_id="" if default_id else config.node_id,
+        advertise_url="" if default_url else config.advertise_url,
+    )
+
+
 def serve(config: NodeConfig) -> None:
     """Open the node in ``config.data_dir`` and serve it until SIGINT/SIGTERM.
 
@@ -177,6 +197,8 @@ def serve(config: NodeConfig) -> None:
     if config.http_cert is not None and config.http_key is not None:
         check_tls_files(Path(config.http_cert), Path(config.http_key))
     sockets = listen(config.http_host, config.http_port)
+    if config.http_port == 0 and sockets:
+        config = with_bound_port(config, sockets[0].getsockname()[1])
     try:
         node = Node(config)
         try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from litecdc_node import Node, serve_cli
 
@@ -92,3 +94,29 @@ def test_a_second_node_on_a_data_directory_in_use_is_refused(fresh_node: Node) -
         )
         out = fresh_node.execute(client, ["INSERT INTO t VALUES(2)"])
         assert "error" not in out["results"][0]
+
+
+def test_an_os_chosen_port_is_the_one_logged_and_reported(tmp_path: Path) -> None:
+    """With --http-addr HOST:0 the system picks the port: the 'serving' line, /status and
+    /nodes must name that port, the only way a user learns where the node is."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "litecdc", "serve", "--data-dir", str(tmp_path / "d"),
+         "--http-addr", "127.0.0.1:0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        match = re.search(r"litecdc node (\S+) serving (http://127\.0\.0\.1:(\d+))$", line.strip())
+        assert match is not None, line
+        node_id, url, port = match.groups()
+        assert port != "0" and node_id == f"127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=30.0) as client:
+            status = client.get("/status").json()
+            assert status["http"]["bind_addr"] == f"127.0.0.1:{port}"
+            (node,) = client.get("/nodes", params={"ver": "2"}).json()["nodes"]
+            assert node["api_addr"] == url and node["id"] == node_id
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
