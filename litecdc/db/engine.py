@@ -326,43 +326,59 @@ class Engine:
         are the triggers the statement creates, and older ones whose SQL names a table or
         view it creates (SQLite's sqlite_stat1 included, which the first ANALYZE creates):
         SQLite cannot compile a body that names a missing table, so such a body is judged
-        when that table appears (failing that, when it fires).
+        when that table appears (failing that, when it fires). Each trigger is judged
+        alone (see _judge_trigger): another trigger on its table that names a missing
+        table would stop the compilation, and an older bad one would take the blame.
         """
         if not access.created:
             return None
-        triggers = self._internal(
-            "SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'"
-        )
+        triggers = [
+            (str(name), str(table), str(sql or ""))
+            for name, table, sql in self._internal(
+                "SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'trigger'"
+            )
+        ]
         if not triggers:
             return None
         created = {name.lower() for name in access.created}
-        trigger_names = {str(name).lower(): str(name) for name, _, _ in triggers}
-        tables = sorted(created - trigger_names.keys(), key=len, reverse=True)
+        tables = sorted(created - {name.lower() for name, _, _ in triggers}, key=len, reverse=True)
         mentions = (
             re.compile(rf"(?<![\w$])(?:{'|'.join(map(re.escape, tables))})(?![\w$])", re.IGNORECASE)
             if tables
             else None
         )
-        concerned: dict[str, list[str]] = {}
         for name, table, sql in triggers:
-            if str(name).lower() in created or (mentions and mentions.search(str(sql or ""))):
-                concerned.setdefault(str(table), []).append(str(name).lower())
-        for table, selected in concerned.items():
-            for op, sql in self._firing_statements(table):
-                reason, where, missing = self._dry_prepare(sql)
-                if reason is None and missing and missing.startswith(INTERNAL_PREFIX):
-                    reason = f"table {missing} is internal to litecdc and cannot be used in a write"
-                where = (where or "").lower()
-                if reason is None or (where in trigger_names and where not in selected):
-                    # (another trigger's doing, from before these checks: writes to the
-                    # table fail already, and this statement is not the cause)
-                    continue
-                if where not in selected and len(selected) == 1:
-                    where = selected[0]  # the reason is in a view its body reads
-                culprits = [where] if where in selected else selected
-                who = " or ".join(trigger_names[name] for name in culprits)
-                return f"trigger {who} would make every {op} on {table} fail: {reason}"
+            if name.lower() in created or (mentions is not None and mentions.search(sql)):
+                others = [n for n, t, _ in triggers if t.lower() == table.lower() and n != name]
+                problem = self._judge_trigger(name, table, others)
+                if problem is not None:
+                    return problem
         return None
+
+    def _judge_trigger(self, name: str, table: str, others: Sequence[str]) -> str | None:
+        """Why every write that fires trigger ``name`` on ``table`` would be refused, or
+        None. The table's ``others`` triggers are dropped for the test, inside a savepoint
+        that is rolled back: they neither hide this one nor get blamed for it."""
+        self._internal("SAVEPOINT litecdc_trigger_check")
+        try:
+            for other in others:
+                self._internal(f"DROP TRIGGER {_quote(other)}")
+            try:
+                statements = self._firing_statements(table)
+            except apsw.SQLError:
+                return None  # a view SQLite cannot describe any more (its table was dropped)
+            for op, sql in statements:
+                reason, where, missing = self._dry_prepare(sql)
+                if reason is None and missing and missing.lower().startswith(INTERNAL_PREFIX):
+                    reason = f"table {missing} is internal to litecdc and cannot be used in a write"
+                if reason is not None:
+                    # (the reason may sit in a view the body reads, or in a trigger of a
+                    # table the body writes)
+                    inside = f" (in {where})" if where and where.lower() != name.lower() else ""
+                    return f"trigger {name} would make every {op} on {table} fail: {reason}{inside}"
+            return None
+        finally:
+            self._internal("ROLLBACK TO litecdc_trigger_check; RELEASE litecdc_trigger_check")
 
     def _firing_statements(self, table: str) -> list[tuple[str, str]]:
         """Statements that fire every trigger on ``table`` (UPDATE OF any column too)."""

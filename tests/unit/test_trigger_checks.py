@@ -213,3 +213,79 @@ def test_an_older_bad_trigger_blocks_neither_new_triggers_nor_its_own_drop(
         assert store.query([S("SELECT v FROM log")])[0].rows == [(2,)]
     finally:
         store.close()
+
+
+def test_another_triggers_forward_reference_neither_hides_nor_blames(store: Store) -> None:
+    """Review: a trigger on the same table naming a table not created yet stopped the
+    test compilation (the bad trigger was accepted), and once that table appeared the
+    innocent trigger was named for the bad one's refusal. Each trigger is judged alone."""
+    store.execute(
+        [
+            S("CREATE TABLE t(x)"),
+            S("CREATE TABLE log(v)"),
+            S("CREATE TRIGGER fwd AFTER INSERT ON t BEGIN INSERT INTO audit VALUES(new.x); END"),
+        ]
+    )
+    out = store.execute(
+        [
+            S(
+                "CREATE TRIGGER bad AFTER INSERT ON t BEGIN "
+                "INSERT INTO log SELECT name FROM pragma_function_list; END"
+            )
+        ]
+    )
+    error = out.results[0].error or ""
+    assert "trigger bad" in error and "PRAGMA function_list" in error, error
+    assert store.execute([S("CREATE TABLE audit(x)")]).results[0].error is None
+    fired = store.execute([S("INSERT INTO t VALUES(1)")])
+    assert fired.results[0].error is None
+    assert store.query([S("SELECT x FROM audit")])[0].rows == [(1,)]
+
+
+def test_a_view_read_by_a_bad_trigger_is_named_and_others_are_not_blamed(
+    store: Store,
+) -> None:
+    store.execute(
+        [
+            S("CREATE TABLE t(x)"),
+            S("CREATE TABLE log(v)"),
+            S("CREATE VIEW fv AS SELECT name FROM pragma_function_list"),
+        ]
+    )
+    out = store.execute(
+        [S("CREATE TRIGGER bad AFTER INSERT ON t BEGIN INSERT INTO log SELECT * FROM fv; END")]
+    )
+    error = out.results[0].error or ""
+    assert error.startswith("trigger bad would make every INSERT on t fail: PRAGMA function_list")
+    assert error.endswith("(in fv)"), error
+
+
+def test_upper_case_internal_names_are_refused_before_they_exist(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    out = store.execute(
+        [
+            S(
+                "CREATE TRIGGER up AFTER INSERT ON t BEGIN "
+                "INSERT INTO _LITECDC_CDC_STATE VALUES(1); END"
+            )
+        ]
+    )
+    assert "internal to litecdc" in (out.results[0].error or ""), out.results[0].error
+
+
+def test_a_broken_view_does_not_stop_an_unrelated_create(store: Store) -> None:
+    """Review: a view whose table was dropped cannot be described; a CREATE TABLE that
+    an INSTEAD OF trigger on it names failed with SQLite's 'no such table' for the view."""
+    store.execute(
+        [
+            S("CREATE TABLE x(a)"),
+            S("CREATE VIEW v AS SELECT a FROM x"),
+            S(
+                "CREATE TRIGGER vi INSTEAD OF INSERT ON v BEGIN "
+                "INSERT INTO audit VALUES(new.a); END"
+            ),
+            S("DROP TABLE x"),
+        ]
+    )
+    out = store.execute([S("CREATE TABLE audit(a)")])
+    assert out.results[0].error is None and out.cid is not None
