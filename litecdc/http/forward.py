@@ -9,7 +9,9 @@ the CA given by ``--node-ca-cert`` (default: the system's CAs).
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+import time
 
 import httpx
 from starlette.requests import Request
@@ -23,8 +25,12 @@ _KEPT_HEADERS = ("authorization", "content-type", "accept")
 _RELAYED_HEADERS = ("content-type", "location", "www-authenticate")
 
 
-#: seconds readyz waits for the leader to answer
-LEADER_CHECK_TIMEOUT = 5.0
+#: seconds readyz waits for the leader to answer: the leader's lease time, after which
+#: a leader that does not answer has been replaced anyway
+LEADER_CHECK_TIMEOUT = 2.0
+#: seconds a leader check's answer is reused: readyz probes cost the leader one request
+#: per second per follower at most
+LEADER_CHECK_REUSE = 1.0
 #: OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
 _HOSTNAME_MISMATCH = 62
 
@@ -37,14 +43,30 @@ class LeaderForwarder:
             ssl.create_default_context(cafile=ca_cert) if ca_cert else True
         )
         self._client = httpx.AsyncClient(verify=verify, timeout=timeout)
+        # readyz's checks have a client of their own: in the forwarding pool they would
+        # wait behind busy forwarded requests and report a healthy leader unreachable
+        self._check_client = httpx.AsyncClient(
+            verify=verify,
+            timeout=LEADER_CHECK_TIMEOUT,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+        self._check_lock = asyncio.Lock()
+        #: (leader address, monotonic time, problem) of the last check
+        self._last_check: tuple[str, float, str | None] | None = None
 
     async def answer(self, request: Request, error: NotLeaderError) -> Response:
         """Forward ``request`` to the leader (or redirect to it); 503 when none is known."""
         leader = error.leader_address
         if not leader or request.headers.get(FORWARDED_HEADER):
-            reason = "no leader is known" if not leader else "the request was forwarded once"
+            message = str(error)
+            if leader:
+                message += "; the request was forwarded once"
+            elif "no leader" not in message:
+                message += "; no leader is known"
+            if "try again" not in message:
+                message += ", try again shortly"
             return Response(
-                f"not leader: {error}; {reason}, try again shortly\n",
+                f"not leader: {message}\n",
                 status_code=503,
                 media_type="text/plain; charset=utf-8",
                 headers={"Retry-After": "1"},
@@ -86,14 +108,20 @@ class LeaderForwarder:
     async def leader_problem(self, leader_id: str, address: str) -> str | None:
         """Why writes cannot be forwarded to the leader at ``address`` (it does not answer,
         its certificate cannot be verified…), or None. Any answer (a 401 too) shows the
-        address works and the certificate is trusted."""
-        try:
-            await self._client.get(
-                address.rstrip("/") + "/readyz?noleader", timeout=LEADER_CHECK_TIMEOUT
-            )
-        except httpx.HTTPError as exc:
-            return self._problem(leader_id, address, exc)
-        return None
+        address works and the certificate is trusted. Concurrent callers share one check,
+        and an answer is reused for LEADER_CHECK_REUSE seconds."""
+        async with self._check_lock:
+            last = self._last_check
+            now = time.monotonic()
+            if last is not None and last[0] == address and now - last[1] < LEADER_CHECK_REUSE:
+                return last[2]
+            problem: str | None = None
+            try:
+                await self._check_client.get(address.rstrip("/") + "/readyz?noleader")
+            except httpx.HTTPError as exc:
+                problem = self._problem(leader_id, address, exc)
+            self._last_check = (address, time.monotonic(), problem)
+            return problem
 
     def _problem(self, leader_id: str | None, address: str, exc: httpx.HTTPError) -> str:
         """What went wrong reaching the leader; a certificate that cannot be verified
@@ -119,3 +147,4 @@ class LeaderForwarder:
 
     async def close(self) -> None:
         await self._client.aclose()
+        await self._check_client.aclose()

@@ -1,0 +1,99 @@
+"""readyz's leader check (LeaderForwarder.leader_problem) against a real HTTP server.
+
+Review: the check shared the forwarding pool, so with 100 forwarded requests in flight
+a follower's readyz waited for a connection, timed out and called a healthy leader
+unreachable — load balancers would drop followers exactly when they are busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from litecdc.http.forward import LeaderForwarder
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class SlowLeader:
+    """A minimal HTTP/1.1 server: /readyz answers at once, anything else waits until
+    ``release`` is set. Counts the readyz requests it served."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.readyz = 0
+        self.held = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1]
+                if path.startswith(b"/readyz"):
+                    self.readyz += 1
+                else:
+                    self.held += 1
+                    await self.release.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def leader() -> AsyncIterator[tuple[SlowLeader, str]]:
+    slow = SlowLeader()
+    server = await asyncio.start_server(slow.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield slow, f"http://127.0.0.1:{port}"
+        slow.release.set()
+
+
+async def test_a_busy_forwarding_pool_does_not_make_the_leader_unreachable(
+    leader: tuple[SlowLeader, str],
+) -> None:
+    slow, url = leader
+    forwarder = LeaderForwarder("n1")
+    try:
+        # more forwarded requests in flight than the forwarding pool has connections
+        busy = [
+            asyncio.ensure_future(forwarder._client.post(url + "/db/execute", content=b"[]"))
+            for _ in range(120)
+        ]
+        while slow.held < 100:
+            await asyncio.sleep(0.01)
+        assert await forwarder.leader_problem("n0", url) is None
+        slow.release.set()
+        assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
+    finally:
+        await forwarder.close()
+
+
+async def test_checks_are_shared_and_reused_briefly(leader: tuple[SlowLeader, str]) -> None:
+    slow, url = leader
+    forwarder = LeaderForwarder("n1")
+    try:
+        answers = await asyncio.gather(*(forwarder.leader_problem("n0", url) for _ in range(20)))
+        assert answers == [None] * 20 and slow.readyz == 1
+    finally:
+        await forwarder.close()
+
+
+async def test_a_leader_that_is_not_listening_is_named() -> None:
+    forwarder = LeaderForwarder("n1")
+    try:
+        problem = await forwarder.leader_problem("n0", "http://127.0.0.1:9")
+        assert problem is not None
+        assert problem.startswith("the leader n0 at http://127.0.0.1:9 does not answer"), problem
+    finally:
+        await forwarder.close()
