@@ -565,8 +565,9 @@ class ClusterNode:
             raise RequestError(f"invalid node id {node_id!r}")
         member = members_prefix(self.cluster) + node_id
         joined = joined_prefix(self.cluster) + node_id
-        # one txn: a node that starts meanwhile writes its member record first, so either
-        # it is refused as running or its joined record is written after the delete
+        # one txn, as a node writes its records in one (_run_member): either its member
+        # record exists and it is refused as running, or its joined record goes and a
+        # node that is running after all writes it again with its next member record
         result = self.client.txn(
             [Compare.absent(member), Compare(joined, "create_revision", ">", 0)],
             [Delete(joined)],
@@ -671,10 +672,11 @@ class ClusterNode:
 
     def _run_member(self) -> None:
         """Keep this node's member record (own lease) up to date every member_interval,
-        and record once that it joined (no lease: it outlives the node)."""
+        and its joined record (no lease: it outlives the node) whenever it is missing —
+        in the same txn, so remove_member either sees the node running or deletes a
+        joined record the node then writes again."""
         lease = 0
         wait = 0.0
-        joined = False
         while not self._stop.wait(wait):
             wait = self.member_interval
             try:
@@ -682,10 +684,12 @@ class ClusterNode:
                     lease = 0
                 if not lease:
                     lease = self.client.grant_lease(self.member_ttl).id
-                self.client.put(self._member_key, self._member_value(), lease=lease)
-                if not joined:  # after the member record: see remove_member
-                    self.client.put(self._joined_key, self._joined_value())
-                    joined = True
+                member = Put(self._member_key, self._member_value(), lease=lease)
+                self.client.txn(
+                    [Compare.absent(self._joined_key)],
+                    [member, Put(self._joined_key, self._joined_value())],
+                    [member],
+                )
             except LeaseNotFoundError:
                 lease, wait = 0, 0.0
             except ClusterError as exc:

@@ -20,6 +20,8 @@ from serve_cluster import rows as _rows
 from serve_cluster import start_nodes
 from serve_cluster import wait as _wait
 
+from litecdc.cluster.etcd import EtcdClient, EtcdSettings
+
 
 def _status(node: Node) -> dict[str, Any]:
     with node.client() as c:
@@ -75,7 +77,7 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
 
 
 def test_nodes_lists_a_stopped_member_as_unreachable_until_it_is_removed(
-    nodes: list[Node],
+    nodes: list[Node], etcd: EtcdCluster, cluster_name: str
 ) -> None:
     """A member that stopped vanished from /nodes as soon as its etcd record went (cluster
     QA). As rqlite lists a configured node that is down, it stays listed — not reachable,
@@ -115,6 +117,17 @@ def test_nodes_lists_a_stopped_member_as_unreachable_until_it_is_removed(
     nodes[index] = Node(stopped.data_dir, *stopped.extra, port=stopped.port).start()
     with leader.client() as c:
         _wait(lambda: c.get("/nodes").json()[stopped_id]["reachable"], "the node listed again")
+
+        # review: removed while its member record had lapsed (here: deleted), a running
+        # node wrote only its member record again and vanished from /nodes once stopped
+        with EtcdClient(EtcdSettings(endpoints=etcd.endpoints)) as client:
+            client.delete(f"/litecdc/{cluster_name}/members/{stopped_id}")
+        r = c.request("DELETE", "/remove", json={"id": stopped_id})
+        assert (r.status_code, r.text) == (200, "")
+        _wait(lambda: stopped_id in c.get("/nodes").json(), "the running node to rejoin")
+        assert nodes[index].stop() == 0
+        down = c.get("/nodes").json()[stopped_id]
+        assert down["reachable"] is False and "no live member record" in down["error"]
 
 
 def test_an_os_chosen_http_port_is_refused_in_a_cluster(
