@@ -36,8 +36,10 @@ class Node:
         try:
             leadership: Leadership
             if config.clustered:
-                _claim_for_cluster(Path(config.data_dir), config.cluster)
+                unclaimed = _check_cluster_claim(Path(config.data_dir), config.cluster)
                 cluster = self.cluster = _cluster_node(config, self.store)
+                if unclaimed:  # only once the cluster accepted the node (its settings…)
+                    _record_cluster(Path(config.data_dir), config.cluster)
                 self.store.route_writes(
                     lambda statements, transaction: cluster.execute(
                         statements, transaction=transaction
@@ -88,27 +90,34 @@ class Node:
 CLUSTER_FILE = "cluster"
 
 
-def _claim_for_cluster(data_dir: Path, cluster: str) -> None:
+def _check_cluster_claim(data_dir: Path, cluster: str) -> bool:
     """A data directory joins one cluster for good: started with another --cluster (a
-    typo) it would lead a new, empty log of its own and fork the data (cluster QA)."""
+    typo) it would lead a new, empty log of its own and fork the data (cluster QA).
+    ConfigError for another cluster; True when the directory belongs to none yet."""
     path = data_dir / CLUSTER_FILE
     try:
         recorded = path.read_text().strip()
     except FileNotFoundError:
-        # written whole or not at all: an empty file would tie the directory to cluster ''
-        temporary = path.with_name(CLUSTER_FILE + ".tmp")
-        with temporary.open("w") as file:
-            file.write(cluster + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        temporary.replace(path)
-        return
+        return True
     if recorded != cluster:
         raise ConfigError(
             f"data directory {data_dir} belongs to cluster {recorded!r} (see {path}), not "
             f"{cluster!r}: start it with --cluster {recorded}, or give this node a new data "
             "directory"
         )
+    return False
+
+
+def _record_cluster(data_dir: Path, cluster: str) -> None:
+    """Tie the data directory to ``cluster`` (see _check_cluster_claim)."""
+    path = data_dir / CLUSTER_FILE
+    # written whole or not at all: an empty file would tie the directory to cluster ''
+    temporary = path.with_name(CLUSTER_FILE + ".tmp")
+    with temporary.open("w") as file:
+        file.write(cluster + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    temporary.replace(path)
 
 
 def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:

@@ -300,6 +300,30 @@ def test_a_data_directory_stays_with_its_cluster(tmp_path: Path, etcd: EtcdClust
     Node(config("shop")).close()  # and it still opens for its own cluster
 
 
+def test_a_refused_node_does_not_tie_its_data_directory_to_the_cluster(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    """A node refused at start-up (here: --fk unlike the cluster's) left DATA_DIR/cluster
+    behind (docs check), so the directory could join no other cluster afterwards."""
+    from litecdc.node import CLUSTER_FILE, Node
+
+    def config(name: str, data_dir: str, fk: bool) -> NodeConfig:
+        return NodeConfig(
+            data_dir=tmp_path / data_dir,
+            etcd_endpoints=tuple(etcd.endpoints),
+            cluster=name,
+            node_id="n1",
+            foreign_keys=fk,
+        )
+
+    Node(config(cluster_name, "first", fk=False)).close()
+    with pytest.raises(ConfigError, match="runs without --fk"):
+        Node(config(cluster_name, "refused", fk=True))
+    assert not (tmp_path / "refused" / CLUSTER_FILE).exists()
+    Node(config(cluster_name + "-other", "refused", fk=True)).close()
+    assert (tmp_path / "refused" / CLUSTER_FILE).read_text() == f"{cluster_name}-other\n"
+
+
 def test_a_crashed_nodes_record_does_not_keep_its_id_from_restarting_elsewhere(
     cluster: Cluster, tmp_path: Path, client: EtcdClient
 ) -> None:
