@@ -21,6 +21,7 @@ from typing import Any
 
 import nats
 import pika  # type: ignore[import-untyped]
+import psycopg
 import pyarrow as pa
 import pytest
 from fakes.webhook_receiver import WebhookReceiver, verify_standard_webhook
@@ -261,6 +262,23 @@ def test_mirror_refuses_a_column_of_another_type(mirror: Mirror, opened: list[Si
     )
     with pytest.raises(SchemaMismatchError, match="'n'"):
         open_sink(url, clashing, "sub")
+
+
+def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: list[Sink]) -> None:
+    """A ?schema= that did not exist was accepted by subscribe and failed every run."""
+    schema, table = fresh_name(), fresh_name()
+    sink = open_tracked(opened, f"{postgresql_url}?table={table}&schema={schema}", SPEC)
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 8)])
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    assert_mirror(sink, src, Mirror("postgresql", lambda name: name))
+    with psycopg.connect(postgresql_url) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+            "ORDER BY table_name",
+            (schema,),
+        ).fetchall()
+    assert tables == [("litecdc_sink_state",), (table,)]
 
 
 # -- logs -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """PostgreSQL mirror through psycopg 3.
 
 The table (``?table=``, default the source table's name, in ``?schema=``, default
-``public``) is created if missing: the source columns typed BIGINT / DOUBLE PRECISION /
-TEXT / BYTEA, ``_litecdc_cid BIGINT NOT NULL`` and a PRIMARY KEY on the key columns.
+``public``) is created if missing, and its schema too: the source columns typed BIGINT /
+DOUBLE PRECISION / TEXT / BYTEA, ``_litecdc_cid BIGINT NOT NULL`` and a PRIMARY KEY on
+the key columns.
 ``litecdc_sink_state(subscription, table_name, applied_cid)`` in the same schema records
 the last change batch applied to that table (keyed by table too, like Delta's record
 that lives in the table itself: a table dropped and created again starts from 0).
@@ -133,6 +134,7 @@ class PostgresSink(Sink):
         conn = self._connect()
         try:
             with conn.transaction():
+                self._ensure_schema(conn)
                 existing = self._existing_columns(conn)
                 conn.execute(
                     sql.SQL(
@@ -155,6 +157,20 @@ class PostgresSink(Sink):
         except psycopg.Error as exc:
             raise self._fail("preparing", exc) from exc
         self._staged_for = None
+
+    def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Create ``?schema=`` when it does not exist, as the table is: a subscription
+        accepted a missing schema and every run then failed on it. Checked first, since
+        CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the database even when
+        the schema is there."""
+        found = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema_name,)
+        ).fetchone()
+        if found is None:
+            conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema_name))
+            )
+            log.info("postgresql sink: created schema %s", self.schema_name)
 
     def _existing_columns(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
         rows = conn.execute(
