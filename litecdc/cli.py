@@ -7,7 +7,7 @@
                    --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
                    [--advertise-url URL] [--node-ca-cert F] [--node-user U --node-password P]
                    [--compact-interval S] [--compact-keep N]]
-                  [--retention-cids N] [--source-workers N]
+                  [--retention-cids N] [--journal-retention-cids N] [--source-workers N]
     litecdc demo [--data-dir DIR] [--cluster]
     litecdc pipeline subscribe|run|list|status|unsubscribe|verify …  (litecdc/pipeline/cli.py)
 
@@ -163,6 +163,14 @@ def cli() -> None:
     "must re-snapshot; with no webhook and no subscriber, the newest this many are kept.",
 )
 @click.option(
+    "--journal-retention-cids",
+    envvar="LITECDC_JOURNAL_RETENTION_CIDS",
+    default=str(DEFAULT_RETENTION_CIDS),
+    show_default=True,
+    help="Newest journal entries the node keeps (older ones are deleted, oldest first); "
+    "0 keeps every entry.",
+)
+@click.option(
     "--source-workers",
     envvar="LITECDC_SOURCE_WORKERS",
     default="2",
@@ -202,6 +210,7 @@ def serve(
     compact_interval: str,
     compact_keep: str,
     retention_cids: str,
+    journal_retention_cids: str,
     source_workers: str,
     cdc_config: str | None,
 ) -> None:
@@ -243,6 +252,7 @@ def serve(
             compact_interval=_number("--compact-interval", compact_interval),
             compact_keep=_integer("--compact-keep", compact_keep),
             retention_cids=_integer("--retention-cids", retention_cids),
+            journal_retention_cids=_integer("--journal-retention-cids", journal_retention_cids),
             source_workers=_integer("--source-workers", source_workers),
             cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
         )

@@ -76,8 +76,12 @@ class NodeConfig:
     #: this far behind the head expires (it must re-snapshot), and with no webhook and no
     #: hold this many newest commits' changes are kept; default 1,000,000.
     retention_cids: int = DEFAULT_RETENTION_CIDS
-    #: seconds between the leader's checks that the cap is enforced; default 5.
+    #: seconds between the leader's checks that the cap is enforced (and each node's
+    #: trimming of its journal); default 5.
     retention_interval: float = 5.0
+    #: newest journal entries each node keeps; older ones are deleted, oldest first
+    #: (0 = keep every entry); default 1,000,000.
+    journal_retention_cids: int = DEFAULT_RETENTION_CIDS
     #: processes that build the pull source's snapshot chunks (Arrow) in parallel; 0 =
     #: build them in the node's process; default 2.
     source_workers: int = 2
@@ -127,6 +131,11 @@ class NodeConfig:
             raise ConfigError(f"retention must keep at least 1 commit, got {self.retention_cids}")
         if not 0 <= self.source_workers <= 64:
             raise ConfigError(f"source workers must be between 0 and 64, got {self.source_workers}")
+        if self.journal_retention_cids < 0:
+            raise ConfigError(
+                "--journal-retention-cids must be a number of commits, or 0 to keep every entry; "
+                f"got {self.journal_retention_cids}"
+            )
         if self.retention_interval <= 0:
             raise ConfigError(f"retention interval must be positive, got {self.retention_interval}")
         if self.compact_keep < 1:

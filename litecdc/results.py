@@ -137,6 +137,8 @@ class RowChange:
 class JournalPage:
     entries: list[JournalEntry]
     available_snapshot: int
+    #: the oldest entry the node keeps (older ones were trimmed: --journal-retention-cids)
+    oldest_cid: int = 1
 
 
 @dataclass(slots=True)

@@ -54,6 +54,9 @@ from litecdc.wire import subscriber_name_problem, to_ipc
 log = logging.getLogger("litecdc.store")
 
 MAX_PAGE = 10_000
+#: journal entries deleted per write transaction when the journal is trimmed (an entry of
+#: a bulk write may hold megabytes: writers wait for one batch)
+JOURNAL_TRIM_BATCH = 1_000
 #: the largest snapshot chunk / change page the pull source serves
 MAX_SOURCE_PAGE = 1_000_000
 MAX_PARTITIONS = 1024
@@ -229,7 +232,9 @@ class Store:
         """Journal entries with cid > ``after``, in cid order, plus the available snapshot."""
         if limit < 1 or limit > MAX_PAGE:
             raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
-        return JournalPage(self.journal.entries(after, limit), self.journal.available_snapshot())
+        journal = self.journal
+        oldest = journal.min_cid()
+        return JournalPage(journal.entries(after, limit), journal.available_snapshot(), oldest)
 
     def changes(
         self, after: int = 0, limit: int = 1000, after_seq: int | None = None
@@ -349,6 +354,23 @@ class Store:
 
     def prune_changes(self) -> None:
         self._internal_writer(prune_sql(self.config.retention_cids, webhook=self._webhook))
+
+    def trim_journal(self) -> int:
+        """Delete the journal entries older than the newest ``journal_retention_cids``
+        (none when it is 0), oldest first and a batch per write transaction, so writers
+        wait for one batch at most. The entry at the available snapshot always stays.
+        Each node trims its own journal: entries are not replicated state (the tables
+        and the change log are), so nothing goes through the log. Returns how many went.
+        """
+        cap = self.config.journal_retention_cids
+        if cap <= 0:
+            return 0
+        journal = self.journal
+        through = min(journal.last_cid() - cap, journal.available_snapshot() - 1)
+        deleted = 0
+        while journal.min_cid() <= through:
+            deleted += journal.truncate(min(through, journal.min_cid() + JOURNAL_TRIM_BATCH - 1))
+        return deleted
 
     def source_tables(self) -> list[str]:
         return self.engine.read_consistent(source.user_tables)

@@ -1,10 +1,12 @@
-"""Keeps the change log within its retention cap when nothing else prunes it.
+"""Keeps the change log within its retention cap when nothing else prunes it, and the
+journal within its own.
 
 Webhook deliveries (the high watermark entry) and pull subscribers (register, progress,
 release) prune the change log as they move. A subscriber that stops calling, or a node
 with neither, would let it grow without bound: the leader checks every few seconds
 and, when the cap would delete something or expire a hold, writes the pruning entry
 (``db.schema.prune_sql``) through the log so every replica prunes the same rows.
+Every node, leader or not, trims its own journal (``Store.trim_journal``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ log = logging.getLogger("litecdc.cdc")
 class PrunableStore(Protocol):
     def retention_due(self) -> bool: ...
     def prune_changes(self) -> None: ...
+    def trim_journal(self) -> int: ...
 
 
 class LeaderCheck(Protocol):
@@ -26,7 +29,8 @@ class LeaderCheck(Protocol):
 
 
 class RetentionKeeper:
-    """A leader-only background check of the retention cap."""
+    """A background check of the retention caps: the change log's on the leader, the
+    journal's on every node."""
 
     def __init__(self, store: PrunableStore, leadership: LeaderCheck, interval: float) -> None:
         self._store = store
@@ -58,3 +62,7 @@ class RetentionKeeper:
                 self.check_once()
             except Exception as exc:  # leadership lost, store closing…: next time
                 log.warning("retention: could not prune the change log: %s", exc)
+            try:
+                self._store.trim_journal()
+            except Exception as exc:  # store closing, disk error…: next time
+                log.warning("retention: could not trim the journal: %s", exc)

@@ -507,7 +507,11 @@ class _Api:
         after, limit, pretty = _page_params(request)
         page = await to_thread.run_sync(lambda: self.store.journal_page(after, limit))
         return _json(
-            {"entries": page.entries, "available_snapshot": page.available_snapshot},
+            {
+                "entries": page.entries,
+                "available_snapshot": page.available_snapshot,
+                "oldest_cid": page.oldest_cid,
+            },
             pretty=pretty,
         )
 

@@ -76,6 +76,8 @@ def test_help_documents_serve() -> None:
         "--http-key",
         "--synchronous",
         "--max-body-bytes",
+        "--retention-cids",
+        "--journal-retention-cids",
     ):
         assert option in proc.stdout
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +30,8 @@ def test_journal_and_changes_pages(fresh_node: Node) -> None:
         fresh_node.execute(c, ["DELETE FROM j WHERE id = 1"])
 
         page = c.get("/journal", params={"after": start}).json()
-        assert set(page) == {"entries", "available_snapshot"}
+        assert set(page) == {"entries", "available_snapshot", "oldest_cid"}
+        assert page["oldest_cid"] == 1
         entries = page["entries"]
         assert [e["cid"] for e in entries] == [start + 1, start + 2, start + 3]
         assert page["available_snapshot"] == start + 3
@@ -91,3 +94,31 @@ def test_huge_positions_are_bad_requests(client: Any) -> None:
         r = client.get(path, params=params)
         assert r.status_code == 400, r.text
         assert "must be at most" in r.json()["error"]
+
+
+def test_the_journal_is_trimmed_to_its_retention(tmp_path: Path) -> None:
+    """--journal-retention-cids N: each node keeps its newest N entries (the journal grew
+    with every write, forever); /journal says which is the oldest left."""
+    node = Node(tmp_path / "n", "--journal-retention-cids", "3").start()
+    try:
+        with node.client() as c:
+            node.execute(c, ["CREATE TABLE t(x)"])
+            for i in range(10):
+                node.execute(c, [["INSERT INTO t VALUES(?)", i]])
+            last = c.get("/journal", params={"after": 0, "limit": 1000}).json()["entries"][-1]
+            deadline = time.monotonic() + 30  # the node checks every 5 s
+
+            def page() -> Any:
+                return c.get("/journal", params={"after": 0}).json()
+
+            while page()["oldest_cid"] != last["cid"] - 2:
+                assert time.monotonic() < deadline, page()
+                time.sleep(0.2)
+            assert [e["cid"] for e in page()["entries"]] == [
+                last["cid"] - 2,
+                last["cid"] - 1,
+                last["cid"],
+            ]
+            assert node.query(c, "SELECT count(*) FROM t")["results"][0]["values"] == [[10]]
+    finally:
+        assert node.stop() == 0

@@ -7,6 +7,7 @@ which is what a standalone node does. Every pruning entry is a commit of its own
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,14 @@ from litecdc.cdc.config import parse_cdc_config
 from litecdc.cdc.retention import RetentionKeeper
 from litecdc.config import NodeConfig
 from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
-from litecdc.errors import NotFoundError, PositionUnavailableError, SnapshotUnavailableError
+from litecdc.errors import (
+    ConfigError,
+    NotFoundError,
+    PositionUnavailableError,
+    SnapshotUnavailableError,
+)
 from litecdc.journal.journal import Mode
-from litecdc.results import Statement
+from litecdc.results import JournalEntry, Statement
 from litecdc.store import Store
 
 StoreFactory = Callable[..., Store]
@@ -347,3 +353,78 @@ def test_pruning_does_not_depend_on_the_followers_apply_order(make_store: StoreF
     follower.journal.follower_commit(internal)
     follower.journal.follower_commit(later)
     assert _replica_state(follower) == _replica_state(leader)
+
+
+# -- the journal's own retention ---------------------------------------------------------------
+def journal_cids(store: Store) -> list[int]:
+    return [e.cid for e in store.journal_page(0, 10_000).entries]
+
+
+def test_the_journal_keeps_its_newest_entries(tmp_path: Path, monkeypatch: Any) -> None:
+    """The journal grew with every write, forever; each node now trims it to the newest
+    --journal-retention-cids entries, oldest first, a batch per transaction."""
+    monkeypatch.setattr("litecdc.store.JOURNAL_TRIM_BATCH", 3)
+    store = Store(NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=5))
+    try:
+        write(store, 20)
+        last = store.journal.last_cid()
+        assert store.trim_journal() == last - 5
+        assert journal_cids(store) == list(range(last - 4, last + 1))
+        page = store.journal_page(0, 10)
+        assert page.oldest_cid == last - 4 and page.available_snapshot == last
+        assert store.trim_journal() == 0  # nothing more until more is written
+        write(store, 2)
+        grown = store.journal.last_cid() - last
+        assert store.trim_journal() == grown
+        assert store.journal.min_cid() == store.journal.last_cid() - 4
+        # the node still writes as before
+        assert store.execute([Statement("INSERT INTO t(v) VALUES (1)")]).cid == last + grown + 1
+    finally:
+        store.close()
+
+
+def test_zero_keeps_every_journal_entry(tmp_path: Path) -> None:
+    store = Store(NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=0))
+    try:
+        write(store, 10)
+        assert store.trim_journal() == 0
+        assert journal_cids(store) == list(range(1, store.journal.last_cid() + 1))
+    finally:
+        store.close()
+
+
+def test_a_follower_never_trims_past_its_available_snapshot(tmp_path: Path) -> None:
+    """A follower may hold entries beyond a gap (applied out of order); the entry at the
+    available snapshot and everything after it stay."""
+    store = Store(NodeConfig(data_dir=tmp_path / "f", journal_retention_cids=1))
+    try:
+        store.journal.set_mode(Mode.FOLLOWER)
+        for cid in (2, 3, 4, 5, 9):  # 6-8 not here yet
+            store.journal.follower_commit(
+                JournalEntry(cid, f"CREATE TABLE t{cid}(x)", min(cid - 1, 5), 0, 0)
+            )
+        assert store.journal.available_snapshot() == 5
+        store.trim_journal()
+        assert journal_cids(store) == [5, 9]
+    finally:
+        store.close()
+
+
+def test_every_node_trims_its_journal_leader_or_not(tmp_path: Path) -> None:
+    store = Store(NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=3))
+    keeper = RetentionKeeper(store, FakeLeadership(leader=False), interval=0.05)
+    try:
+        write(store, 10)
+        keeper.start()
+        deadline = time.monotonic() + 30
+        while store.journal.min_cid() != store.journal.last_cid() - 2:
+            assert time.monotonic() < deadline, journal_cids(store)
+            time.sleep(0.05)
+    finally:
+        keeper.stop()
+        store.close()
+
+
+def test_a_negative_journal_retention_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--journal-retention-cids must be a number of commits"):
+        NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=-1)
