@@ -57,6 +57,8 @@ MAX_PAGE = 10_000
 #: journal entries deleted per write transaction when the journal is trimmed (an entry of
 #: a bulk write may hold megabytes: writers wait for one batch)
 JOURNAL_TRIM_BATCH = 1_000
+#: … and SQL text bytes (past a batch's first entry): freeing an entry reads all of it
+JOURNAL_TRIM_BATCH_BYTES = 16 * 1024 * 1024
 #: the largest snapshot chunk / change page the pull source serves
 MAX_SOURCE_PAGE = 1_000_000
 MAX_PARTITIONS = 1024
@@ -232,9 +234,8 @@ class Store:
         """Journal entries with cid > ``after``, in cid order, plus the available snapshot."""
         if limit < 1 or limit > MAX_PAGE:
             raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
-        journal = self.journal
-        oldest = journal.min_cid()
-        return JournalPage(journal.entries(after, limit), journal.available_snapshot(), oldest)
+        entries, oldest = self.engine.journal_page(after, limit)
+        return JournalPage(entries, self.journal.available_snapshot(), oldest)
 
     def changes(
         self, after: int = 0, limit: int = 1000, after_seq: int | None = None
@@ -368,8 +369,11 @@ class Store:
         journal = self.journal
         through = min(journal.last_cid() - cap, journal.available_snapshot() - 1)
         deleted = 0
-        while journal.min_cid() <= through:
-            deleted += journal.truncate(min(through, journal.min_cid() + JOURNAL_TRIM_BATCH - 1))
+        while (first := journal.min_cid()) <= through:
+            end = self.engine.journal_batch_end(
+                first, through, JOURNAL_TRIM_BATCH, JOURNAL_TRIM_BATCH_BYTES
+            )
+            deleted += journal.truncate(end)
         return deleted
 
     def source_tables(self) -> list[str]:

@@ -327,8 +327,10 @@ class Engine:
         view it creates (SQLite's sqlite_stat1 included, which the first ANALYZE creates):
         SQLite cannot compile a body that names a missing table, so such a body is judged
         when that table appears (failing that, when it fires). Each trigger is judged
-        alone (see _judge_trigger): another trigger on its table that names a missing
-        table would stop the compilation, and an older bad one would take the blame.
+        alone (see _judge_trigger): another trigger — on its table, or on a table its body
+        writes — that names a missing table would stop the compilation, and an older bad
+        one would take the blame. (A bad trigger on a table the body writes was refused
+        when it was created.)
         """
         if not access.created:
             return None
@@ -349,7 +351,7 @@ class Engine:
         )
         for name, table, sql in triggers:
             if name.lower() in created or (mentions is not None and mentions.search(sql)):
-                others = [n for n, t, _ in triggers if t.lower() == table.lower() and n != name]
+                others = [n for n, _, _ in triggers if n != name]
                 problem = self._judge_trigger(name, table, others)
                 if problem is not None:
                     return problem
@@ -357,8 +359,8 @@ class Engine:
 
     def _judge_trigger(self, name: str, table: str, others: Sequence[str]) -> str | None:
         """Why every write that fires trigger ``name`` on ``table`` would be refused, or
-        None. The table's ``others`` triggers are dropped for the test, inside a savepoint
-        that is rolled back: they neither hide this one nor get blamed for it."""
+        None. The ``others`` triggers (every other one) are dropped for the test, inside a
+        savepoint that is rolled back: they neither hide this one nor get blamed for it."""
         self._internal("SAVEPOINT litecdc_trigger_check")
         try:
             for other in others:
@@ -372,8 +374,7 @@ class Engine:
                 if reason is None and missing and missing.lower().startswith(INTERNAL_PREFIX):
                     reason = f"table {missing} is internal to litecdc and cannot be used in a write"
                 if reason is not None:
-                    # (the reason may sit in a view the body reads, or in a trigger of a
-                    # table the body writes)
+                    # (the reason may sit in a view the body reads)
                     inside = f" (in {where})" if where and where.lower() != name.lower() else ""
                     return f"trigger {name} would make every {op} on {table} fail: {reason}{inside}"
             return None
@@ -934,15 +935,35 @@ class Engine:
 
     # -- journal storage ----------------------------------------------------------------
     def journal_entries(self, after: int, limit: int) -> list[JournalEntry]:
+        return _journal_entries(self._reader(), after, limit)
+
+    def journal_page(self, after: int, limit: int) -> tuple[list[JournalEntry], int]:
+        """Entries with cid > ``after`` and the smallest cid kept, from one read (a trim in
+        between would hide that entries were missed)."""
+
+        def read(conn: apsw.Connection) -> tuple[list[JournalEntry], int]:
+            oldest: Any = conn.execute(f"SELECT min(cid) FROM {JOURNAL_TABLE}").fetchall()[0][0]
+            return _journal_entries(conn, after, limit), int(oldest)
+
+        return self.read_consistent(read)
+
+    def journal_batch_end(self, first: int, through: int, entries: int, size: int) -> int:
+        """The last cid of a batch of journal rows from ``first`` (at most ``through``)
+        holding at most ``entries`` rows and — past its first row — ``size`` bytes of SQL
+        text: deleting a row reads its whole text, and a bulk write's entry may hold
+        megabytes."""
         rows = self._read(
-            f"SELECT cid, query, snapshot, ts, seed, internal = 1 FROM {JOURNAL_TABLE} "
-            "WHERE cid > ? ORDER BY cid LIMIT ?",
-            (after, limit),
+            f"SELECT cid, coalesce(octet_length(query), 0) FROM {JOURNAL_TABLE} "
+            "WHERE cid BETWEEN ? AND ? ORDER BY cid LIMIT ?",
+            (first, through, entries),
         )
-        return [
-            JournalEntry(cid, query, snapshot, ts, seed, bool(internal))
-            for cid, query, snapshot, ts, seed, internal in rows
-        ]
+        end, total = first, 0
+        for index, (cid, length) in enumerate(rows):
+            total += length
+            if index and total > size:
+                break
+            end = cid
+        return int(end)
 
     def journal_bounds(self) -> tuple[int, int, int]:
         """(smallest cid, largest cid, available snapshot) from the journal table."""
@@ -1302,3 +1323,15 @@ class Engine:
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def _journal_entries(conn: apsw.Connection, after: int, limit: int) -> list[JournalEntry]:
+    rows: list[tuple[Any, ...]] = conn.execute(
+        f"SELECT cid, query, snapshot, ts, seed, internal = 1 FROM {JOURNAL_TABLE} "
+        "WHERE cid > ? ORDER BY cid LIMIT ?",
+        (after, limit),
+    ).fetchall()
+    return [
+        JournalEntry(cid, query, snapshot, ts, seed, bool(internal))
+        for cid, query, snapshot, ts, seed, internal in rows
+    ]

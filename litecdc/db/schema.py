@@ -18,7 +18,10 @@ CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE}(
     seed INTEGER NOT NULL DEFAULT 0, -- random() / randomblob() seed
     internal INTEGER NOT NULL DEFAULT 0 -- 1 = litecdc's own entry (CDC state, pruning)
 );
-INSERT OR IGNORE INTO {JOURNAL_TABLE}(cid, query, snapshot) VALUES (1, '', 0);
+-- the initial record goes into an empty journal only: once trimmed (journal retention)
+-- cid 1 must not come back at the next open, as a gap before every kept entry
+INSERT INTO {JOURNAL_TABLE}(cid, query, snapshot)
+    SELECT 1, '', 0 WHERE NOT EXISTS (SELECT 1 FROM {JOURNAL_TABLE});
 CREATE TABLE IF NOT EXISTS {CHANGES_TABLE}(
     id INTEGER PRIMARY KEY,    -- cid << 24 | seq: (cid, seq) order in one B-tree
     cid INTEGER NOT NULL,

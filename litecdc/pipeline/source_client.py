@@ -309,11 +309,13 @@ class SourceClient:
         return Position(int(doc["end_cid"]), int(doc["events"]), int(doc["last_cid"]))
 
     def commit_time_ms(self, after: int) -> int | None:
-        """When the first commit after cid ``after`` was made (its journal timestamp, Unix
-        ms), or None when there is none yet: the age of the oldest unapplied change."""
-        doc = self._json("GET", "/journal", params={"after": after, "limit": 1})
-        entries = doc.get("entries") or []
-        return int(entries[0]["timestamp_ms"]) if entries else None
+        """When the first commit with changes after cid ``after`` was made (the leader's
+        clock, Unix ms), or None when there is none yet: the age of the oldest unapplied
+        change. Read from the change log, which keeps a change as long as a subscriber
+        needs it; the journal may have trimmed that commit's entry already."""
+        doc = self._json("GET", "/cdc/changes", params={"after": after, "limit": 1})
+        changes = doc.get("changes") or []
+        return int(changes[0]["timestamp_ms"]) if changes else None
 
     # -- transport -------------------------------------------------------------------
 

@@ -428,3 +428,53 @@ def test_every_node_trims_its_journal_leader_or_not(tmp_path: Path) -> None:
 def test_a_negative_journal_retention_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--journal-retention-cids must be a number of commits"):
         NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=-1)
+
+
+def test_a_trimmed_journal_survives_a_restart(tmp_path: Path) -> None:
+    """Review: every open put the initial record (cid 1) back into a trimmed journal, a
+    gap before every kept entry: the restarted node refused every write."""
+    config = NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=3)
+    store = Store(config)
+    write(store, 10)
+    store.trim_journal()
+    kept = journal_cids(store)
+    store.close()
+    store = Store(config)
+    try:
+        assert journal_cids(store) == kept
+        assert store.journal.available_snapshot() == kept[-1]
+        outcome = store.execute([Statement("INSERT INTO t(v) VALUES (1)")])
+        assert outcome.cid == kept[-1] + 1, outcome.results
+    finally:
+        store.close()
+
+
+def test_a_trim_batch_is_bounded_by_bytes_too(tmp_path: Path, monkeypatch: Any) -> None:
+    """Freeing an entry reads its whole SQL text; a bulk write's entry may hold megabytes,
+    so a batch stops at a byte budget (always taking at least one entry)."""
+    monkeypatch.setattr("litecdc.store.JOURNAL_TRIM_BATCH_BYTES", 3_000)
+    store = Store(NodeConfig(data_dir=tmp_path / "n", journal_retention_cids=2))
+    try:
+        store.execute([Statement("CREATE TABLE big(v TEXT)")])
+        for _ in range(10):
+            store.execute([Statement("INSERT INTO big VALUES (?)", ("x" * 1_000,))])
+        first, last = store.journal.min_cid(), store.journal.last_cid()
+        sizes = {e.cid: len((e.query or "").encode()) for e in store.engine.journal_entries(0, 100)}
+        ends: list[int] = []
+        real_truncate = store.journal.truncate
+
+        def truncate(through: int) -> int:
+            ends.append(through)
+            return real_truncate(through)
+
+        monkeypatch.setattr(store.journal, "truncate", truncate)
+        assert store.trim_journal() == last - 2 - first + 1
+        assert ends[-1] == last - 2 and journal_cids(store) == [last - 1, last]
+        start = first
+        for end in ends:  # each batch: one entry, or at most 3,000 bytes of SQL text
+            batch = [sizes[cid] for cid in range(start, end + 1)]
+            assert len(batch) == 1 or sum(batch) <= 3_000, (start, end, batch)
+            start = end + 1
+        assert len(ends) >= 4  # ten ~1 KB inserts cannot go in fewer batches
+    finally:
+        store.close()

@@ -289,3 +289,25 @@ def test_a_broken_view_does_not_stop_an_unrelated_create(store: Store) -> None:
     )
     out = store.execute([S("CREATE TABLE audit(a)")])
     assert out.results[0].error is None and out.cid is not None
+
+
+def test_a_trigger_on_a_table_the_body_writes_cannot_hide_a_bad_one(store: Store) -> None:
+    """Review: a trigger on u naming a missing table stopped the compilation of a bad
+    trigger on t whose body writes u, which was then accepted."""
+    store.execute(
+        [
+            S("CREATE TABLE t(a)"),
+            S("CREATE TABLE u(a)"),
+            S("CREATE TRIGGER tu AFTER INSERT ON u BEGIN INSERT INTO missing VALUES (1); END"),
+        ]
+    )
+    out = store.execute(
+        [
+            S(
+                "CREATE TRIGGER tt AFTER INSERT ON t BEGIN INSERT INTO u VALUES (1); "
+                "DELETE FROM _litecdc_changes; END"
+            )
+        ]
+    )
+    error = out.results[0].error or ""
+    assert "trigger tt" in error and "internal to litecdc" in error, error
