@@ -13,6 +13,7 @@ See docs/http-api.md for every endpoint's parameters and bodies.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import json
@@ -430,11 +431,22 @@ class _Api:
             cluster = self.cluster
             members = await to_thread.run_sync(cluster.known_members)
             leader = cluster.leader()
-            nodes = [_node_doc(m, leader) for m in members]
+            # as rqlite does, each member is contacted: a crashed node keeps its member
+            # record until its lease expires (up to 10 s) and must not look reachable
+            problems = await asyncio.gather(
+                *(self._member_problem(m.node_id, m.address) for m in members)
+            )
+            nodes = [_node_doc(m, leader, p) for m, p in zip(members, problems, strict=True)]
         pretty = "pretty" in request.query_params
         if request.query_params.get("ver") == "2" or request.query_params.get("version") == "2":
             return _json({"nodes": nodes}, pretty=pretty)
         return _json({n["id"]: n for n in nodes}, pretty=pretty)
+
+    async def _member_problem(self, node_id: str, address: str) -> str | None:
+        """Why member ``node_id`` cannot be reached (None: it answered, or it is us)."""
+        if node_id == self.config.node_id or self.forwarder is None:
+            return None
+        return await self.forwarder.peer_problem(node_id, address)
 
     async def remove(self, request: Request) -> Response:
         """rqlite's ``DELETE /remove`` with ``{"id": "NODE_ID"}``: forget a node that left
@@ -695,10 +707,12 @@ class _Api:
 SOURCE_PAGE_DEFAULT = 50_000
 
 
-def _node_doc(member: KnownClusterMember, leader: tuple[str, str] | None) -> dict[str, Any]:
-    """One node of ``/nodes`` in rqlite's shape; a node without a live member record is
-    listed as not reachable, with the reason in ``error`` (as rqlite lists a configured
-    node it cannot contact)."""
+def _node_doc(
+    member: KnownClusterMember, leader: tuple[str, str] | None, problem: str | None
+) -> dict[str, Any]:
+    """One node of ``/nodes`` in rqlite's shape; a node without a live member record, or
+    that did not answer (``problem``), is listed as not reachable, with the reason in
+    ``error`` (as rqlite lists a configured node it cannot contact)."""
     doc: dict[str, Any] = {
         "id": member.node_id,
         "api_addr": member.address,
@@ -708,10 +722,14 @@ def _node_doc(member: KnownClusterMember, leader: tuple[str, str] | None) -> dic
     live = member.live
     if live is None:
         return doc | {"reachable": False, "leader": False, "error": member.error}
+    leads = leader is not None and leader[0] == member.node_id
+    if problem is not None:
+        return doc | {"reachable": False, "leader": leads, "error": problem}
     return doc | {
         "reachable": True,
-        "leader": leader is not None and leader[0] == member.node_id,
-        "mode": live.mode,
+        "leader": leads,
+        # the record is rewritten every 2 s; the leader key in etcd is current
+        "mode": "leader" if leads else ("follower" if live.mode == "leader" else live.mode),
         "applied_cid": live.applied_cid,
         "applied_revision": live.applied_revision,
     }

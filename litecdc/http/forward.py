@@ -48,7 +48,7 @@ class LeaderForwarder:
         self._check_client = httpx.AsyncClient(
             verify=verify,
             timeout=LEADER_CHECK_TIMEOUT,
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
         )
         self._check_lock = asyncio.Lock()
         #: (leader address, monotonic time, problem) of the last check
@@ -115,25 +115,33 @@ class LeaderForwarder:
             now = time.monotonic()
             if last is not None and last[0] == address and now - last[1] < LEADER_CHECK_REUSE:
                 return last[2]
-            problem: str | None = None
-            try:
-                await self._check_client.get(address.rstrip("/") + "/readyz?noleader")
-            except httpx.HTTPError as exc:
-                problem = self._problem(leader_id, address, exc)
+            problem = await self.peer_problem(leader_id, address, role="the leader")
             self._last_check = (address, time.monotonic(), problem)
             return problem
 
-    def _problem(self, leader_id: str | None, address: str, exc: httpx.HTTPError) -> str:
-        """What went wrong reaching the leader; a certificate that cannot be verified
-        says which option fixes it."""
-        leader = f"the leader {leader_id} at {address}" if leader_id else f"the leader at {address}"
+    async def peer_problem(self, node_id: str, address: str, *, role: str = "node") -> str | None:
+        """Why node ``node_id`` at ``address`` cannot be reached as this node reaches its
+        peers (no answer within LEADER_CHECK_TIMEOUT, a certificate it cannot verify…), or
+        None. Any answer of its ``/readyz?noleader`` (a 401 too) will do."""
+        try:
+            await self._check_client.get(address.rstrip("/") + "/readyz?noleader")
+        except httpx.HTTPError as exc:
+            return self._problem(node_id, address, exc, role=role)
+        return None
+
+    def _problem(
+        self, node_id: str | None, address: str, exc: httpx.HTTPError, *, role: str = "the leader"
+    ) -> str:
+        """What went wrong reaching a peer (``role``: "the leader", "node"); a certificate
+        that cannot be verified says which option fixes it."""
+        leader = f"{role} {node_id} at {address}" if node_id else f"{role} at {address}"
         cause: BaseException | None = exc
         while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             return f"{leader} does not answer ({type(exc).__name__}: {exc})"
         if cause.verify_code == _HOSTNAME_MISMATCH:
-            fix = "its certificate must name the host of the leader's --advertise-url"
+            fix = "its certificate must name the host of the node's --advertise-url"
         elif self._ca_cert is None:
             fix = "pass --node-ca-cert with the CA that signed the nodes' certificates"
         else:

@@ -130,6 +130,25 @@ def test_nodes_lists_a_stopped_member_as_unreachable_until_it_is_removed(
         assert down["reachable"] is False and "no live member record" in down["error"]
 
 
+def test_nodes_contacts_each_member(nodes: list[Node]) -> None:
+    """Review: after kill -9 a node kept its member record until the lease expired (up to
+    10 s) and /nodes called it reachable — and still the leader, by its record's mode. As
+    rqlite does, /nodes now asks every member."""
+    leader = _leader(nodes)
+    index = nodes.index(next(n for n in nodes if n is not leader))
+    killed, killed_id = nodes[index], f"n{index}"
+    assert killed.proc is not None
+    killed.proc.kill()
+    killed.proc.wait(timeout=10)
+    with leader.client() as c:
+        listed = {n["id"]: n for n in c.get("/nodes", params={"ver": "2"}).json()["nodes"]}
+    down = listed.pop(killed_id)
+    assert down["reachable"] is False and down["leader"] is False
+    assert down["error"].startswith(f"node {killed_id} at {killed.url} does not answer")
+    assert all(n["reachable"] and "error" not in n for n in listed.values()), listed
+    assert [n["mode"] for n in listed.values() if n["leader"]] == ["leader"]
+
+
 def test_an_os_chosen_http_port_is_refused_in_a_cluster(
     tmp_path: Path, etcd: EtcdCluster, cluster_name: str
 ) -> None:
