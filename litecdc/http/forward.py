@@ -25,9 +25,9 @@ _KEPT_HEADERS = ("authorization", "content-type", "accept")
 _RELAYED_HEADERS = ("content-type", "location", "www-authenticate")
 
 
-#: seconds readyz waits for the leader to answer: the leader's lease time, after which
-#: a leader that does not answer has been replaced anyway
-LEADER_CHECK_TIMEOUT = 2.0
+#: seconds readyz waits for the leader (and /nodes for each member) to answer: the
+#: leader's lease time, after which a leader that does not answer has been replaced anyway
+PEER_CHECK_TIMEOUT = 2.0
 #: seconds a leader check's answer is reused: readyz probes cost the leader one request
 #: per second per follower at most
 LEADER_CHECK_REUSE = 1.0
@@ -43,11 +43,11 @@ class LeaderForwarder:
             ssl.create_default_context(cafile=ca_cert) if ca_cert else True
         )
         self._client = httpx.AsyncClient(verify=verify, timeout=timeout)
-        # readyz's checks have a client of their own: in the forwarding pool they would
-        # wait behind busy forwarded requests and report a healthy leader unreachable
+        # readyz's and /nodes' checks have a client of their own: in the forwarding pool
+        # they would wait behind busy forwarded requests and call a healthy peer unreachable
         self._check_client = httpx.AsyncClient(
             verify=verify,
-            timeout=LEADER_CHECK_TIMEOUT,
+            timeout=PEER_CHECK_TIMEOUT,
             limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
         )
         self._check_lock = asyncio.Lock()
@@ -121,7 +121,7 @@ class LeaderForwarder:
 
     async def peer_problem(self, node_id: str, address: str, *, role: str = "node") -> str | None:
         """Why node ``node_id`` at ``address`` cannot be reached as this node reaches its
-        peers (no answer within LEADER_CHECK_TIMEOUT, a certificate it cannot verify…), or
+        peers (no answer within PEER_CHECK_TIMEOUT, a certificate it cannot verify…), or
         None. Any answer of its ``/readyz?noleader`` (a 401 too) will do."""
         try:
             await self._check_client.get(address.rstrip("/") + "/readyz?noleader")
@@ -134,12 +134,12 @@ class LeaderForwarder:
     ) -> str:
         """What went wrong reaching a peer (``role``: "the leader", "node"); a certificate
         that cannot be verified says which option fixes it."""
-        leader = f"{role} {node_id} at {address}" if node_id else f"{role} at {address}"
+        who = f"{role} {node_id} at {address}" if node_id else f"{role} at {address}"
         cause: BaseException | None = exc
         while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
-            return f"{leader} does not answer ({type(exc).__name__}: {exc})"
+            return f"{who} does not answer ({type(exc).__name__}: {exc})"
         if cause.verify_code == _HOSTNAME_MISMATCH:
             fix = "its certificate must name the host of the node's --advertise-url"
         elif self._ca_cert is None:
@@ -149,7 +149,7 @@ class LeaderForwarder:
                 f"--node-ca-cert {self._ca_cert} must be the CA that signed the nodes' certificates"
             )
         return (
-            f"the HTTPS certificate of {leader} cannot be verified "
+            f"the HTTPS certificate of {who} cannot be verified "
             f"({cause.verify_message or cause}): {fix}"
         )
 
