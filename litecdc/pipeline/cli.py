@@ -182,7 +182,7 @@ def run(
 ) -> None:
     """Run every subscription OWNER has (Spark driver); resumes after a restart."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("httpx", "urllib3", "py4j"):  # one line per request / per connection otherwise
+    for noisy in ("httpx", "urllib3", "py4j", "pika"):  # lines per request / connection otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from litecdc.pipeline.server import PipelineServer
     from litecdc.pipeline.spark import spark_session

@@ -281,6 +281,29 @@ def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: l
     assert tables == [("litecdc_sink_state",), (table,)]
 
 
+def test_rabbitmq_exchange_without_a_bound_queue_fails_instead_of_dropping(
+    rabbitmq_url: str, opened: list[Sink]
+) -> None:
+    """QA: with ?exchange= and no queue bound (the sink declares the exchange itself),
+    every message was dropped and the run reported the batch applied."""
+    exchange, queue = f"x{uuid.uuid4().hex[:10]}", f"q{uuid.uuid4().hex[:10]}"
+    sink = open_tracked(opened, f"{rabbitmq_url}?exchange={exchange}", SPEC)
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    with pytest.raises(SinkError, match=f"no queue bound to exchange '{exchange}'"):
+        sink.write_changes(*batch(src, 0, src.cid))
+    assert sink.applied_cid() == 0
+    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        channel = conn.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, exchange, routing_key=f"litecdc.{SPEC.name}.#")
+    finally:
+        conn.close()
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True  # the retry now arrives
+    assert [doc["cid"] for _, doc in rabbitmq_messages(rabbitmq_url, queue)] == [1]
+
+
 # -- logs -------------------------------------------------------------------------------
 
 LOGS = ["nats", "rabbitmq", "webhook"]

@@ -2,8 +2,9 @@
 
 ``?queue=NAME`` publishes to that durable queue (declared if missing) through the
 default exchange; ``?exchange=NAME`` publishes to that exchange (a durable topic exchange
-is declared if missing) with routing key ``litecdc.<table>.<op>``. Neither: queue
-``litecdc.<table>``. Bodies are the event JSON (``litecdc.pipeline.sinks.messages``),
+is declared if missing) with routing key ``litecdc.<table>.<op>``; every message is
+mandatory, so one no queue takes (none bound yet) fails the batch instead of vanishing.
+Neither: queue ``litecdc.<table>``. Bodies are the event JSON (``litecdc.pipeline.sinks.messages``),
 ``message_id`` = ``message_id(cid, seq, op)`` (snapshot rows: ``snapshot_message_id``),
 delivery mode 2 (persistent), content type application/json.
 
@@ -54,14 +55,16 @@ class RabbitMQSink(Sink):
         self._channel: Any = None
         self._applied = 0
 
-    def _fail(self, doing: str, exc: Exception) -> SinkError:
+    def _fail(
+        self,
+        doing: str,
+        exc: Exception,
+        hint: str = ": check the broker is up, the credentials and the vhost",
+    ) -> SinkError:
         detail = str(exc) or type(exc).__name__
         if self.options.password and self.options.password != "guest":
             detail = detail.replace(self.options.password, "***")
-        return SinkError(
-            f"rabbitmq sink: {doing} ({self._safe}) failed: {detail}: check the broker is up, "
-            "the credentials and the vhost"
-        )
+        return SinkError(f"rabbitmq sink: {doing} ({self._safe}) failed: {detail}{hint}")
 
     def prepare(self) -> None:
         o = self.options
@@ -117,10 +120,20 @@ class RabbitMQSink(Sink):
                         delivery_mode=pika.DeliveryMode.Persistent,
                         content_type="application/json",
                     ),
-                    mandatory=self.queue is not None,  # a queue that vanished is an error
+                    # every message must reach a queue: a vanished queue, or an exchange
+                    # no queue is bound to, would drop it while the run reports it applied
+                    mandatory=True,
                 )
         except pika.exceptions.UnroutableError as exc:
-            raise self._fail(f"{doing}: the queue is gone", exc) from exc
+            if self.queue is not None:
+                raise self._fail(f"{doing}: the queue is gone", exc) from exc
+            raise self._fail(
+                f"{doing}: no queue bound to exchange {self.options.exchange!r} takes routing "
+                f"key litecdc.{self.spec.name}.<op>, so a message would be lost",
+                exc,
+                hint=f": bind a queue (e.g. with litecdc.{self.spec.name}.#) or give the "
+                "exchange an alternate exchange",
+            ) from exc
         except pika.exceptions.NackError as exc:
             raise self._fail(f"{doing}: the broker refused a message", exc) from exc
         except pika.exceptions.AMQPError as exc:
