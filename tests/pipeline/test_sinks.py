@@ -36,6 +36,7 @@ from sink_contract import (
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, message_id
+from litecdc.pipeline.sinks.nats import STATE_BUCKET, NatsSink
 from litecdc.pipeline.sinks.registry import (
     DeltaOptions,
     SqlOptions,
@@ -318,7 +319,16 @@ class LogTarget:
     receiver: WebhookReceiver | None = None
 
 
-def nats_messages(server: str, stream: str) -> list[Message]:
+def nats_messages(server: str, stream: str, sub: str = "sub") -> list[Message]:
+    """The stream's messages with their de-duplication ids (``Nats-Msg-Id`` without the
+    ``<subscription>:`` prefix, which every one must carry)."""
+    found = nats_raw_messages(server, stream)
+    for msg_id, _ in found:
+        assert msg_id.startswith(f"{sub}:"), msg_id
+    return [(msg_id[len(sub) + 1 :], doc) for msg_id, doc in found]
+
+
+def nats_raw_messages(server: str, stream: str) -> list[Message]:
     async def read() -> list[Message]:
         nc = await nats.connect(server)
         try:
@@ -441,10 +451,34 @@ def test_nats_drops_a_replayed_publish_and_keeps_progress(
     assert second.write_changes(*batch(src, 0, 2)) is False
     # ... and a publish replayed after a crash (progress not yet recorded) is dropped
     # by JetStream's duplicate window
-    other = open_tracked(opened, url, SPEC, sub="crashed-before-recording")
-    assert other.write_changes(*batch(src, 0, 2)) is True
+    assert isinstance(second, NatsSink)
+    asyncio.run(forget_progress(nats_url, second.state_key))
+    replayed = open_tracked(opened, url, SPEC)
+    assert replayed.write_changes(*batch(src, 0, 2)) is True
     got = nats_messages(nats_url, f"S{tag}")
     assert got == expected_messages(src, 0, 2)
+
+
+async def forget_progress(server: str, key: str) -> None:
+    nc = await nats.connect(server)
+    try:
+        kv = await nc.jetstream().key_value(STATE_BUCKET)
+        await kv.delete(key)
+    finally:
+        await nc.close()
+
+
+def test_nats_keeps_two_sources_equal_ids_apart(nats_url: str, opened: list[Sink]) -> None:
+    """QA: two sources (here two subscriptions) publishing into one stream gave their
+    changes the same cid-seq-op id, and JetStream dropped the second as a duplicate."""
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    tag = uuid.uuid4().hex[:10]
+    url = f"{nats_url}?stream=S{tag}&subject=t{tag}"
+    for sub in ("site1", "site2"):
+        assert open_tracked(opened, url, SPEC, sub=sub).write_changes(*batch(src, 0, 1))
+    ids = [msg_id for msg_id, _ in nats_raw_messages(nats_url, f"S{tag}")]
+    assert ids == ["site1:1-0-upsert", "site2:1-0-upsert"]
 
 
 def test_webhook_retries_5xx_and_refuses_4xx(opened: list[Sink]) -> None:

@@ -3,8 +3,9 @@
 Messages go to ``<subject>.<table>`` (``?subject=``, default ``litecdc``; characters a
 subject cannot hold become '_') in stream ``?stream=`` (default ``LITECDC``), created
 if missing with subjects ``<subject>.>``. The body is the event's JSON
-(``litecdc.pipeline.sinks.messages``); header ``Nats-Msg-Id`` = ``message_id(cid, seq,
-op)`` (snapshot rows: ``snapshot_message_id``), so JetStream drops a replayed publish
+(``litecdc.pipeline.sinks.messages``); header ``Nats-Msg-Id`` = ``<subscription>:`` +
+``message_id(cid, seq, op)`` (snapshot rows: ``snapshot_message_id``; the prefix keeps
+sources publishing into one stream apart), so JetStream drops a replayed publish
 within the stream's duplicate window (2 minutes by default). Every publish is acked
 before a batch counts as applied.
 
@@ -182,7 +183,9 @@ class NatsSink(Sink):
                         self.subject,
                         encode(doc),
                         stream=self.options.stream,
-                        headers={"Nats-Msg-Id": msg_id},
+                        # JetStream de-duplicates per stream: the subscription keeps two
+                        # sources' equal cid-seq-op ids apart (one would be dropped)
+                        headers={"Nats-Msg-Id": f"{self.subscription}:{msg_id}"},
                     )
                 )
             )
