@@ -282,6 +282,23 @@ def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: l
     assert tables == [("litecdc_sink_state",), (table,)]
 
 
+def test_mariadb_refuses_infinity_naming_the_column_and_key(
+    mariadb_url: str, opened: list[Sink]
+) -> None:
+    """QA: ±inf failed with the driver's '-inf can not be used with MySQL', naming
+    neither the column nor the row; nothing of the batch may be written."""
+    sink = open_tracked(opened, f"{mariadb_url}?table={fresh_name()}", SPEC)
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)), ("upsert", {**sample_row(2), "price": float("-inf")}))
+    with pytest.raises(
+        SchemaMismatchError, match=r"column 'price' of the row with key \{'id': 2\} holds -inf"
+    ):
+        sink.write_changes(*batch(src, 0, src.cid))
+    assert sink.applied_cid() == 0 and sink.read_rows().num_rows == 0
+    with pytest.raises(SchemaMismatchError, match="column 'price'"):
+        sink.write_snapshot(src.chunk(0, 10, src.cid))
+
+
 def test_rabbitmq_exchange_without_a_bound_queue_fails_instead_of_dropping(
     rabbitmq_url: str, opened: list[Sink]
 ) -> None:

@@ -12,7 +12,9 @@ and a text key as VARBINARY compares byte for byte like SQLite's BINARY collatio
 SchemaMismatchError, never truncated.
 
 DOUBLE keeps every other float bit for bit (subnormals, 1e308), but MariaDB stores
--0.0 as 0.0 (SQLite REAL columns do the same; only untyped columns can hold -0.0).
+-0.0 as 0.0 (SQLite REAL columns do the same; only untyped columns can hold -0.0) and
+cannot hold ±infinity: such a value stops the subscription with a SchemaMismatchError
+naming the column and key.
 
 Writes: multi-row ``INSERT … ON DUPLICATE KEY UPDATE col = IF(VALUES(cid) > cid,
 VALUES(col), col)`` with ``_litecdc_cid`` assigned last (MariaDB evaluates the
@@ -235,6 +237,9 @@ class MariaDBSink(Sink):
         except pymysql.err.MySQLError as exc:
             self._rollback()
             raise self._fail("writing a snapshot chunk to", exc) from exc
+        except SchemaMismatchError:
+            self._rollback()
+            raise
 
     def write_changes(self, events: pa.Table, batch: ChangeBatch) -> bool:
         conn = self._connect()
@@ -273,6 +278,9 @@ class MariaDBSink(Sink):
         except pymysql.err.MySQLError as exc:
             self._rollback()
             raise self._fail(f"applying changes up to cid {batch.end_cid} to", exc) from exc
+        except SchemaMismatchError:
+            self._rollback()
+            raise
         return True
 
     def _insert_rows(self, cur: Any, head: str, tail: str, width: int, rows: Sequence[Any]) -> None:
@@ -283,9 +291,27 @@ class MariaDBSink(Sink):
             values = ", ".join([one] * len(part))
             cur.execute(f"{head} VALUES {values}{tail}", [v for r in part for v in r])
 
+    def _check_finite(self, rows: pa.Table) -> None:
+        """SchemaMismatchError naming the column and key of a ±infinity: MariaDB's DOUBLE
+        cannot hold it (the driver failed with '-inf can not be used with MySQL')."""
+        for column in self.spec.columns:
+            if column.arrow_type != pa.float64():
+                continue
+            values = rows[column.name]
+            finite = pc.fill_null(pc.is_finite(values), True)
+            if pc.all(finite).as_py():
+                continue
+            index = pc.index(finite, False).as_py()
+            key = {k: rows[k][index].as_py() for k in self.spec.key}
+            raise SchemaMismatchError(
+                f"mariadb sink: {self._where}: column {column.name!r} of the row with key "
+                f"{key} holds {values[index].as_py()}, which MariaDB's DOUBLE cannot store"
+            )
+
     def _upsert(self, cur: Any, rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
+        self._check_finite(rows)
         names = [*self.spec.column_names, CID_COLUMN]
         records = list(zip(*(rows[n].to_pylist() for n in names), strict=True))
         cid = _q(CID_COLUMN)
