@@ -934,9 +934,6 @@ class Engine:
                 raise
 
     # -- journal storage ----------------------------------------------------------------
-    def journal_entries(self, after: int, limit: int) -> list[JournalEntry]:
-        return _journal_entries(self._reader(), after, limit)
-
     def journal_page(self, after: int, limit: int) -> tuple[list[JournalEntry], int]:
         """Entries with cid > ``after`` and the smallest cid kept, from one read (a trim in
         between would hide that entries were missed)."""

@@ -111,9 +111,6 @@ class Journal:
     def min_cid(self) -> int:
         return self._min
 
-    def entries(self, after: int, limit: int) -> list[JournalEntry]:
-        return self._engine.journal_entries(after, limit)
-
     def is_contiguous(self) -> bool:
         return self._available == self._last
 

@@ -459,7 +459,7 @@ def test_a_trim_batch_is_bounded_by_bytes_too(tmp_path: Path, monkeypatch: Any) 
         for _ in range(10):
             store.execute([Statement("INSERT INTO big VALUES (?)", ("x" * 1_000,))])
         first, last = store.journal.min_cid(), store.journal.last_cid()
-        sizes = {e.cid: len((e.query or "").encode()) for e in store.engine.journal_entries(0, 100)}
+        sizes = {e.cid: len((e.query or "").encode()) for e in store.journal_page(0, 100).entries}
         ends: list[int] = []
         real_truncate = store.journal.truncate
 
