@@ -45,6 +45,11 @@ class ConfigError(LitecdcError):
     http_status = 400
 
 
+class DataFileError(ConfigError):
+    """The node's SQLite file cannot be used: not a database, corrupt, or another layout
+    (a configuration error: the node was pointed at the wrong data directory)."""
+
+
 class RequestError(LitecdcError):
     http_status = 400
 

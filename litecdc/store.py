@@ -119,7 +119,15 @@ class Store:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        data_dir = Path(config.data_dir)
+        if data_dir.exists() and not data_dir.is_dir():
+            raise ConfigError(f"data directory {data_dir} is a file, not a directory")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the data directory {data_dir}: {exc.strerror or exc}"
+            ) from None
         self._dir_lock = _lock_data_dir(Path(config.data_dir))
         engine: Engine | None = None
         try:

@@ -22,6 +22,7 @@ import apsw
 from litecdc.db.access import Access, ReadAuthorizer, WriteAuthorizer
 from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
 from litecdc.db.checkpoint import BackgroundCheckpointer
+from litecdc.db.datafile import check_existing, layout_problem, stamp_format, unusable
 from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_process_timezone
 from litecdc.db.dump import dump_statements
 from litecdc.db.schema import (
@@ -161,10 +162,20 @@ class Engine:
         self._vfs = FixedClockVFS.get()
         self._write_lock = threading.RLock()
         self._writer = apsw.Connection(self.path, vfs=self._vfs.name)
-        self._writer.set_busy_timeout(BUSY_TIMEOUT_MS)
-        mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
-        self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._writer.execute(CREATE_INTERNAL)
+        try:
+            self._writer.set_busy_timeout(BUSY_TIMEOUT_MS)
+            check_existing(self._writer, self.path)  # first: a refused file stays as it was
+            mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
+            self._writer.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            with self._writer:  # the tables and the format stamp, together
+                self._writer.execute(CREATE_INTERNAL)
+                stamp_format(self._writer)
+        except apsw.Error as exc:
+            self._writer.close()
+            raise unusable(self.path, exc) from exc
+        except BaseException:
+            self._writer.close()
+            raise
         # (off: SQLite checkpoints inside the COMMIT that passes 1000 WAL pages, as usual)
         self._checkpointer = (
             BackgroundCheckpointer(self._writer, self.path, synchronous=synchronous)
@@ -1225,6 +1236,9 @@ class Engine:
                 raise LoadError(
                     f"snapshot: not a litecdc database (no {', '.join(sorted(missing))})"
                 )
+            problem = layout_problem(snapshot)
+            if problem is not None:  # another litecdc version's node (one version per cluster)
+                raise LoadError(f"snapshot: {problem}")
             state = {
                 str(name): int(value)  # type: ignore[arg-type]
                 for name, value in snapshot.execute(

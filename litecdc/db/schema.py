@@ -9,6 +9,13 @@ CHANGES_TABLE = "_litecdc_changes"
 TABLE_CIDS_TABLE = "_litecdc_table_cids"
 NODE_STATE_TABLE = "_litecdc_node_state"
 
+#: Version of the on-disk layout (the internal tables and what their values mean), kept
+#: in _litecdc_node_state under DATA_FORMAT_KEY. Raise it with any change to that layout
+#: (and teach db/datafile.py to upgrade older files): an older litecdc then refuses the
+#: file instead of misreading it.
+DATA_FORMAT = 1
+DATA_FORMAT_KEY = "data_format"
+
 CREATE_INTERNAL = f"""
 CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE}(
     cid INTEGER PRIMARY KEY,   -- dense commit id

@@ -122,3 +122,22 @@ def test_an_os_chosen_port_is_the_one_logged_and_reported(tmp_path: Path) -> Non
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_a_data_directory_litecdc_cannot_use_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A damaged or foreign database file: one line naming the file and what is wrong (it
+    was a Python traceback), exit status 2, the file untouched."""
+    garbage = b"not an SQLite file " * 1000
+    (tmp_path / "db.sqlite").write_bytes(garbage)
+    proc = _serve("--data-dir", str(tmp_path), "--http-addr", "127.0.0.1:0")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: cannot use the node's database {tmp_path}/db.sqlite: it is not an SQLite "
+        "database; restore it from a backup (GET /db/backup) or start the node on another "
+        "--data-dir\n"
+    )
+    assert (tmp_path / "db.sqlite").read_bytes() == garbage
+    (tmp_path / "afile").write_text("x")
+    proc = _serve("--data-dir", str(tmp_path / "afile"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: data directory {tmp_path}/afile is a file, not a directory\n"

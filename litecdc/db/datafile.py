@@ -1,0 +1,114 @@
+"""Opening a node's SQLite file: refuse, with what is wrong, a file litecdc cannot use.
+
+A data directory outlives the litecdc that wrote it. Before the engine creates its
+internal tables it checks that the file is an SQLite database at all, that it was not
+written by a newer litecdc (the data format recorded in ``_litecdc_node_state``), and
+that internal tables already there have the columns this version writes — otherwise
+the first write would fail deep inside, or worse, succeed against another layout.
+A plain SQLite file without litecdc's tables is adopted as it is (standalone use of an
+existing database); its existing rows are the starting state, not change events.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import apsw
+
+from litecdc.db.schema import (
+    CREATE_CDC_STATE,
+    CREATE_HOLDS,
+    CREATE_INTERNAL,
+    DATA_FORMAT,
+    DATA_FORMAT_KEY,
+    INTERNAL_TABLES,
+    NODE_STATE_TABLE,
+)
+from litecdc.errors import DataFileError
+
+#: what a file that is not a usable database makes SQLite raise, and what that means
+_UNUSABLE = {
+    apsw.NotADBError: "it is not an SQLite database",
+    apsw.CorruptError: "the database file is corrupt",
+    apsw.CantOpenError: "it cannot be opened",
+    apsw.ReadOnlyError: "it is read-only",
+    apsw.PermissionsError: "permission denied",
+}
+
+
+@functools.cache
+def expected_columns() -> dict[str, list[str]]:
+    """Each internal table's columns, in order, as this version creates them (do not
+    modify the answer: it is shared)."""
+    conn = apsw.Connection(":memory:")
+    try:
+        conn.execute(CREATE_INTERNAL + CREATE_CDC_STATE + CREATE_HOLDS)
+        return {table: _columns(conn, table) for table in sorted(INTERNAL_TABLES)}
+    finally:
+        conn.close()
+
+
+def _columns(conn: apsw.Connection, table: str) -> list[str]:
+    return [str(row[1]) for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+
+
+def unusable(path: str, exc: apsw.Error) -> DataFileError:
+    """The error for an SQLite error met while opening ``path``."""
+    reason = next((text for kind, text in _UNUSABLE.items() if isinstance(exc, kind)), None)
+    detail = reason or str(exc)
+    return DataFileError(
+        f"cannot use the node's database {path}: {detail}; restore it from a backup "
+        "(GET /db/backup) or start the node on another --data-dir"
+    )
+
+
+def layout_problem(conn: apsw.Connection) -> str | None:
+    """Why litecdc cannot use this file's internal tables: written by a newer litecdc, or
+    tables of another layout; None when it can (none there yet is fine).
+
+    Run before CREATE_INTERNAL, whose IF NOT EXISTS would keep a table of another layout.
+    """
+    present = {
+        str(row[0])
+        for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")
+        if str(row[0]) in INTERNAL_TABLES
+    }
+    if NODE_STATE_TABLE in present:
+        rows = conn.execute(
+            f"SELECT value FROM {NODE_STATE_TABLE} WHERE name = ?", (DATA_FORMAT_KEY,)
+        ).fetchall()
+        found = rows[0][0] if rows else None
+        if found is not None and (not isinstance(found, int) or found > DATA_FORMAT):
+            return (
+                f"it was written by a newer litecdc (data format {found!r}; this version "
+                f"reads format {DATA_FORMAT} and older)"
+            )
+    expected = expected_columns()
+    for table in sorted(present):
+        columns = _columns(conn, table)
+        if columns != expected[table]:
+            return (
+                f"its table {table} has the columns ({', '.join(columns)}), this litecdc "
+                f"writes ({', '.join(expected[table])}): it was not written by this "
+                "litecdc version"
+            )
+    return None
+
+
+def check_existing(conn: apsw.Connection, path: str) -> None:
+    """Raise DataFileError when the node cannot use the file at ``path`` (see layout_problem)."""
+    problem = layout_problem(conn)
+    if problem is not None:
+        raise DataFileError(
+            f"cannot use the node's database {path}: {problem}; run the litecdc that wrote "
+            "it, or start this one on another --data-dir (and load that litecdc's "
+            "GET /db/backup?fmt=sql into it)"
+        )
+
+
+def stamp_format(conn: apsw.Connection) -> None:
+    """Record this version's data format, once (after CREATE_INTERNAL)."""
+    conn.execute(
+        f"INSERT INTO {NODE_STATE_TABLE}(name, value) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
+        (DATA_FORMAT_KEY, DATA_FORMAT),
+    )

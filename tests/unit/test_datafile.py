@@ -1,0 +1,157 @@
+"""Opening a data directory: a file litecdc cannot use is refused with what is wrong, and
+left exactly as it was; a usable one records the data format it was written in."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import apsw
+import pytest
+
+from litecdc import NodeConfig, Statement, Store
+from litecdc.db.datafile import expected_columns
+from litecdc.db.engine import Engine
+from litecdc.db.schema import DATA_FORMAT, DATA_FORMAT_KEY, INTERNAL_TABLES, NODE_STATE_TABLE
+from litecdc.errors import ConfigError, DataFileError, LoadError
+
+S = Statement
+
+
+def open_store(data_dir: Path) -> Store:
+    return Store(NodeConfig(data_dir=data_dir, source_workers=0))
+
+
+def db_file(data_dir: Path) -> Path:
+    return Path(NodeConfig(data_dir=data_dir).db_path)
+
+
+def test_a_new_data_directory_records_the_data_format(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        assert store.engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT
+    finally:
+        store.close()
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = db_file(tmp_path)
+    garbage = os.urandom(64 * 1024)
+    path.write_bytes(garbage)
+    with pytest.raises(DataFileError) as refused:
+        open_store(tmp_path)
+    assert str(refused.value).startswith(
+        f"cannot use the node's database {path}: it is not an SQLite database; "
+    )
+    assert path.read_bytes() == garbage
+    assert not Path(f"{path}-wal").exists()
+    open_store(tmp_path / "other").close()  # the lock on the refused directory was released
+    with pytest.raises(DataFileError):
+        open_store(tmp_path)
+
+
+def _plain_database(path: Path, *statements: str) -> bytes:
+    conn = sqlite3.connect(path)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+    return path.read_bytes()
+
+
+def test_an_internal_table_of_another_layout_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = db_file(tmp_path)
+    before = _plain_database(
+        path, "CREATE TABLE _litecdc_journal(x)", "INSERT INTO _litecdc_journal VALUES(7)"
+    )
+    with pytest.raises(DataFileError) as refused:
+        open_store(tmp_path)
+    message = str(refused.value)
+    assert "its table _litecdc_journal has the columns (x), this litecdc writes (cid, " in message
+    assert "not written by this litecdc version" in message
+    # unchanged: still a rollback-journal file (no switch to WAL), no internal table added
+    assert path.read_bytes() == before
+
+
+def test_a_file_written_by_a_newer_litecdc_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
+    store.close()
+    conn = apsw.Connection(str(db_file(tmp_path)))
+    conn.execute(
+        f"UPDATE {NODE_STATE_TABLE} SET value = ? WHERE name = ?",
+        (DATA_FORMAT + 1, DATA_FORMAT_KEY),
+    )
+    conn.close()
+    with pytest.raises(DataFileError) as refused:
+        open_store(tmp_path)
+    assert (
+        f"it was written by a newer litecdc (data format {DATA_FORMAT + 1}; this version "
+        f"reads format {DATA_FORMAT} and older)"
+    ) in str(refused.value)
+
+
+def test_a_file_from_before_the_format_stamp_is_opened_and_stamped(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
+    store.close()
+    conn = apsw.Connection(str(db_file(tmp_path)))
+    conn.execute(f"DELETE FROM {NODE_STATE_TABLE} WHERE name = ?", (DATA_FORMAT_KEY,))
+    conn.close()
+    store = open_store(tmp_path)
+    try:
+        assert store.engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT
+        assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
+    finally:
+        store.close()
+
+
+def test_a_plain_sqlite_file_is_adopted_as_the_starting_state(tmp_path: Path) -> None:
+    _plain_database(
+        db_file(tmp_path),
+        "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)",
+        "INSERT INTO t VALUES(1, 'a')",
+    )
+    store = open_store(tmp_path)
+    try:
+        assert store.query([S("SELECT id, v FROM t")])[0].rows == [(1, "a")]
+        outcome = store.execute([S("INSERT INTO t VALUES(2, 'b')")])
+        assert outcome.cid == 2
+        changes = store.changes(after=0, limit=10)
+        assert [(c.op, c.after) for c in changes] == [("insert", {"id": 2, "v": "b"})]
+    finally:
+        store.close()
+
+
+def test_a_data_directory_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "data"
+    not_a_dir.write_text("x")
+    with pytest.raises(
+        ConfigError, match=f"^data directory {not_a_dir} is a file, not a directory$"
+    ):
+        open_store(not_a_dir)
+    assert not_a_dir.read_text() == "x"
+
+
+def test_a_snapshot_of_a_newer_litecdc_is_not_installed(tmp_path: Path) -> None:
+    """One version per cluster: a catching-up node refuses a newer node's snapshot before
+    anything of its own database changes."""
+    engine = Engine(tmp_path / "node.sqlite", background_checkpoints=False)
+    try:
+        peer = Engine(tmp_path / "peer.sqlite", background_checkpoints=False)
+        peer.backup(str(tmp_path / "snapshot.sqlite"))
+        peer.close()
+        conn = apsw.Connection(str(tmp_path / "snapshot.sqlite"))
+        conn.execute(f"UPDATE {NODE_STATE_TABLE} SET value = 99 WHERE name = ?", (DATA_FORMAT_KEY,))
+        conn.close()
+        with pytest.raises(LoadError, match=r"^snapshot: it was written by a newer litecdc"):
+            engine.restore_from(str(tmp_path / "snapshot.sqlite"))
+        assert engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT
+    finally:
+        engine.close()
+
+
+def test_every_internal_table_has_an_expected_layout() -> None:
+    assert set(expected_columns()) == INTERNAL_TABLES
+    assert expected_columns()[NODE_STATE_TABLE] == ["name", "value"]
