@@ -37,7 +37,7 @@ class Node:
             leadership: Leadership
             if config.clustered:
                 unclaimed = _check_cluster_claim(Path(config.data_dir), config.cluster)
-                cluster = self.cluster = _cluster_node(config, self.store)
+                cluster = self.cluster = _cluster_node(config, self.store, unclaimed)
                 if unclaimed:  # only once the cluster accepted the node (its settings…)
                     _record_cluster(Path(config.data_dir), config.cluster)
                 self.store.route_writes(
@@ -120,7 +120,7 @@ def _record_cluster(data_dir: Path, cluster: str) -> None:
     temporary.replace(path)
 
 
-def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:
+def _cluster_node(config: NodeConfig, store: Store, new_member: bool) -> ClusterNode:
     from litecdc.cluster import ClusterNode, EtcdSettings
     from litecdc.cluster.snapshot import SnapshotSettings
 
@@ -147,4 +147,5 @@ def _cluster_node(config: NodeConfig, store: Store) -> ClusterNode:
         config.cluster,
         config.lease_ttl,
         snapshots=snapshots,
+        new_member=new_member,
     )

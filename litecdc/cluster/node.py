@@ -162,7 +162,10 @@ class ClusterNode:
         member_interval: float = DEFAULT_MEMBER_INTERVAL,
         member_ttl: int = DEFAULT_MEMBER_TTL,
         snapshots: SnapshotSettings | None = None,
+        new_member: bool = False,
     ) -> None:
+        """``new_member``: the data directory belongs to no cluster yet (see
+        _refuse_data_from_elsewhere)."""
         if not cluster_name or "/" in cluster_name:
             raise ConfigError(f"cluster: invalid cluster name {cluster_name!r}")
         if not node_id or "/" in node_id:
@@ -212,7 +215,9 @@ class ClusterNode:
 
         try:
             self._refuse_a_taken_node_id()
-            self._check_shared_settings()
+            founder = self._check_shared_settings()
+            if new_member and not founder:
+                self._refuse_data_from_elsewhere()
         except BaseException:
             self.client.close()
             raise
@@ -584,9 +589,11 @@ class ClusterNode:
             )
         raise NotFoundError(f"node {node_id!r} is not a member of this cluster")
 
-    def _check_shared_settings(self) -> None:
+    def _check_shared_settings(self) -> bool:
         """Settings that must be the same on every node, recorded in etcd by the first
-        node to start; a node started with another value is refused.
+        node to start (its id too, as ``founder``); a node started with another value is
+        refused. Returns whether this node founded the cluster (True when etcd cannot
+        tell: the checks wait for the next start).
 
         * ``--fk``: every node applies the same SQL; with foreign keys enforced on some
           nodes only, a write the leader commits can fail (and be recorded empty) on a
@@ -600,18 +607,17 @@ class ClusterNode:
             "webhook": self.store.config.cdc is not None,
         }
         key = settings_key(self.cluster)
+        first = json.dumps({**mine, "founder": self.node_id}).encode()
         try:
-            result = self.client.txn(
-                [Compare.absent(key)], [Put(key, json.dumps(mine).encode())], [Get(key)]
-            )
+            result = self.client.txn([Compare.absent(key)], [Put(key, first)], [Get(key)])
         except ClusterError:
-            return  # etcd unreachable: checked the next time this node starts
+            return True  # etcd unreachable: checked the next time this node starts
         if result.succeeded or not result.ranges or not result.ranges[0]:
-            return
+            return True
         try:
             recorded = json.loads(result.ranges[0][0].value)
         except ValueError:
-            return
+            return True
         for name, value in mine.items():
             if name in recorded and recorded[name] != value:
                 option = {"foreign_keys": "--fk", "webhook": "--cdc-config"}[name]
@@ -624,6 +630,31 @@ class ClusterNode:
         if set(mine) - set(recorded):  # recorded by an older version: complete it
             with contextlib.suppress(ClusterError):
                 self.client.put(key, json.dumps({**mine, **recorded}).encode())
+        return bool(recorded.get("founder") == self.node_id)
+
+    def _refuse_data_from_elsewhere(self) -> None:
+        """A node new to a running cluster must bring no data of its own: its journal
+        would not be the cluster's (the apply loop then stops on the first cid it already
+        has, cluster QA) and tables it already has would make the log's statements fail
+        here and succeed elsewhere (``CREATE TABLE t``: table t already exists) — the
+        replicas would differ. Only the node that founds a cluster may bring data (a
+        standalone node becoming the first member); the others copy it by snapshot."""
+        last_cid = self.journal.last_cid()
+        tables = self.store.engine.user_table_count()
+        if last_cid <= 1 and not tables:
+            return
+        try:
+            if self.client.get(self._joined_key) is not None:
+                return  # a member before (its directory untied: it predates DATA_DIR/cluster)
+        except ClusterError:
+            return  # etcd unreachable: checked the next time this node starts
+        raise ConfigError(
+            f"data directory {self.store.config.data_dir} already holds data (journal up to "
+            f"cid {last_cid}, {tables} table(s)) that did not come from cluster "
+            f"{self.cluster!r}: a node joins a running cluster with an empty data directory "
+            "and copies the data from the others; give it a new --data-dir (to replace the "
+            "cluster's data with this data, POST its /db/backup to the leader's /db/load)"
+        )
 
     def _refuse_a_taken_node_id(self) -> None:
         """A member record with this node id and another address that its owner keeps

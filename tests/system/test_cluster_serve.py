@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.litecdc_node import Node, serve_cli
+from e2e.litecdc_node import Node, free_port, serve_cli
 from etcd_cluster import EtcdCluster
 from serve_cluster import leader as _leader
 from serve_cluster import rows as _rows
@@ -350,3 +350,55 @@ def test_restarting_every_node_keeps_identical_data(nodes: list[Node]) -> None:
         with node.client() as c:
             journals.append(c.get("/journal", params={"after": 1}).json()["entries"])
     assert journals[0] == journals[1] == journals[2]
+
+
+def test_a_standalone_node_founds_a_cluster_with_its_data_but_cannot_join_one(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    """A node new to a running cluster that brings data of its own was started, served its
+    own rows as a follower and logged "this database did not come from this cluster's log"
+    every 2 s (cluster QA; a plain SQLite file's tables made the log's CREATE TABLE fail
+    there and succeed elsewhere). It is refused at start; the founder may bring data, and
+    an empty node copies it (snapshot)."""
+    founder_dir, stranger_dir = tmp_path / "n0", tmp_path / "n1"
+    for data_dir, value in ((founder_dir, "founder"), (stranger_dir, "stranger")):
+        standalone = Node(data_dir).start()
+        with standalone.client() as c:
+            standalone.execute(
+                c,
+                [
+                    "CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)",
+                    ["INSERT INTO kv(v) VALUES(?)", value],
+                ],
+            )
+        assert standalone.stop() == 0
+    cluster = ("--etcd", etcd.endpoints[0], "--cluster", cluster_name)
+    founder = Node(founder_dir, *cluster, "--node-id", "n0").start()
+    nodes = [founder]
+    try:
+        with founder.client() as c:
+            cid = founder.execute(c, [["INSERT INTO kv(v) VALUES(?)", "clustered"]])["raft_index"]
+        assert _rows(founder, cid) == [[1, "founder"], [2, "clustered"]]
+        proc = serve_cli(
+            "--data-dir", str(stranger_dir), "--http-addr", f"127.0.0.1:{free_port()}",
+            *cluster, "--node-id", "n1", env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"error: data directory {stranger_dir} already holds data (journal up to cid 2, "
+            f"1 table(s)) that did not come from cluster {cluster_name!r}: a node joins a "
+            "running cluster with an empty data directory and copies the data from the "
+            "others; give it a new --data-dir (to replace the cluster's data with this data, POST "
+            "its /db/backup to the leader's /db/load)\n"
+        )
+        assert not (stranger_dir / "cluster").exists()  # still free to be used elsewhere
+        newcomer = Node(tmp_path / "n2", *cluster, "--node-id", "n2").start()
+        nodes.append(newcomer)
+        assert _rows(newcomer, cid) == [[1, "founder"], [2, "clustered"]]
+        # the founder restarts as a member (its directory is tied to the cluster now)
+        assert founder.stop() == 0
+        founder.start()
+        assert _rows(founder, cid) == [[1, "founder"], [2, "clustered"]]
+    finally:
+        for node in nodes:
+            node.stop()
