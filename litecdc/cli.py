@@ -214,7 +214,8 @@ def serve(
     source_workers: str,
     cdc_config: str | None,
 ) -> None:
-    """Run one standalone node serving the HTTP API until interrupted."""
+    """Run one node serving the HTTP API until interrupted: standalone, or with --etcd a
+    member of a cluster."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("httpx", "httpcore"):  # a line per webhook or etcd request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -585,7 +585,8 @@ class ClusterNode:
         if running:
             raise MemberRunningError(
                 f"node {node_id!r} is running (at {_member_address(running[0])}): stop it "
-                "before removing it"
+                "before removing it (a node that stopped without shutting down, kill -9 or "
+                f"a crash, keeps its member record up to {self.member_ttl} s: try again then)"
             )
         raise NotFoundError(f"node {node_id!r} is not a member of this cluster")
 
