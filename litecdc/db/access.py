@@ -15,6 +15,7 @@ running them) to judge a new trigger (``Engine._check_triggers``).
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -151,6 +152,50 @@ class Access:
         self.created |= other.created
         self.reads_everything = self.reads_everything or other.reads_everything
         self.writes_sqlite_tables = self.writes_sqlite_tables or other.writes_sqlite_tables
+
+
+class AccessCache:
+    """The Access of recently run SQL texts, so a statement APSW has cached (which the
+    authorizer does not see again) still has its read/write sets.
+
+    Bounded in entries and in the characters of the texts it keeps, least recently used
+    dropped first:
+    clients that write values into their SQL (rqlite's own examples do) send a new text
+    with every write, and an unbounded dict grew by ~1 KB per write without end
+    (200,000 writes: +220 MB). A dropped text is recorded again when it comes back.
+    """
+
+    def __init__(self, max_entries: int = 4096, max_chars: int = 4 * 1024 * 1024) -> None:
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self._entries: OrderedDict[str, Access] = OrderedDict()
+        self._chars = 0
+
+    def get(self, sql: str) -> Access | None:
+        access = self._entries.get(sql)
+        if access is not None:
+            self._entries.move_to_end(sql)
+        return access
+
+    def put(self, sql: str, access: Access) -> None:
+        if len(sql) > self.max_chars // 16:
+            return  # a text this long (a /db/load) would push out many and rarely comes back
+        if sql in self._entries:
+            self._entries.move_to_end(sql)
+            self._entries[sql] = access
+            return
+        self._entries[sql] = access
+        self._chars += len(sql)
+        while self._chars > self.max_chars or len(self._entries) > self.max_entries:
+            dropped, _ = self._entries.popitem(last=False)
+            self._chars -= len(dropped)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _is_user_object(name: str | None) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from litecdc.db.access import Access, ReadAuthorizer, WriteAuthorizer
+from litecdc.db.access import Access, AccessCache, ReadAuthorizer, WriteAuthorizer
 from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
 from litecdc.db.checkpoint import BackgroundCheckpointer
 from litecdc.db.datafile import check_existing, layout_problem, stamp_format, unusable
@@ -186,7 +186,7 @@ class Engine:
             self._writer.execute("PRAGMA foreign_keys=ON")
         self._random = DeterministicRandom()
         self._random.install(self._writer)
-        self._access_cache: dict[str, Access] = {}
+        self._access_cache = AccessCache()
         self._buffer = ChangeBuffer(self._table_shape)
         self._authorizer = WriteAuthorizer(
             on_schema_change=self._buffer.shapes.clear, is_table=self._is_table
@@ -562,6 +562,8 @@ class Engine:
         """
         writer = self._writer
         sql = group[0].sql
+        access = self._access_cache.get(sql)
+        assert access is not None  # (_batchable)
         buffer_mark, random_mark = self._buffer.mark(), self._random.calls
         last_ids: list[int] = []
         counts: list[int] = []
@@ -603,7 +605,7 @@ class Engine:
         )
         suffix = parse_template(sql).terminator
         rendered.extend(text + suffix for text in texts)
-        combined.merge(self._access_cache[sql])
+        combined.merge(access)
         return True
 
     # A write runs as its own SQLite transaction, or — inside in_one_transaction — as a
@@ -737,7 +739,7 @@ class Engine:
         if savepoint:
             self._internal("RELEASE litecdc_statement")
         if recording:
-            self._access_cache[statement.sql] = access
+            self._access_cache.put(statement.sql, access)
         combined.merge(access)
         if access.schema:
             self._schema_changed()

@@ -8,6 +8,7 @@ import apsw
 import pytest
 
 from litecdc import JournalEntry, Mode, NodeConfig, Statement, Store
+from litecdc.db.access import Access, AccessCache
 from litecdc.errors import (
     ConfigError,
     DuplicateCidError,
@@ -652,3 +653,48 @@ def test_a_store_that_fails_to_open_lets_go_of_its_directory(
         Store(NodeConfig(data_dir=tmp_path / "node"))
     monkeypatch.undo()
     Store(NodeConfig(data_dir=tmp_path / "node")).close()  # not "in use" by ourselves
+
+
+def test_statements_dropped_from_the_access_cache_keep_their_dependencies(store: Store) -> None:
+    """The cache of each SQL text's read/write sets is bounded (it grew by ~1 KB per
+    distinct text, without end); a text dropped from it while SQLite still has its
+    prepared statement is recorded again, so its dependencies stay exact."""
+    store.engine._access_cache = AccessCache(max_entries=2)
+    store.execute([S("CREATE TABLE a(x)"), S("CREATE TABLE b(x)")])
+    read_b = "INSERT INTO a SELECT x FROM b"
+    store.execute([S(read_b)])  # cid 3: cached
+    store.execute([S("INSERT INTO b VALUES(1)")])  # cid 4
+    for value in range(3):  # cids 5-7: distinct texts push read_b out of the cache
+        store.execute([S(f"INSERT INTO a VALUES({value})")])
+    assert store.engine._access_cache.get(read_b) is None
+    again = store.execute([S(read_b)])  # reads b (cid 4), writes a (cid 7)
+    assert again.snapshot == 7
+    store.execute([S("INSERT INTO b VALUES(2)")])  # cid 9
+    assert store.execute([S(read_b)]).snapshot == 9  # cached again: b's last writer
+    assert len(store.engine._access_cache) == 2
+
+
+def test_the_access_cache_is_bounded_by_entries_and_characters() -> None:
+    cache = AccessCache(max_entries=3)
+    for name in "abc":
+        cache.put(name, Access(writes={name}))
+    assert cache.get("a") is not None  # used: now the most recent
+    cache.put("d", Access())  # one entry too many: b, the least recently used, goes
+    assert [cache.get(t) is not None for t in "abcd"] == [True, False, True, True]
+    by_size = AccessCache(max_entries=100, max_chars=320)  # texts of 20 characters at most
+    texts = [f"{i:020d}" for i in range(17)]
+    for text in texts:
+        by_size.put(text, Access())
+    assert len(by_size) == 16 and by_size.get(texts[0]) is None  # 340 > 320: the first went
+    by_size.put("x" * 21, Access())  # longer than a sixteenth of the budget: not kept
+    assert by_size.get("x" * 21) is None and len(by_size) == 16
+    by_size.clear()
+    assert len(by_size) == 0
+
+
+def test_distinct_sql_texts_do_not_grow_the_access_cache_without_end(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x)")])
+    limit = store.engine._access_cache.max_entries
+    store.execute([S(f"INSERT INTO t VALUES({i})") for i in range(limit + 500)], transaction=True)
+    assert len(store.engine._access_cache) == limit
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(limit + 500,)]
