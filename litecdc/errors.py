@@ -2,9 +2,11 @@
 
 LitecdcError
 ├── ConfigError                 invalid configuration (CLI, file, environment)
+│   └── DataFileError           the data directory's SQLite file is unusable (not a
+│                               database, corrupt, a newer litecdc's data format)
 ├── RequestError                malformed client input: bad JSON, wrong types, unknown parameters
 │   ├── BodyTooLargeError
-│   └── LoadError               /db/load got something that is neither SQLite nor SQL text
+│   └── LoadError               /db/load: neither SQLite nor SQL text, or the load failed
 ├── AuthError                   missing or wrong credentials
 │   └── PermissionDeniedError   authenticated, but the user lacks the permission
 ├── StatementError              one SQL statement failed (reported per statement, like rqlite)
@@ -22,7 +24,8 @@ LitecdcError
 │                               forwards it to the leader, or redirects); the cluster's
 │                               errors (litecdc.cluster) are LitecdcErrors too
 ├── NotFoundError               a named table or subscription does not exist: 404
-├── DataTypeError               a stored value does not fit its column's mirrored type: 422
+├── DataTypeError               a stored value does not fit its column's mirrored type, or
+│                               text that is not UTF-8 in a dump: 422
 ├── PositionUnavailableError    changes after the asked cid were pruned (retention cap):
 │                               the subscriber must re-snapshot: 410
 └── PipelineError               the Spark pipeline (litecdc.pipeline)

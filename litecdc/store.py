@@ -20,6 +20,7 @@ from typing import Any
 
 from litecdc.config import NodeConfig
 from litecdc.db import source
+from litecdc.db.datafile import SQLITE_HEADER
 from litecdc.db.engine import Engine
 from litecdc.db.page_workers import PageWorkers
 from litecdc.db.schema import (
@@ -192,16 +193,19 @@ class Store:
         return self.execute(statements, transaction=transaction)
 
     def load(self, data: bytes) -> WriteOutcome:
-        """Replace the database's contents with a SQLite file or a SQL dump (rqlite's /db/load).
+        """rqlite's /db/load: a SQLite file replaces the database's contents, SQL text runs
+        on it as it is (Engine.load_statements).
 
-        The replacement is one journaled transaction: deletes of every existing row
-        (captured as delete changes), the dump's statements (captured as inserts).
+        Either is one journaled transaction, captured like any write (a replacement:
+        deletes of every existing row, then the file's rows as inserts); LoadError when
+        it fails, and then nothing changed.
         """
         statements = self.engine.load_statements(data)
         outcome = self.execute(statements, transaction=True)
         failed = [r.error for r in outcome.results if r.error]
         if failed:
-            raise RequestError(f"load failed: {failed[0]}")
+            what = "the SQLite file" if data.startswith(SQLITE_HEADER) else "the SQL text"
+            raise LoadError(f"load: {what} failed: {failed[0]}")
         return outcome
 
     # -- reads ----------------------------------------------------------------

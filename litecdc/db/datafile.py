@@ -26,6 +26,9 @@ from litecdc.db.schema import (
 )
 from litecdc.errors import DataFileError
 
+#: the first 16 bytes of every SQLite database file
+SQLITE_HEADER = b"SQLite format 3\x00"
+
 #: what a file that is not a usable database makes SQLite raise, and what that means
 _UNUSABLE = {
     apsw.NotADBError: "it is not an SQLite database",

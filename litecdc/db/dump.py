@@ -8,6 +8,7 @@ import apsw
 
 from litecdc.db.schema import USER_OBJECTS
 from litecdc.db.sqltext import sql_literal
+from litecdc.errors import DataTypeError
 
 
 def _quote(name: str) -> str:
@@ -46,8 +47,17 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
                 if hidden == 0
             ]
             listed = ",".join(columns)
-            for row in conn.execute(f"SELECT {listed} FROM {quoted}"):
-                yield f"INSERT INTO {quoted}({listed}) VALUES({','.join(map(sql_literal, row))});"
+            rows = conn.execute(f"SELECT {listed} FROM {quoted}")
+            insert = f"INSERT INTO {quoted}({listed}) VALUES("
+            try:
+                for row in rows:
+                    yield f"{insert}{','.join(map(sql_literal, row))});"
+            except UnicodeDecodeError as exc:
+                raise DataTypeError(
+                    f"table {name} holds text that is not valid UTF-8 ({exc.reason} at byte "
+                    f"{exc.start}: {exc.object[exc.start : exc.start + 4]!r}); litecdc keeps "
+                    "text as UTF-8: store such values as BLOBs (CAST(column AS BLOB))"
+                ) from None
     finally:
         conn.execute("COMMIT")
     if transaction:

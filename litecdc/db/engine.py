@@ -22,9 +22,16 @@ import apsw
 from litecdc.db.access import Access, AccessCache, ReadAuthorizer, WriteAuthorizer
 from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
 from litecdc.db.checkpoint import BackgroundCheckpointer
-from litecdc.db.datafile import check_existing, layout_problem, stamp_format, unusable
+from litecdc.db.datafile import (
+    SQLITE_HEADER,
+    check_existing,
+    layout_problem,
+    stamp_format,
+    unusable,
+)
 from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_process_timezone
 from litecdc.db.dump import dump_statements
+from litecdc.db.load import load_statements as sql_text_statements
 from litecdc.db.schema import (
     CDC_STATE_TABLE,
     CHANGES_TABLE,
@@ -40,7 +47,7 @@ from litecdc.db.schema import (
     last_change_id,
 )
 from litecdc.db.sqltext import parse_template, render, render_many
-from litecdc.errors import LoadError, StatementError
+from litecdc.errors import DataTypeError, LoadError, StatementError
 from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
 
 log = logging.getLogger("litecdc.db")
@@ -63,7 +70,6 @@ ENVIRONMENTAL_ERRORS: tuple[type[BaseException], ...] = (
     apsw.ProtocolError,
 )
 MAX_ROWID = 2**63 - 1
-_SQLITE_HEADER = b"SQLite format 3\x00"
 _NO_SUCH_TABLE = re.compile(r"no such table: (?:\w+\.)?(\S+)")
 
 
@@ -87,6 +93,11 @@ class WriteRun:
 def _statement_error(exc: BaseException, refused: str | None) -> str:
     if refused is not None:
         return refused
+    if isinstance(exc, UnicodeDecodeError):  # a row change or a result holding such text
+        return (
+            f"text that is not valid UTF-8 ({exc.reason} at byte {exc.start}): litecdc keeps "
+            "text as UTF-8; store such bytes as a BLOB (X'…' without CAST … AS TEXT)"
+        )
     if isinstance(exc, apsw.BindingsError) and "has no name, but you supplied a dict" in str(exc):
         # APSW's wording names a binding number and its own API
         return (
@@ -1217,10 +1228,10 @@ class Engine:
         """
         try:
             with open(source, "rb") as file:
-                header = file.read(len(_SQLITE_HEADER))
+                header = file.read(len(SQLITE_HEADER))
         except OSError as exc:
             raise LoadError(f"snapshot: cannot read {source}: {exc}") from exc
-        if header != _SQLITE_HEADER:
+        if header != SQLITE_HEADER:
             raise LoadError("snapshot: the file is not a SQLite database")
         snapshot = apsw.Connection(source)
         try:
@@ -1268,39 +1279,41 @@ class Engine:
             return "".join(s + "\n" for s in dump_statements(conn, transaction=True))
 
     def load_statements(self, data: bytes) -> list[Statement]:
-        """Statements that replace every user object with those in ``data``.
+        """The statements a load of ``data`` runs (as one transaction), as rqlite loads.
 
-        ``data`` is a SQLite database file or SQL text (e.g. a ``.dump``). It is
-        first loaded into a scratch database, so SQLite itself parses it, then
-        dumped back as plain statements that run through the normal write path.
+        A SQLite database file *replaces* every user object: it is opened as a scratch
+        database and dumped to plain statements, after deletes of every existing row
+        (captured as deletes) and drops of every user object. SQL text (e.g. a ``.dump``)
+        runs on the database as it is, its statements as written, without the dump's
+        ``BEGIN``/``COMMIT``/``PRAGMA foreign_keys`` wrapper (see db/load.py).
         """
+        if not data.startswith(SQLITE_HEADER):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise LoadError(
+                    "load: body is neither a SQLite database file nor UTF-8 SQL text"
+                ) from exc
+            statements = [Statement(s) for s in sql_text_statements(text)]
+            if not statements:
+                raise LoadError("load: the SQL text holds no statement")
+            return statements
+        if data[18:20] == b"\x02\x02":
+            # a WAL-mode file (every backup of litecdc's or rqlite's): an in-memory
+            # database cannot open one, and a lone file has no WAL to read anyway,
+            # so mark it as a rollback-journal file (header bytes 18-19, 1 = legacy)
+            data = data[:18] + b"\x01\x01" + data[20:]
         scratch = apsw.Connection(":memory:")
         try:
-            if data.startswith(_SQLITE_HEADER):
-                if data[18:20] == b"\x02\x02":
-                    # a WAL-mode file (every backup of litecdc's or rqlite's): an in-memory
-                    # database cannot open one, and a lone file has no WAL to read anyway,
-                    # so mark it as a rollback-journal file (header bytes 18-19, 1 = legacy)
-                    data = data[:18] + b"\x01\x01" + data[20:]
-                scratch.deserialize("main", data)
-                try:
-                    scratch.execute("PRAGMA quick_check").fetchall()
-                except apsw.Error as exc:
-                    raise LoadError(f"load: the uploaded SQLite file is unreadable: {exc}") from exc
-            else:
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise LoadError(
-                        "load: body is neither a SQLite database file nor UTF-8 SQL text"
-                    ) from exc
-                try:
-                    scratch.execute(text).fetchall()
-                except apsw.Error as exc:
-                    raise LoadError(f"load: the SQL text failed: {exc}") from exc
-                if scratch.in_transaction:
-                    scratch.execute("COMMIT")
-            new = [Statement(s) for s in dump_statements(scratch, transaction=False)]
+            scratch.deserialize("main", data)
+            try:
+                scratch.execute("PRAGMA quick_check").fetchall()
+            except apsw.Error as exc:
+                raise LoadError(f"load: the uploaded SQLite file is unreadable: {exc}") from exc
+            try:
+                new = [Statement(s) for s in dump_statements(scratch, transaction=False)]
+            except DataTypeError as exc:
+                raise LoadError(f"load: {exc}") from exc
         finally:
             scratch.close()
         return self._clear_statements() + new

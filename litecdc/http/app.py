@@ -41,6 +41,7 @@ from starlette.routing import Route
 
 from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
+from litecdc.db.datafile import SQLITE_HEADER
 from litecdc.errors import (
     BodyTooLargeError,
     LitecdcError,
@@ -65,7 +66,6 @@ log = logging.getLogger("litecdc.http")
 JOURNAL_PAGE_DEFAULT = 1000
 #: longest a read with min_cid waits for this node to apply that cid, in seconds
 MIN_CID_WAIT = 10.0
-SQLITE_HEADER = b"SQLite format 3\x00"
 
 _encoder = msgspec.json.Encoder()
 _JSON = "application/json; charset=utf-8"
@@ -358,9 +358,8 @@ class _Api:
         except (LoadError, RequestError) as exc:
             if is_sqlite or type(exc) not in (LoadError, RequestError):
                 raise
-            # SQL text that fails (LoadError: in the scratch database; RequestError: as it
-            # replaces the data) is an SQL error: rqlite reports it in results, HTTP 200.
-            # Either way the load is one transaction, so nothing was changed.
+            # SQL text that fails is an SQL error: rqlite reports it in results, HTTP 200.
+            # The load is one transaction, so nothing was changed.
             return self._finish({"results": [{"error": str(exc)}]}, opts, start, None)
         results = (
             [] if is_sqlite else rqlite.format_results(outcome.results[-1:], timings=opts.timings)

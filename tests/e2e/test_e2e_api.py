@@ -386,8 +386,9 @@ def test_load_sql_text_then_sqlite_file(fresh_node: Node, tmp_path: Path) -> Non
             ["a"],
             ["b"],
         ]
-        gone = fresh_node.query(c, "SELECT * FROM old")
-        assert gone == {"results": [{"error": "no such table: old"}]}
+        # SQL text runs on the database as it is (rqlite): the other table stays
+        kept = fresh_node.query(c, "SELECT * FROM old")
+        assert kept["results"][0]["values"] == [[1]]
 
         path = tmp_path / "src.sqlite"
         with sqlite3.connect(path) as db:
@@ -402,6 +403,9 @@ def test_load_sql_text_then_sqlite_file(fresh_node: Node, tmp_path: Path) -> Non
         assert r.status_code == 200, r.text
         assert r.json() == {"results": []}
         assert fresh_node.query(c, "SELECT v FROM fromfile")["results"][0]["values"] == [["x"]]
+        # a SQLite file replaces the database (rqlite)
+        gone = fresh_node.query(c, "SELECT * FROM old")
+        assert gone == {"results": [{"error": "no such table: old"}]}
         # the load is captured like any write
         changes = c.get("/cdc/changes", params={"limit": 10000}).json()["changes"]
         assert any(ch["table"] == "fromfile" and ch["op"] == "insert" for ch in changes)

@@ -234,13 +234,69 @@ def test_load_replaces_everything_as_one_captured_transaction(store: Store, tmp_
     ]
     assert store.query([S("SELECT * FROM fresh")])[0].rows == [(1, b"\x00\xff"), (2, None)]
     assert "no such table" in (store.query([S("SELECT * FROM old")])[0].error or "")
-    # and an SQL dump (with sqlite3's BEGIN/COMMIT) loads the same way
+
+
+def test_load_of_sql_text_runs_it_on_the_database_as_rqlite_does(store: Store) -> None:
+    """rqlite executes an uploaded SQL text (only a SQLite file replaces the database);
+    litecdc dropped every table not in the text, and a text without writes emptied the
+    database. The dump's BEGIN/COMMIT/PRAGMA foreign_keys wrapper is left out."""
+    store.execute([S("CREATE TABLE keep(x)"), S("INSERT INTO keep VALUES(1)")])
     out = store.load(
         b"PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE d(a);\n"
-        b"INSERT INTO d VALUES('it''s');\nCOMMIT;\n"
+        b"INSERT INTO d VALUES('it''s;');\n-- a comment; with a semicolon\n"
+        b"CREATE TRIGGER dt AFTER INSERT ON d BEGIN INSERT INTO keep VALUES(NEW.a); END;\n"
+        b"INSERT INTO d VALUES(2);\nCOMMIT;\n"
     )
-    assert store.query([S("SELECT a FROM d")])[0].rows == [("it's",)]
-    assert "no such table" in (store.query([S("SELECT * FROM fresh")])[0].error or "")
+    assert out.cid is not None
+    assert store.query([S("SELECT a FROM d")])[0].rows == [("it's;",), (2,)]
+    assert store.query([S("SELECT x FROM keep")])[0].rows == [(1,), (2,)]
+    changes = store.changes(out.cid - 1, 100)
+    assert [(c.table, c.op, c.after) for c in changes] == [
+        ("d", "insert", {"a": "it's;"}),
+        ("d", "insert", {"a": 2}),
+        ("keep", "insert", {"x": 2}),  # by the trigger the text created
+    ]
+    entry = store.journal_page(out.cid - 1, 1).entries[0]
+    assert "BEGIN" not in entry.query.replace("BEGIN INSERT", "") and "COMMIT" not in entry.query
+    before = store.journal.last_cid()
+    for text in (b"SELECT count(*) FROM keep", b"-- nothing but a comment\n"):
+        if text.startswith(b"SELECT"):
+            assert store.load(text).cid is None  # nothing written: nothing committed
+        else:
+            with pytest.raises(LoadError, match=r"^load: the SQL text holds no statement$"):
+                store.load(text)
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT count(*) FROM keep")])[0].rows == [(2,)]
+    with pytest.raises(LoadError, match=r"^load: the SQL text failed: table d already exists$"):
+        store.load(b"CREATE TABLE d(a); INSERT INTO keep VALUES(3);")
+    assert store.journal.last_cid() == before
+
+
+def test_load_of_text_that_is_not_utf8_is_refused_clearly(store: Store, tmp_path: Path) -> None:
+    """A SQLite file holding such text ended /db/load with HTTP 500 (UnicodeDecodeError
+    in the dump); litecdc refuses to store it from any write, with a message that says so."""
+    source = apsw.Connection(str(tmp_path / "bad.db"))
+    source.execute("CREATE TABLE inv(id INTEGER PRIMARY KEY, v TEXT)")
+    source.execute("INSERT INTO inv VALUES(1, CAST(x'41ff41' AS TEXT))")
+    source.close()
+    before = store.journal.last_cid()
+    with pytest.raises(LoadError) as refused:
+        store.load((tmp_path / "bad.db").read_bytes())
+    assert str(refused.value).startswith(
+        "load: table inv holds text that is not valid UTF-8 (invalid start byte at byte 1: "
+    )
+    with pytest.raises(
+        LoadError, match=r"^load: the SQL text failed: text that is not valid UTF-8"
+    ):
+        store.load(b"CREATE TABLE t(v TEXT); INSERT INTO t VALUES(CAST(x'ff' AS TEXT));")
+    out = store.execute(
+        [S("CREATE TABLE t(v TEXT)"), S("INSERT INTO t VALUES(CAST(x'ff' AS TEXT))")]
+    )
+    assert out.results[1].error == (
+        "text that is not valid UTF-8 (invalid start byte at byte 0): litecdc keeps text as "
+        "UTF-8; store such bytes as a BLOB (X'…' without CAST … AS TEXT)"
+    )
+    assert store.journal.last_cid() == before + 1  # only the CREATE TABLE
 
 
 def test_load_takes_a_wal_mode_file_such_as_a_backup(store: Store, tmp_path: Path) -> None:
@@ -274,7 +330,9 @@ def test_load_of_garbage_is_refused_and_changes_nothing(store: Store) -> None:
     assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
 
 
-def test_dump_and_load_tables_with_generated_columns(store: Store) -> None:
+def test_dump_and_load_tables_with_generated_columns(store: Store, tmp_path: Path) -> None:
+    from litecdc import NodeConfig
+
     store.execute(
         [
             S("CREATE TABLE g(a INTEGER PRIMARY KEY, b, c AS (b * 2) STORED)"),
@@ -283,9 +341,13 @@ def test_dump_and_load_tables_with_generated_columns(store: Store) -> None:
     )
     dump = store.dump_sql()
     assert 'INSERT INTO "g"("a","b") VALUES(1,21);' in dump
-    out = store.load(dump.encode())
-    assert out.cid is not None
-    assert store.query([S("SELECT * FROM g")])[0].rows == [(1, 21, 42)]
+    other = Store(NodeConfig(data_dir=tmp_path / "other", source_workers=0))
+    try:
+        out = other.load(dump.encode())
+        assert out.cid is not None
+        assert other.query([S("SELECT * FROM g")])[0].rows == [(1, 21, 42)]
+    finally:
+        other.close()
 
 
 def test_foreign_key_cascades_are_enforced_and_captured(tmp_path: Path) -> None:

@@ -1,0 +1,83 @@
+"""SQL text for ``/db/load``: split into statements, a dump's transaction wrapper removed.
+
+rqlite runs an uploaded SQL text on the database as it is (an uploaded SQLite *file*
+replaces the database). A dump — sqlite3's ``.dump``, rqlite's or litecdc's
+``/db/backup?fmt=sql`` — wraps its statements in ``PRAGMA foreign_keys=OFF; BEGIN
+TRANSACTION; … COMMIT;``. litecdc runs every load as one transaction of its own and
+refuses transaction control and connection PRAGMAs in writes, so those wrapper
+statements are dropped; everything else runs as written.
+"""
+
+from __future__ import annotations
+
+import re
+
+import apsw
+
+#: BEGIN [DEFERRED|IMMEDIATE|EXCLUSIVE] [TRANSACTION], COMMIT/END [TRANSACTION]
+_WRAPPER = re.compile(
+    r"(?:BEGIN(?:\s+(?:DEFERRED|IMMEDIATE|EXCLUSIVE))?|COMMIT|END)(?:\s+TRANSACTION)?\s*;?",
+    re.IGNORECASE,
+)
+#: PRAGMA foreign_keys=OFF (a dump's first line), in any of SQLite's spellings
+_FOREIGN_KEYS_PRAGMA = re.compile(
+    r"PRAGMA\s+(?:main\s*\.\s*)?foreign_keys\s*(?:=\s*[\w']+|\(\s*[\w']+\s*\))\s*;?",
+    re.IGNORECASE,
+)
+_LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*", re.DOTALL)
+
+
+def split_statements(sql: str) -> list[str]:
+    """The statements of ``sql`` in order, each with its ``;`` (the last may have none).
+
+    A ``;`` inside a string, a quoted name, a comment or a CREATE TRIGGER body does not
+    end a statement: SQLite's own ``sqlite3_complete`` (``apsw.complete``) decides at
+    each ``;`` outside quotes and comments, which this scan finds in one pass.
+    """
+    statements: list[str] = []
+    start, i, n = 0, 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"`[":
+            close = "]" if ch == "[" else ch
+            end = sql.find(close, i + 1)
+            while end != -1 and close != "]" and sql.startswith(close * 2, end):
+                end = sql.find(close, end + 2)  # a doubled quote stays inside
+            i = n if end == -1 else end + 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end == -1 else end + 1
+        elif sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end == -1 else end + 2
+        elif ch == ";":
+            i += 1
+            if apsw.complete(sql[start:i]):
+                statements.append(sql[start:i])
+                start = i
+        else:
+            i += 1
+    if _body(sql[start:]):
+        statements.append(sql[start:])  # a last statement without its ';'
+    return statements
+
+
+def _body(statement: str) -> str:
+    """The statement without the comments and blanks before it, and trailing blanks."""
+    lead = _LEADING_COMMENTS.match(statement)
+    return statement[lead.end() if lead else 0 :].rstrip()
+
+
+def is_dump_wrapper(statement: str) -> bool:
+    """Whether ``statement`` is a dump's transaction wrapper (BEGIN/COMMIT/END or
+    ``PRAGMA foreign_keys=…``), which a load leaves out."""
+    body = _body(statement)
+    return bool(_WRAPPER.fullmatch(body) or _FOREIGN_KEYS_PRAGMA.fullmatch(body))
+
+
+def load_statements(text: str) -> list[str]:
+    """The statements of an uploaded SQL text that a load runs, in order (no empty ones,
+    no dump wrapper)."""
+    return [
+        s for s in split_statements(text) if _body(s) not in ("", ";") and not is_dump_wrapper(s)
+    ]

@@ -1,0 +1,69 @@
+"""Splitting an uploaded SQL text into statements (db/load.py), as SQLite's shell does."""
+
+from __future__ import annotations
+
+import apsw
+import pytest
+
+from litecdc.db.load import is_dump_wrapper, load_statements, split_statements
+
+TRICKY = (
+    'CREATE TABLE "a;b"(x, [c;d], `e;f`);\n'
+    "INSERT INTO \"a;b\" VALUES('it''s; fine', 'x', 'y');\n"
+    '/* a block; comment */ INSERT INTO "a;b" VALUES(1, 2, 3);\n'
+    "-- a line; comment\n"
+    'CREATE TRIGGER t AFTER INSERT ON "a;b" BEGIN\n'
+    "  UPDATE \"a;b\" SET x = CASE WHEN NEW.x > 0 THEN 'p;' ELSE 'n' END;\n"
+    '  DELETE FROM "a;b" WHERE 0;\n'
+    "END;\n"
+    'INSERT INTO "a;b" VALUES(5, 6, 7)'  # the last one without its ';'
+)
+
+
+def test_semicolons_in_strings_names_comments_and_trigger_bodies_do_not_split() -> None:
+    statements = split_statements(TRICKY)
+    assert len(statements) == 5
+    assert "".join(statements) == TRICKY  # nothing lost or added
+    assert all(apsw.complete(s if s.rstrip().endswith(";") else s + ";") for s in statements)
+    assert statements[3].lstrip().startswith("-- a line; comment\nCREATE TRIGGER")
+    # and SQLite runs them to the same database as the whole text
+    whole, split = apsw.Connection(":memory:"), apsw.Connection(":memory:")
+    whole.execute(TRICKY)
+    for statement in statements:
+        split.execute(statement)
+    query = 'SELECT * FROM "a;b" ORDER BY rowid'
+    assert whole.execute(query).fetchall() == split.execute(query).fetchall()
+
+
+@pytest.mark.parametrize(
+    ("statement", "wrapper"),
+    [
+        ("PRAGMA foreign_keys=OFF;", True),
+        ("  pragma  FOREIGN_KEYS = 0 ;", True),
+        ("PRAGMA main.foreign_keys(off);", True),
+        ("BEGIN TRANSACTION;", True),
+        ("\n-- dumped by sqlite3\nBEGIN;", True),
+        ("begin immediate transaction;", True),
+        ("COMMIT;", True),
+        ("END TRANSACTION;", True),
+        ("PRAGMA foreign_key_check;", False),
+        ("PRAGMA user_version=3;", False),
+        ("ROLLBACK;", False),  # a dump that failed: the load must fail, not drop it
+        ("CREATE TRIGGER t AFTER INSERT ON x BEGIN SELECT 1; END;", False),
+        ("INSERT INTO begin VALUES(1);", False),
+    ],
+)
+def test_a_dumps_wrapper_is_recognised(statement: str, wrapper: bool) -> None:
+    assert is_dump_wrapper(statement) is wrapper
+
+
+def test_the_statements_a_load_runs() -> None:
+    dump = (
+        "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE t(x);\n"
+        "INSERT INTO t VALUES(1);\n;\n  ;\nCOMMIT;\n-- the end\n"
+    )
+    assert load_statements(dump) == ["\nCREATE TABLE t(x);", "\nINSERT INTO t VALUES(1);"]
+    assert load_statements("-- only a comment") == []
+    assert load_statements("INSERT INTO t VALUES('unterminated;") == [
+        "INSERT INTO t VALUES('unterminated;"  # left whole: SQLite reports the error
+    ]
