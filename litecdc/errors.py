@@ -32,6 +32,8 @@ LitecdcError
     ├── SourceError             the source node is unreachable or refused a request
     ├── SinkError               a sink is unreachable, misconfigured (bad URL) or refused
     │   └── SchemaMismatchError a source column/value the sink cannot take
+    │       └── UnstorableKeyError  a row's key longer than the sink's key column
+    │                               (pipeline/sinks/base.py; MariaDB)
     └── MetadataError           the metadata store (subscriptions, progress)
 """
 

@@ -182,8 +182,11 @@ def run(
 ) -> None:
     """Run every subscription OWNER has (Spark driver); resumes after a restart."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("httpx", "urllib3", "py4j", "pika"):  # lines per request / connection otherwise
+    for noisy in ("httpx", "urllib3", "py4j"):  # lines per request / connection otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # pika logs its connections at INFO, and a failed one at ERROR in seven lines with a
+    # traceback, on every retry; the RabbitMQ sink reports it as one error saying what to check
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
     from litecdc.pipeline.server import PipelineServer
     from litecdc.pipeline.spark import spark_session
 

@@ -16,7 +16,13 @@ store after every step so a restart (even a kill -9) resumes where it stopped:
 
 A subscriber whose position fell past the node's retention cap gets "position no
 longer available" and is re-snapshotted. A failing subscription is retried with
-back-off and does not stop the others.
+back-off and does not stop the others. A row a sink cannot store (a MariaDB key longer
+than its key column) fails its batch until a later commit deletes the row at the
+source: its changes up to then are skipped (they could never be in the sink).
+
+A column with a DEFAULT added at the source is re-copied (a new snapshot) whatever the
+sink: the table description recorded for the subscription is compared with the source's,
+by a running server and on start.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from litecdc.errors import (
     LitecdcError,
@@ -44,10 +51,10 @@ from litecdc.pipeline import parquet_log
 from litecdc.pipeline.metadata import MetadataStore, Subscription
 from litecdc.pipeline.metrics import PipelineMetrics
 from litecdc.pipeline.parquet_log import ParquetLog
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
-from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, Column, TableSpec
 from litecdc.wire import decode_key, encode_key
 
 if TYPE_CHECKING:
@@ -69,6 +76,21 @@ SCHEMA_CHECK_INTERVAL = 5.0
 IDLE_HOLD_INTERVAL = 300.0
 
 
+Key = tuple[Any, ...]
+
+
+@dataclass
+class KeyScan:
+    """A look ahead in the source's change log, from ``start``, for deletes of ``keys``
+    (rows a sink refused to store): where it got, and which it found deleted. Kept while
+    the batch ending at ``start`` keeps failing, so each commit is read once."""
+
+    start: int
+    keys: frozenset[Key]
+    scanned: int
+    deleted: set[Key] = field(default_factory=set)
+
+
 @dataclass
 class SubscriptionState:
     """What the server knows of one running subscription (status, metrics, tests)."""
@@ -83,6 +105,7 @@ class SubscriptionState:
     last_error: str | None = None
     failures: int = 0
     retry_at: float = 0.0
+    key_scan: KeyScan | None = None
 
     @property
     def lag_cids(self) -> int:
@@ -234,8 +257,9 @@ class PipelineServer:
         # against what the sink mirrors (stored): the change may have come while we were
         # not running, or failed the subscription a moment ago
         mirrored = self.meta.mirrored_spec(sub.name)
-        if mirrored is not None:
-            _check_followable(TableSpec.from_json(mirrored), spec)
+        stored = TableSpec.from_json(mirrored) if mirrored is not None else None
+        if stored is not None:
+            _check_followable(stored, spec)
         if parquet_log.is_parquet_url(sub.sink):
             running = _Running(
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
@@ -243,13 +267,15 @@ class PipelineServer:
         else:
             running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
         self._running[sub.name] = running  # from here on, a failure closes it
-        self._mirrors(sub.name, spec)
-        recopy = running.sink is not None and _need_recopy(spec, running.sink.added_columns)
+        recopy = stored is not None and _need_recopy(spec.added_columns(stored))
         if recopy and self.meta.progress(sub.name).stage not in (None, "register"):
-            # the source gained a column with a DEFAULT while we were not running
+            # the source gained a column with a DEFAULT while we were not running: whatever
+            # the sink (a mirror, a log of messages), its rows lack the value
             log.info("subscription %s: column(s) with a default added; re-snapshotting",
                      sub.name)  # fmt: skip
             self._register(running, restart=True)
+        # only now: a crash before the re-snapshot was recorded decides it again
+        self._mirrors(sub.name, running.spec)
         progress = self.meta.progress(sub.name)
         state.stage = progress.stage or "register"
         state.applied_cid = progress.last_log_index or 0
@@ -334,6 +360,10 @@ class PipelineServer:
                 parquet_log.restart(running.parquet)
             self.meta.restart_snapshot(sub.name, registered.cid)
         else:
+            if running.sink is not None:
+                # a new subscription: a sink's record left by an earlier one of the same
+                # name (unsubscribed, perhaps on another source) is not ours
+                running.sink.forget_progress()
             self.meta.start_register(sub.name, registered.cid)
         info = running.client.table_info(sub.table_name, count_rows=True)  # progress total
         self._evolve(running, info.spec)
@@ -441,7 +471,13 @@ class PipelineServer:
                 running,
                 {"mode": "changes", "after_cid": str(after), "until_cid": str(position.end_cid)},
             )
-            running.sink.write_changes(events, ChangeBatch(sub.name, after, position.end_cid))
+            batch = ChangeBatch(sub.name, after, position.end_cid)
+            try:
+                running.sink.write_changes(events, batch)
+            except UnstorableKeyError as exc:
+                events = self._skip_deleted_later(running, events, batch, exc)
+                running.sink.write_changes(events, batch)
+            state.key_scan = None
             self.metrics.events_applied(sub.name, events.num_rows)
         self.meta.record_log_position(sub.name, position.end_cid)
         state.applied_cid = position.end_cid
@@ -449,6 +485,51 @@ class PipelineServer:
         if position.end_cid >= position.last_cid:
             state.behind_since = None
         return position.end_cid < position.last_cid
+
+    def _skip_deleted_later(
+        self,
+        running: _Running,
+        events: pa.Table,
+        batch: ChangeBatch,
+        refused: UnstorableKeyError,
+    ) -> pa.Table:
+        """The batch without the changes of rows the sink refused to store (a key longer
+        than it holds) that a later commit deletes at the source: such a row can be in the
+        sink at no point, and skipping it until its delete (which the sink skips too)
+        leaves the sink as it would be. Re-raises ``refused`` when none is deleted later:
+        the subscription waits, failing with that error, for the fix it asks for."""
+        gone = self._deleted_later(running, {tuple(k) for k in refused.keys}, after=batch.end_cid)
+        if not gone:
+            raise refused
+        log.warning(
+            "subscription %s: %d row(s) the sink cannot store are deleted at the source "
+            "later on; their changes until then are skipped",
+            running.subscription.name, len(gone),
+        )  # fmt: skip
+        keys = zip(*(events[k].to_pylist() for k in running.spec.key), strict=True)
+        keep = [key not in gone for key in keys]
+        return events.filter(pa.array(keep, pa.bool_()))
+
+    def _deleted_later(self, running: _Running, keys: set[Key], *, after: int) -> set[Key]:
+        """Which of ``keys`` a commit after cid ``after`` deletes at the source: the
+        table's change log read on from there to the head, a batch's worth at a time."""
+        state = running.state
+        wanted = frozenset(keys)
+        scan = state.key_scan
+        if scan is None or scan.start != after or not wanted <= scan.keys:
+            known = scan.keys if scan is not None and scan.start == after else frozenset()
+            scan = state.key_scan = KeyScan(after, known | wanted, after)
+        limit = int(running.subscription.options.get("max_events", DEFAULT_MAX_EVENTS))
+        while not wanted <= scan.deleted:
+            page = running.client.changes(running.spec.name, after=scan.scanned, limit=limit)
+            deletes = page.table.filter(pc.equal(page.table[OP_COLUMN], OP_DELETE))
+            columns = [deletes[k].to_pylist() for k in running.spec.key]
+            scan.deleted.update(k for k in zip(*columns, strict=True) if k in scan.keys)
+            if page.end_cid <= scan.scanned or page.end_cid >= page.last_cid:
+                scan.scanned = max(scan.scanned, page.end_cid)
+                break  # the head: what is not deleted by now is still there
+            scan.scanned = page.end_cid
+        return set(wanted & scan.deleted)
 
     def _parquet_round(self, running: _Running, after: int) -> bool:
         """The change log is one structured-streaming query: run it to the head
@@ -534,24 +615,27 @@ class PipelineServer:
             return False
         running.spec_checked = now
         spec = running.client.table_spec(running.subscription.table_name)
-        added = self._evolve(running, spec)
-        if _need_recopy(spec, [c.name for c in added]):
-            # existing rows took the default without any row change: copy them again
+        _check_followable(running.spec, spec)  # running.spec: the description recorded
+        if _need_recopy(spec.added_columns(running.spec)):
+            # existing rows took the default without any row change: copy them again. The
+            # re-snapshot is recorded before the new description (_register evolves the
+            # sink after it), so a crash in between decides the same on restart
             log.info(
                 "subscription %s: a column with a default was added; re-snapshotting",
                 running.subscription.name,
             )
             self._register(running, restart=True)
             return True
+        self._evolve(running, spec)
         return False
 
-    def _evolve(self, running: _Running, spec: TableSpec) -> list[Column]:
-        """Take a new description of the table; returns the columns it added."""
+    def _evolve(self, running: _Running, spec: TableSpec) -> None:
+        """Take a new description of the table: the sink follows it, and it is recorded."""
         if [(c.name, c.arrow) for c in spec.columns] == [
             (c.name, c.arrow) for c in running.spec.columns
         ] and spec.key == running.spec.key:
             running.spec = spec
-            return []
+            return
         _check_followable(running.spec, spec)
         added = spec.added_columns(running.spec)
         if running.sink is not None:
@@ -565,7 +649,6 @@ class PipelineServer:
             "subscription %s: source added column(s) %s; the sink follows",
             running.subscription.name, ", ".join(c.name for c in added),
         )  # fmt: skip
-        return added
 
 
 def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
@@ -584,11 +667,12 @@ def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
         )
 
 
-def _need_recopy(spec: TableSpec, added: list[str]) -> bool:
-    """Whether columns added at the sink have a DEFAULT: SQLite gave existing rows that
-    value without any row change, so only a new snapshot brings it to the mirror."""
-    for name in added:
-        default = spec.column(name).default
+def _need_recopy(added: list[Column]) -> bool:
+    """Whether columns the source added (to the description the sink mirrors) have a
+    DEFAULT: SQLite gave existing rows that value without any row change, so only a new
+    snapshot brings it to the sink — a mirror's rows, or a log's consumers."""
+    for column in added:
+        default = column.default
         if default is not None and default.strip().upper() != "NULL":
             return True
     return False

@@ -1,4 +1,5 @@
-"""What the sink behaviour suite needs: a simulated source and exact row comparison.
+"""What the sink behaviour suite needs: a simulated source, exact row comparison, and
+reading back what the message sinks sent.
 
 ``SourceSim`` keeps a table's whole history, so snapshot chunks read "at" any cid and
 change batches over any cid range are consistent with one another, as the node's
@@ -8,12 +9,16 @@ whatever the interleaving of chunks and batches, replays and retries.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats
+import pika  # type: ignore[import-untyped]
 import pyarrow as pa
 
 from litecdc.pipeline.tables import (
@@ -27,6 +32,7 @@ from litecdc.pipeline.tables import (
 )
 
 Row = dict[str, Any]
+Message = tuple[str, dict[str, Any]]  # (de-duplication id, event document)
 Key = tuple[Any, ...]
 
 SPEC = TableSpec(
@@ -150,3 +156,37 @@ def canonical_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
 
 def table_rows(table: pa.Table) -> list[Row]:
     return list(table.to_pylist())
+
+
+def nats_raw_messages(server: str, stream: str) -> list[Message]:
+    async def read() -> list[Message]:
+        nc = await nats.connect(server)
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info(stream)
+            out: list[Message] = []
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                msg = await js.get_msg(stream, seq)
+                out.append(
+                    ((msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b""))
+                )
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def rabbitmq_messages(url: str, queue: str) -> list[Message]:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = conn.channel()
+        out: list[Message] = []
+        while True:
+            method, props, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return out
+            assert props.delivery_mode == 2  # persistent
+            out.append((props.message_id, json.loads(body)))
+    finally:
+        conn.close()

@@ -10,32 +10,35 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import pika  # type: ignore[import-untyped]
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from fakes.webhook_receiver import WebhookReceiver, verify_standard_webhook
 from sink_contract import (
     COMPOSITE_SPEC,
     SPEC,
+    Message,
     SourceSim,
     canonical_rows,
+    nats_raw_messages,
+    rabbitmq_messages,
     sample_row,
     table_rows,
 )
 
 from litecdc.errors import SchemaMismatchError, SinkError
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink, message_id
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError, message_id
 from litecdc.pipeline.sinks.nats import STATE_BUCKET, NatsSink
 from litecdc.pipeline.sinks.registry import (
     DeltaOptions,
@@ -44,6 +47,7 @@ from litecdc.pipeline.sinks.registry import (
     mask_url,
     open_sink,
     parse_sink_url,
+    scrub_password,
 )
 from litecdc.pipeline.sinks.webhook import WebhookSink
 from litecdc.pipeline.tables import Column, TableSpec
@@ -219,10 +223,8 @@ def test_mirror_schema_evolution_adds_the_column(mirror: Mirror, opened: list[Si
     sink = open_tracked(opened, url, SPEC)
     assert sink.write_changes(*batch(src, 0, 1)) is True
 
-    assert sink.added_columns == []
     wider = replace(SPEC, columns=(*SPEC.columns, Column("note", "TEXT", "string")))
     sink.evolve(wider)
-    assert sink.added_columns == ["note"]  # existing rows lack it: the server decides a re-copy
     src2 = SourceSim(wider, cid=src.cid, rows={k: {**r, "note": None} for k, r in src.rows.items()})
     src2.states[src.cid] = dict(src2.rows)
     src2.commit(("upsert", {**sample_row(2), "note": "new column"}), ("upsert", sample_row(9)))
@@ -230,7 +232,6 @@ def test_mirror_schema_evolution_adds_the_column(mirror: Mirror, opened: list[Si
     assert_mirror(sink, src2, mirror)
     # a sink opened later with the wider description finds the column there
     again = open_tracked(opened, url, wider)
-    assert again.added_columns == []
     assert again.applied_cid() == src2.cid
     assert_mirror(again, src2, mirror)
 
@@ -299,6 +300,65 @@ def test_mariadb_refuses_infinity_naming_the_column_and_key(
         sink.write_snapshot(src.chunk(0, 10, src.cid))
 
 
+def test_mariadb_refuses_a_key_longer_than_its_column_and_skips_its_delete(
+    mariadb_url: str, opened: list[Sink]
+) -> None:
+    """QA: a key value longer than the mirror's VARBINARY(3064) key column failed with the
+    server's 'Data too long for column' (no table, no limit), and so did the row's DELETE
+    once the source had deleted it — its key went through a staging table with the same
+    limit — so the subscription stayed stuck for good."""
+    table = fresh_name()
+    sink = open_tracked(opened, f"{mariadb_url}?table={table}", COMPOSITE_SPEC)
+    src = SourceSim(COMPOSITE_SPEC)
+    long_key = "é" * 1600  # 1,600 characters, 3,200 bytes: the limit counts bytes
+    src.commit(
+        ("upsert", {"region": "short", "n": 1, "value": "a"}),
+        ("upsert", {"region": long_key, "n": 2, "value": "b"}),
+    )
+    refused = (
+        rf"{table} at mysql://.*: the row of table regions with key .* cannot be mirrored: key "
+        r"column 'region' is varbinary\(3064\), at most 3064 bytes .* its value is 3200 bytes"
+    )
+    with pytest.raises(UnstorableKeyError, match=refused) as info:
+        sink.write_changes(*batch(src, 0, 1))
+    assert info.value.keys == [(long_key, 2)]
+    assert sink.applied_cid() == 0 and sink.read_rows().num_rows == 0  # nothing of the batch
+    with pytest.raises(UnstorableKeyError, match=refused):
+        sink.write_snapshot(src.chunk("", "\U0010ffff", 1))
+    assert sink.read_rows().num_rows == 0
+
+    # deleted at the source: the batch nets to a delete, which is skipped (no such row)
+    src.commit(("delete", (long_key, 2)), ("upsert", {"region": "new", "n": 3, "value": "c"}))
+    assert sink.write_changes(*batch(src, 0, 2)) is True
+    assert_mirror(sink, src, Mirror("mariadb", fresh_name))
+    # again, the delete in a batch of its own (the insert's batch was applied without the
+    # refused row, as the server does when a later commit deletes it)
+    src.commit(("upsert", {"region": long_key, "n": 4, "value": "d"}))
+    events, _ = batch(src, 2, 3)
+    assert sink.write_changes(events.filter(pc.equal(events["n"], -1)), ChangeBatch("sub", 2, 3))
+    src.commit(("delete", (long_key, 4)), ("upsert", {"region": "short", "n": 1, "value": "z"}))
+    assert sink.write_changes(*batch(src, 3, 4)) is True
+    assert_mirror(sink, src, Mirror("mariadb", fresh_name))
+
+
+def test_mariadb_blob_key_column_holds_3072_bytes_and_no_more(
+    mariadb_url: str, opened: list[Sink]
+) -> None:
+    spec = TableSpec(
+        "blobs",
+        (Column("k", "BLOB", "binary", not_null=True), Column("v", "TEXT", "string")),
+        ("k",),
+    )
+    sink = open_tracked(opened, f"{mariadb_url}?table={fresh_name()}", spec)
+    src = SourceSim(spec)
+    src.commit(("upsert", {"k": b"\xff" * 3072, "v": "fits"}))
+    src.commit(("upsert", {"k": b"\x00" * 3073, "v": "does not"}))
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+    with pytest.raises(UnstorableKeyError, match=r"'k' is varbinary\(3072\), at most 3072 bytes"):
+        sink.write_changes(*batch(src, 1, 2))
+    assert sink.read_rows()["v"].to_pylist() == ["fits"]
+
+
 def test_rabbitmq_exchange_without_a_bound_queue_fails_instead_of_dropping(
     rabbitmq_url: str, opened: list[Sink]
 ) -> None:
@@ -325,7 +385,6 @@ def test_rabbitmq_exchange_without_a_bound_queue_fails_instead_of_dropping(
 # -- logs -------------------------------------------------------------------------------
 
 LOGS = ["nats", "rabbitmq", "webhook"]
-Message = tuple[str, dict[str, Any]]  # (de-duplication id, event document)
 
 
 @dataclass
@@ -343,40 +402,6 @@ def nats_messages(server: str, stream: str, sub: str = "sub") -> list[Message]:
     for msg_id, _ in found:
         assert msg_id.startswith(f"{sub}:"), msg_id
     return [(msg_id[len(sub) + 1 :], doc) for msg_id, doc in found]
-
-
-def nats_raw_messages(server: str, stream: str) -> list[Message]:
-    async def read() -> list[Message]:
-        nc = await nats.connect(server)
-        try:
-            js = nc.jetstream()
-            info = await js.stream_info(stream)
-            out: list[Message] = []
-            for seq in range(info.state.first_seq, info.state.last_seq + 1):
-                msg = await js.get_msg(stream, seq)
-                out.append(
-                    ((msg.headers or {}).get("Nats-Msg-Id", ""), json.loads(msg.data or b""))
-                )
-            return out
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
-
-
-def rabbitmq_messages(url: str, queue: str) -> list[Message]:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = conn.channel()
-        out: list[Message] = []
-        while True:
-            method, props, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return out
-            assert props.delivery_mode == 2  # persistent
-            out.append((props.message_id, json.loads(body)))
-    finally:
-        conn.close()
 
 
 def webhook_messages(receiver: WebhookReceiver) -> list[Message]:
@@ -449,6 +474,49 @@ def test_log_sink_snapshot_rows(log_target: LogTarget, opened: list[Sink]) -> No
     assert [doc["key"] for _, doc in got] == [{"id": i} for i in range(1, 6)]
     assert all(doc["cid"] == 1 for _, doc in got)
     assert len({msg_id for msg_id, _ in got}) == 5
+
+
+def test_log_sink_writes_infinity_as_an_untyped_column_carries_it(
+    log_target: LogTarget, opened: list[Sink]
+) -> None:
+    """QA: a REAL column's ±inf was "Infinity"/"-Infinity", an untyped column's (text from
+    the node, as Python writes the number) "inf"/"-inf": now both the latter."""
+    src = SourceSim(SPEC)
+    src.commit(
+        ("upsert", {**sample_row(1), "price": float("inf")}),
+        ("upsert", {**sample_row(2), "price": float("-inf")}),
+    )
+    sink = open_tracked(opened, log_target.url, SPEC)
+    sink.write_snapshot(src.chunk(0, 100, 1))
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+    assert [(doc["op"], doc["row"]["price"]) for _, doc in log_target.consume()] == [
+        ("snapshot", "inf"),
+        ("snapshot", "-inf"),
+        ("upsert", "inf"),
+        ("upsert", "-inf"),
+    ]
+
+
+def test_nats_forgets_progress_an_earlier_subscription_of_the_name_left(
+    nats_url: str, opened: list[Sink]
+) -> None:
+    """The server calls forget_progress when a subscription registers: a new one reusing an
+    old name (on another source, with lower cids) would skip its changes up to the old cid."""
+    tag = uuid.uuid4().hex[:10]
+    url = f"{nats_url}?stream=S{tag}&subject=t{tag}"
+    src = SourceSim(SPEC)
+    old = open_tracked(opened, url, SPEC, sub="reused")
+    assert old.write_changes(src.events(0, 0), ChangeBatch("reused", 0, 10**6)) is True
+    src.commit(("upsert", sample_row(1)))
+    new = open_tracked(opened, url, SPEC, sub="reused")
+    assert new.write_changes(*batch(src, 0, 1, sub="reused")) is False  # what went wrong
+    new.forget_progress()
+    assert new.applied_cid() == 0
+    assert new.write_changes(*batch(src, 0, 1, sub="reused")) is True
+    assert new.applied_cid() == 1
+    new.forget_progress()  # nothing recorded: nothing to forget
+    other = open_tracked(opened, url, SPEC, sub="other")
+    other.forget_progress()
 
 
 def test_nats_drops_a_replayed_publish_and_keeps_progress(
@@ -561,6 +629,82 @@ def test_unreachable_server_is_a_quick_clear_sink_error(url: str) -> None:
     message = str(info.value)
     assert "s3cret" not in message
     assert "127.0.0.1" in message
+
+
+def test_rabbitmq_unreachable_broker_says_where_and_what_to_check() -> None:
+    """QA: an unreachable broker was reported as 'AMQPConnectionError' and nothing else; a
+    port that accepts but never answers raised pika's own AMQPConnectorStackTimeout."""
+    port = closed_port()
+    with pytest.raises(SinkError) as info:
+        open_sink(f"amqp://app:s3cret@127.0.0.1:{port}/", SPEC, "sub")
+    message = str(info.value)
+    assert f"cannot reach the broker at 127.0.0.1:{port} (amqp://app:***@127.0.0.1:{port}/)" in (
+        message
+    )
+    assert (
+        f"connection refused: check that RabbitMQ is running and listens on 127.0.0.1:{port}"
+        in (message)
+    )
+    assert "AMQPConnection" not in message and "s3cret" not in message
+
+    with socket.socket() as silent:  # takes the connection, never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        with pytest.raises(SinkError) as info:
+            open_sink(f"amqp://app:s3cret@127.0.0.1:{port}/?connect_timeout=1", SPEC, "sub")
+    message = str(info.value)
+    assert f"the broker at 127.0.0.1:{port} did not answer (AMQP) within 1 s" in message
+    assert "check that the port is RabbitMQ's AMQP port" in message and "s3cret" not in message
+
+
+def test_rabbitmq_refused_login_or_vhost_is_named(rabbitmq_url: str) -> None:
+    where = urlsplit(rabbitmq_url).netloc.rpartition("@")[2]
+    with pytest.raises(SinkError) as info:
+        open_sink(f"amqp://guest:wrong@{where}/", SPEC, "sub")
+    message = str(info.value)
+    assert f"the broker at {where} refused the login of user 'guest'" in message
+    assert "check the URL's user and password" in message and "wrong" not in message
+    with pytest.raises(SinkError) as info:
+        open_sink(f"amqp://guest:guest@{where}/nosuchvhost", SPEC, "sub")
+    assert f"the broker at {where} refused access to virtual host 'nosuchvhost'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "names_the_user"),
+    [
+        ("postgresql", 'role "litecdcsame" does not exist'),
+        ("mariadb", "Access denied for user 'litecdcsame'@"),
+        ("rabbitmq", "refused the login of user 'litecdcsame'"),
+    ],
+)
+def test_password_mask_spares_a_user_named_like_the_password(
+    request: pytest.FixtureRequest, kind: str, names_the_user: str
+) -> None:
+    """QA: with the user named like the password (amqp://guest:guest@…) the scrubber masked
+    the user name too: "Access denied for user '***'@…", 'role "***" does not exist'."""
+    base = urlsplit(request.getfixturevalue(f"{kind}_url"))
+    where = base.netloc.rpartition("@")[2]
+    url = urlunsplit(base._replace(netloc=f"litecdcsame:litecdcsame@{where}"))
+    with pytest.raises(SinkError) as info:
+        open_sink(url, SPEC, "sub")
+    message = str(info.value)
+    assert names_the_user in message, message
+    assert "litecdcsame:***@" in message and "litecdcsame:litecdcsame" not in message
+
+
+def test_scrub_password_masks_the_password_only() -> None:
+    assert scrub_password("amqp://guest:guest@h:5672/ user 'guest'", "guest", "guest") == (
+        "amqp://guest:***@h:5672/ user 'guest'"
+    )
+    assert scrub_password("auth with s3cret failed for app", "s3cret", "app") == (
+        "auth with *** failed for app"
+    )
+    assert scrub_password("p%40ss or p@ss", "p@ss", "u") == "*** or ***"
+    assert scrub_password("user admin, password adm", "adm", "admin") == (
+        "user admin, password ***"
+    )
+    assert scrub_password("x://adminx:admin@h", "admin", "adminx") == "x://adminx:***@h"
 
 
 def test_delta_path_that_cannot_hold_a_table(tmp_path: Path) -> None:

@@ -27,13 +27,28 @@ stable id (``message_id``) so consumers can de-duplicate.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from litecdc.errors import SchemaMismatchError
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+
+
+class UnstorableKeyError(SchemaMismatchError):
+    """Rows whose key the sink cannot store (longer than its key columns hold): the
+    write is refused whole. ``keys``: those rows' keys, as tuples in key column order.
+
+    A delete of such a key is no error — the row cannot be in the sink — so once the row
+    is deleted at the source the subscription can go on (the server skips the refused
+    row's changes when a later commit at the source deletes it).
+    """
+
+    def __init__(self, message: str, keys: Sequence[tuple[Any, ...]]) -> None:
+        super().__init__(message)
+        self.keys = list(keys)
 
 
 @dataclass(frozen=True)
@@ -94,9 +109,6 @@ class Sink(ABC):
         self.url = url
         self.spec = spec
         self.subscription = subscription
-        #: columns the last ``prepare`` added to an existing destination: rows already
-        #: there lack their values (a column with a DEFAULT then needs a re-copy)
-        self.added_columns: list[str] = []
 
     @abstractmethod
     def prepare(self) -> None:
@@ -119,6 +131,12 @@ class Sink(ABC):
     @abstractmethod
     def applied_cid(self) -> int:
         """The end cid of the last change batch this sink committed (0 when none)."""
+
+    def forget_progress(self) -> None:  # noqa: B027 - only sinks whose record outlives us
+        """A new subscription registers under this name: drop the progress record an
+        earlier subscription of the same name left in the sink (unsubscribing does not
+        reach the sink), so that ``applied_cid`` starts from 0 again. Called before
+        anything of the new subscription is written."""
 
     def read_rows(self) -> pa.Table:
         """The mirror's rows, table columns only (for ``pipeline verify``)."""

@@ -97,7 +97,6 @@ class DeltaSink(Sink):
                 f"delta sink: {self.path} has no {CID_COLUMN} column: it is not a litecdc "
                 "mirror; choose another path"
             )
-        self.added_columns = [f.name for f in missing]
         if missing:
             table.alter.add_columns(missing)
             log.info("delta sink: added columns %s to %s", [f.name for f in missing], self.path)

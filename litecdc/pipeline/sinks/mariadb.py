@@ -8,8 +8,12 @@ Key columns of type string or binary are VARBINARY: InnoDB cannot index LONGTEXT
 and a text key as VARBINARY compares byte for byte like SQLite's BINARY collation
 (utf8mb4 collations would fold case or ignore trailing spaces: 'a' and 'A', or 'a' and
 'a ', would collide). The key columns share InnoDB's 3072-byte index limit
-(``KEY_BYTES``): a longer key value is refused by the server (strict mode) as a
-SchemaMismatchError, never truncated.
+(``KEY_BYTES``): VARBINARY(3072) for one text or blob key column, 3072 minus 8 bytes per
+numeric key column, split evenly between several text/blob ones. A longer key value is
+never truncated: an upsert of it is an ``UnstorableKeyError`` naming the table, column
+and limit (checked before anything of the write), and a delete of it is skipped — such
+a row cannot be in the mirror — so the subscription goes on once the row is deleted at
+the source.
 
 DOUBLE keeps every other float bit for bit (subnormals, 1e308), but MariaDB stores
 -0.0 as 0.0 (SQLite REAL columns do the same; only untyped columns can hold -0.0) and
@@ -33,7 +37,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -42,8 +47,13 @@ import pymysql
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_mirror_columns
-from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url
+from litecdc.pipeline.sinks.base import (
+    ChangeBatch,
+    Sink,
+    UnstorableKeyError,
+    check_mirror_columns,
+)
+from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
@@ -67,6 +77,20 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+@dataclass(frozen=True)
+class _KeyLimit:
+    """How long a value a text or blob key column of the mirror holds."""
+
+    column_type: str  # as the server reports it: 'varbinary(3064)', 'varchar(100)'
+    length: int  # its maximum length, in ...
+    chars: bool  # ... characters (VARCHAR/CHAR), else bytes
+    octets: int  # that maximum in bytes (utf8mb4: 4 per character)
+
+    @property
+    def unit(self) -> str:
+        return "characters" if self.chars else "bytes"
+
+
 class MariaDBSink(Sink):
     kind = "mirror"
 
@@ -80,6 +104,8 @@ class MariaDBSink(Sink):
         self._where = f"{self.table_name} at {mask_url(url)}"
         self._conn: Any = None
         self._staged_for: TableSpec | None = None
+        #: text/blob key columns → what they hold (read from the table by ``prepare``)
+        self._key_limits: dict[str, _KeyLimit] = self._created_key_limits()
 
     # -- connection -------------------------------------------------------------------
 
@@ -111,9 +137,7 @@ class MariaDBSink(Sink):
 
     def _scrub(self, exc: BaseException) -> str:
         text = str(exc.args[-1] if exc.args else exc)
-        if self.options.password:
-            text = text.replace(self.options.password, "***")
-        return text
+        return scrub_password(text, self.options.password, self.options.user or "root")
 
     def _fail(self, doing: str, exc: Exception) -> SinkError:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
@@ -147,6 +171,39 @@ class MariaDBSink(Sink):
         kind = self._key_type(column) if column.name in self.spec.key else MY_TYPES[column.arrow]
         return f"{_q(column.name)} {kind}"
 
+    def _created_key_limits(self) -> dict[str, _KeyLimit]:
+        """The limits of the key columns of a table this sink creates."""
+        limits = {}
+        for name in self.spec.key:
+            column = self.spec.column(name)
+            if column.arrow in ("string", "binary"):
+                kind = self._key_type(column)
+                n = int(kind[kind.index("(") + 1 : -1])
+                limits[name] = _KeyLimit(kind.lower(), n, chars=False, octets=n)
+        return limits
+
+    def _read_key_limits(self, cur: Any) -> dict[str, _KeyLimit]:
+        """The limits of the mirror's text/blob key columns, as the table has them (it
+        may have been created by hand, or with other lengths)."""
+        cur.execute(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_MAXIMUM_LENGTH, "
+            "CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (self.table_name,),
+        )
+        limits = {}
+        for name, data_type, column_type, max_length, octets in cur.fetchall():
+            name = str(name)
+            if name not in self.spec.key or max_length is None:
+                continue
+            if self.spec.column(name).arrow not in ("string", "binary"):
+                continue
+            chars = str(data_type).lower() in ("varchar", "char")
+            limits[name] = _KeyLimit(
+                str(column_type).lower(), int(max_length), chars, int(octets or max_length)
+            )
+        return limits
+
     def prepare(self) -> None:
         conn = self._connect()
         try:
@@ -173,6 +230,7 @@ class MariaDBSink(Sink):
                     )
                 else:
                     self._check_and_extend(cur, existing)
+                self._key_limits = self._read_key_limits(cur)
             conn.commit()
         except pymysql.err.MySQLError as exc:
             self._rollback()
@@ -193,7 +251,6 @@ class MariaDBSink(Sink):
         added = check_mirror_columns(
             "mariadb", self._where, existing, self.spec, ACCEPTED_TYPES, MY_TYPES
         )
-        self.added_columns = [c.name for c in added]
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE "
             "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY'",
@@ -216,7 +273,14 @@ class MariaDBSink(Sink):
     def _ensure_staging(self, cur: Any) -> None:
         if self._staged_for is self.spec:
             return
-        keys = [self._column_def(self.spec.column(k)) for k in self.spec.key]
+        # the keys of deletes, as long as the mirror's key columns hold (longer ones are
+        # not staged: they cannot be in the mirror); bytes, compared like the mirror's
+        keys = [
+            f"{_q(k)} VARBINARY({self._key_limits[k].octets})"
+            if k in self._key_limits
+            else self._column_def(self.spec.column(k))
+            for k in self.spec.key
+        ]
         cur.execute(f"DROP TEMPORARY TABLE IF EXISTS {_q(_STAGE_DEL)}")
         cur.execute(
             f"CREATE TEMPORARY TABLE {_q(_STAGE_DEL)} ({', '.join(keys)}, "
@@ -268,7 +332,7 @@ class MariaDBSink(Sink):
                     events = events.filter(pc.greater(events[CID_COLUMN], applied))
                 net = net_changes(events, self.spec)
                 self._upsert(cur, net.upserts)
-                self._delete(cur, net.deletes)
+                self._delete(cur, self._storable(net.deletes))
                 cur.execute(
                     f"UPDATE {_q(STATE_TABLE)} SET applied_cid = %s WHERE subscription = %s "
                     "AND table_name = %s",
@@ -308,9 +372,64 @@ class MariaDBSink(Sink):
                 f"{key} holds {values[index].as_py()}, which MariaDB's DOUBLE cannot store"
             )
 
+    def _too_long(self, rows: pa.Table) -> dict[str, pa.Array]:
+        """Per text/blob key column with a limit: which rows' value is longer."""
+        found = {}
+        for name, limit in self._key_limits.items():
+            values = rows[name]
+            if limit.chars and pa.types.is_string(values.type):
+                lengths = pc.utf8_length(values)
+            else:
+                lengths = pc.binary_length(values)  # UTF-8 bytes of text
+            too_long = pc.fill_null(pc.greater(lengths, limit.length), False)
+            if pc.any(too_long).as_py():
+                found[name] = too_long
+        return found
+
+    def _storable(self, deletes: pa.Table) -> pa.Table:
+        """Deletes without the keys longer than the mirror's key columns hold: no such
+        row can be in the mirror (its upsert was refused), so there is nothing to delete —
+        and once the row is deleted at the source, the subscription goes on."""
+        too_long = self._too_long(deletes)
+        if not too_long:
+            return deletes
+        refused = _either(too_long.values())
+        log.info(
+            "mariadb sink: %s: skipped %d delete(s) of keys longer than its key columns hold",
+            self.table_name, pc.sum(refused).as_py(),
+        )  # fmt: skip
+        return deletes.filter(pc.invert(refused))
+
+    def _check_keys(self, rows: pa.Table) -> None:
+        """UnstorableKeyError naming the table, column and limit when a row's key is
+        longer than the mirror's key column holds (before anything is written: the
+        server's strict mode would refuse it with 'Data too long', naming neither)."""
+        too_long = self._too_long(rows)
+        if not too_long:
+            return
+        name, mask = next(iter(too_long.items()))
+        indices = pc.indices_nonzero(_either(too_long.values())).to_pylist()
+        keys = [tuple(rows[k][i].as_py() for k in self.spec.key) for i in indices]
+        first = pc.index(mask, True).as_py()
+        value = rows[name][first].as_py()
+        limit = self._key_limits[name]
+        size = len(value) if limit.chars or isinstance(value, bytes) else len(value.encode())
+        shown = {k: _short(rows[k][first].as_py()) for k in self.spec.key}
+        more = f" (and {len(keys) - 1} more row(s))" if len(keys) > 1 else ""
+        raise UnstorableKeyError(
+            f"mariadb sink: {self._where}: the row of table {self.spec.name} with key {shown} "
+            f"cannot be mirrored: key column {name!r} is {limit.column_type}, at most "
+            f"{limit.length} {limit.unit} (InnoDB indexes at most {KEY_BYTES} bytes of a "
+            f"key), and its value is {size} {limit.unit}{more}: delete the row or shorten "
+            "its key at the source (the subscription goes on once that change comes), or "
+            "mirror the table into PostgreSQL",
+            keys,
+        )
+
     def _upsert(self, cur: Any, rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
+        self._check_keys(rows)
         self._check_finite(rows)
         names = [*self.spec.column_names, CID_COLUMN]
         records = list(zip(*(rows[n].to_pylist() for n in names), strict=True))
@@ -416,6 +535,24 @@ class MariaDBSink(Sink):
             with contextlib.suppress(pymysql.err.MySQLError):
                 self._conn.close()
             self._conn = None
+
+
+def _either(masks: Iterable[pa.Array]) -> pa.Array:
+    """The rows any of the masks marks."""
+    found = iter(masks)
+    out = next(found)
+    for mask in found:
+        out = pc.or_(out, mask)
+    return out
+
+
+def _short(value: Any) -> Any:
+    """A key value for a message: long text or bytes cut, with their length."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"{value[:24]}… ({len(value.encode())} bytes)"
+    if isinstance(value, bytes) and len(value) > 24:
+        return f"{value[:12]!r}… ({len(value)} bytes)"
+    return value
 
 
 def _as_arrow(values: Sequence[Any], column: Column) -> list[Any]:

@@ -8,9 +8,12 @@ One event::
 ``op`` is 'upsert' (``row`` = the row after the change), 'delete' (``row`` = the row
 before) or 'snapshot' (a row of a snapshot chunk read at ``cid``; ``seq`` is null). An
 update of the key is a 'delete' of the old key then an 'upsert' of the new one, with the
-same cid and seq. Blobs are base64 strings, NULL is null, non-finite floats are the
-strings "Infinity" / "-Infinity"; integers are exact 64-bit JSON numbers (a JavaScript
-consumer needs a big-int aware parser above 2^53).
+same cid and seq. Blobs are base64 strings, NULL is null, integers are exact 64-bit JSON
+numbers (a JavaScript consumer needs a big-int aware parser above 2^53). JSON has no
+infinities: ±infinity in a REAL column is the string "inf" / "-inf" — the text an
+untyped column holding the same number arrives as (the node writes a number in an
+untyped column out as Python's ``repr``), and what the node's own JSON source API
+(``format=json``) shows; ``float(value)`` reads it back in Python.
 
 Each message has a stable id for de-duplication: ``message_id(cid, seq, op)`` for a
 change event, ``snapshot_message_id`` for a snapshot row (the table and key hashed in,
@@ -34,11 +37,15 @@ from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, SEQ_COLUMN, TableSpec
 OP_SNAPSHOT = "snapshot"
 
 
+#: how ±infinity is written (SQLite has no NaN): as ``repr`` writes it, like the node
+INFINITY_TEXT = {math.inf: "inf", -math.inf: "-inf"}
+
+
 def json_value(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, float) and not math.isfinite(value):
-        return "Infinity" if value > 0 else "-Infinity"  # SQLite has no NaN
+    if isinstance(value, float) and math.isinf(value):
+        return INFINITY_TEXT[value]
     return value
 
 

@@ -12,7 +12,9 @@ before a batch counts as applied.
 ``applied_cid`` lives in the KV bucket ``litecdc_sinks`` (key: stream + subscription),
 written after the batch's last ack. A crash between the two re-publishes the batch,
 which the duplicate window drops — exactly once while the retry comes within the
-window, at least once after it.
+window, at least once after it. The record outlives the subscription, so it is
+forgotten when a subscription of that name registers (``forget_progress``): a new
+subscription reusing an old one's name, perhaps on another source, starts from nothing.
 
 nats-py is asyncio; the sink runs its own event loop in a private thread so its API
 stays synchronous.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import re
 import threading
@@ -46,7 +49,12 @@ from nats.js.kv import KeyValue
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
 from litecdc.pipeline.sinks.messages import encode, event_messages, snapshot_messages
-from litecdc.pipeline.sinks.registry import NatsOptions, mask_url, parse_sink_url
+from litecdc.pipeline.sinks.registry import (
+    NatsOptions,
+    mask_url,
+    parse_sink_url,
+    scrub_url_password,
+)
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
@@ -105,10 +113,7 @@ class NatsSink(Sink):
         except SinkError:
             raise
         except (nats.errors.Error, OSError, TimeoutError) as exc:
-            detail = str(exc) or type(exc).__name__
-            if self.options.server.count("@"):
-                password = self.options.server.split("@")[0].rpartition(":")[2]
-                detail = detail.replace(password, "***") if password else detail
+            detail = scrub_url_password(str(exc) or type(exc).__name__, self.url)
             raise SinkError(
                 f"nats sink: {doing} ({self._safe}) failed: {detail}: check the server is up "
                 "and has JetStream enabled"
@@ -212,6 +217,18 @@ class NatsSink(Sink):
         self._run(self._publish_all(js, event_messages(events, self.spec)), doing)
         self._run(kv.put(self.state_key, str(batch.end_cid).encode()), "recording progress")
         return True
+
+    def forget_progress(self) -> None:
+        """The KV record is keyed by stream and subscription name, and outlives the
+        subscription: a new one of the same name (on another source, whose cids start
+        lower) would skip its changes up to the old cid."""
+        _, kv = self._ready()
+
+        async def forget() -> None:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await kv.delete(self.state_key)
+
+        self._run(forget(), "forgetting an earlier subscription's progress")
 
     def finish_snapshot(self, init_cid: int) -> int:
         """A log keeps no rows to sweep: nothing to delete (consumers see op 'snapshot'

@@ -40,7 +40,7 @@ from psycopg import sql
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_mirror_columns
-from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url
+from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
@@ -106,10 +106,7 @@ class PostgresSink(Sink):
         return self._conn
 
     def _scrub(self, exc: BaseException) -> str:
-        text = str(exc).strip()
-        if self.options.password:
-            text = text.replace(self.options.password, "***")
-        return text
+        return scrub_password(str(exc).strip(), self.options.password, self.options.user)
 
     def _fail(self, doing: str, exc: psycopg.Error) -> SinkError:
         if isinstance(exc, psycopg.errors.DataError):
@@ -202,7 +199,6 @@ class PostgresSink(Sink):
         added = check_mirror_columns(
             "postgresql", self._where, existing, self.spec, ACCEPTED_TYPES, PG_TYPES
         )
-        self.added_columns = [c.name for c in added]
         key = conn.execute(
             "SELECT a.attname FROM pg_index i "
             "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "

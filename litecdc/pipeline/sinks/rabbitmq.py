@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 from collections.abc import Iterable
 from typing import Any
@@ -30,11 +31,16 @@ import pika
 import pika.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectorException,
+    AMQPConnectorStackTimeout,
+)
+from pika.exceptions import AuthenticationError
 
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
 from litecdc.pipeline.sinks.messages import encode, event_messages, snapshot_messages
-from litecdc.pipeline.sinks.registry import AmqpOptions, mask_url, parse_sink_url
+from litecdc.pipeline.sinks.registry import AmqpOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
@@ -61,10 +67,53 @@ class RabbitMQSink(Sink):
         exc: Exception,
         hint: str = ": check the broker is up, the credentials and the vhost",
     ) -> SinkError:
-        detail = str(exc) or type(exc).__name__
-        if self.options.password and self.options.password != "guest":
-            detail = detail.replace(self.options.password, "***")
+        detail = scrub_password(
+            str(exc) or type(exc).__name__, self.options.password, self.options.user
+        )
         return SinkError(f"rabbitmq sink: {doing} ({self._safe}) failed: {detail}{hint}")
+
+    def _connect_failed(self, exc: BaseException) -> SinkError:
+        """What went wrong connecting, said in terms of the URL: which broker (host:port)
+        could not be reached or refused what, and what to check."""
+        o = self.options
+        where = f"{o.host}:{o.port}"
+        cause = _innermost(exc)
+        if isinstance(exc, pika.exceptions.ProbableAuthenticationError | AuthenticationError):
+            problem = f"the broker at {where} refused the login of user {o.user!r}"
+            hint = "check the URL's user and password"
+        elif isinstance(exc, pika.exceptions.ProbableAccessDeniedError):
+            problem = f"the broker at {where} refused access to virtual host {o.vhost!r}"
+            hint = (
+                f"check that the vhost exists and user {o.user!r} has permissions on it (the "
+                "URL's path names it; none or %2F is the default vhost '/')"
+            )
+        elif isinstance(cause, socket.gaierror):
+            problem = f"cannot reach the broker at {where}"
+            hint = f"check the URL's host name (no address found for {o.host!r})"
+        elif isinstance(cause, AMQPConnectorStackTimeout | TimeoutError):
+            protocol = "AMQP over TLS" if o.tls else "AMQP"
+            problem = (
+                f"the broker at {where} did not answer ({protocol}) within {o.connect_timeout:g} s"
+            )
+            hint = (
+                "check that the port is RabbitMQ's AMQP port (5672; 5671 for amqps://, which "
+                "must be a TLS listener) and that the broker is not overloaded"
+            )
+        elif isinstance(cause, ssl.SSLError):
+            problem = f"the TLS handshake with the broker at {where} failed"
+            hint = "check the broker's certificate (and that the port is a TLS listener)"
+        elif isinstance(cause, OSError):
+            problem = f"cannot reach the broker at {where}"
+            hint = (
+                f"check that RabbitMQ is running and listens on {where} (the URL's host and "
+                "port) and that nothing between blocks the connection"
+            )
+        else:
+            problem = f"connecting to the broker at {where} failed"
+            hint = "check the broker is up, the URL's credentials and its vhost"
+        reason = _reason(cause)
+        detail = scrub_password(reason, o.password, o.user)
+        return SinkError(f"rabbitmq sink: {problem} ({self._safe}): {detail}: {hint}")
 
     def prepare(self) -> None:
         o = self.options
@@ -91,9 +140,11 @@ class RabbitMQSink(Sink):
                 self._channel.queue_declare(self.queue, durable=True)
             else:
                 self._declare_exchange()
-        except pika.exceptions.AMQPError as exc:
+        except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as exc:
+            # pika raises its connector's errors (a handshake timeout) and socket errors (an
+            # unknown host) as they are, not as AMQPError
             self.close()
-            raise self._fail("connecting", exc) from exc
+            raise self._connect_failed(exc) from exc
 
     def _declare_exchange(self) -> None:
         try:
@@ -167,3 +218,30 @@ class RabbitMQSink(Sink):
                 conn.close()
             except pika.exceptions.AMQPError as exc:
                 log.debug("rabbitmq sink: close: %s", exc)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The error at the bottom of pika's wrappers (``AMQPConnectionError`` holds an
+    ``AMQPConnectorSocketConnectError`` whose ``exception`` is the
+    ``ConnectionRefusedError``; a failed workflow holds each attempt's)."""
+    while True:
+        attempts = getattr(exc, "exceptions", None)
+        if isinstance(attempts, list) and attempts:
+            inner = attempts[-1]  # the last attempt's
+        elif exc.args:
+            inner = exc.args[0]
+        else:
+            inner = getattr(exc, "exception", None)
+        if not isinstance(inner, BaseException):
+            return exc
+        exc = inner
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]  # "connection refused"
+    if isinstance(exc, AMQPConnectorStackTimeout):
+        return "timed out"
+    text = str(exc.args[0]) if exc.args else str(exc)
+    # "ConnectionClosedByBroker: (403) 'ACCESS_REFUSED - Login was refused …'"
+    return text.removeprefix("ConnectionClosedByBroker: ") or type(exc).__name__

@@ -49,6 +49,8 @@ __all__ = [
     "mask_url",
     "open_sink",
     "parse_sink_url",
+    "scrub_password",
+    "scrub_url_password",
 ]
 
 DEFAULT_NATS_STREAM = "LITECDC"
@@ -155,7 +157,7 @@ def parse_sink_url(url: str) -> SinkOptions:
         if scheme in ("http", "https"):
             return _parse_webhook(url, safe)
     except ValueError as exc:  # urlsplit / port parsing
-        detail = _masked(str(exc), url)
+        detail = scrub_url_password(str(exc), url)
         detail = detail[:1].lower() + detail[1:]
         raise SinkError(f"sink URL {safe}: {detail}: check the host and port") from None
     # parquet: is the pipeline's own change log (pipeline.parquet_log), not a Sink
@@ -207,15 +209,46 @@ def open_sink(url: str, spec: TableSpec, subscription: str, *, prepare: bool = T
     return sink
 
 
-def _masked(text: str, url: str) -> str:
-    """Scrub the URL's password from a message (a driver may echo its input)."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        text = text.replace(password, "***").replace(quote(password, safe=""), "***")
+def scrub_password(text: str, password: str | None, user: str | None = None) -> str:
+    """``text`` (a driver's or broker's message) with ``password`` replaced by ``***``.
+
+    The password goes wherever it appears, as typed or percent-encoded — except inside
+    the user name: a user named like its password (``amqp://guest:guest@…``) stays
+    readable where the message names the user (``user 'guest'``, ``guest:***@``), as
+    the masked URL shows it anyway.
+    """
+    if not password:
+        return text
+    forms = sorted({password, quote(password, safe="")}, key=len, reverse=True)
+    # a URL's credentials: the part after the user's ':' is the password, whatever its name
+    userinfo = re.compile(r"(//[^\s/@:]*:)(?:" + "|".join(re.escape(f) for f in forms) + r")@")
+    text = userinfo.sub(r"\1***@", text)
+    names = sorted({n for n in (user, quote(user or "", safe="")) if n}, key=len, reverse=True)
+    keep = [n for n in names if password in n or quote(password, safe="") in n]
+    if not keep:
+        return _replace_all(text, forms)
+    # split on the user name (kept as it is) and mask the password in what lies between
+    pieces = re.split("(" + "|".join(re.escape(n) for n in keep) + ")", text)
+    return "".join(p if i % 2 else _replace_all(p, forms) for i, p in enumerate(pieces))
+
+
+def _replace_all(text: str, forms: list[str]) -> str:
+    for form in forms:
+        text = text.replace(form, "***")
     return text
+
+
+def scrub_url_password(text: str, url: str) -> str:
+    """``scrub_password`` with the password and user of ``url`` (a driver may echo its
+    input)."""
+    try:
+        parts = urlsplit(url)
+        password, user = parts.password, parts.username
+    except ValueError:
+        return text
+    return scrub_password(
+        text, unquote(password) if password else None, unquote(user) if user else None
+    )
 
 
 def _query(parts_query: str, safe: str, allowed: Mapping[str, str]) -> dict[str, str]:

@@ -1,0 +1,210 @@
+"""PipelineServer with real sinks, against a real node: what it decides for the message
+sinks and MariaDB.
+
+- a column with a DEFAULT added while ``pipeline run`` was stopped is copied again to
+  NATS and RabbitMQ too (the decision compares the table description recorded for the
+  subscription with the source's, whatever the sink);
+- a new subscription reusing an old one's name does not inherit its NATS progress;
+- ±infinity reads the same in a REAL column and an untyped one;
+- a MariaDB key too long for its column stops the subscription with an error naming it,
+  until the row is deleted at the source — then it goes on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from e2e.litecdc_node import Node
+from pipeline_proc import execute
+from sink_contract import nats_raw_messages, rabbitmq_messages
+
+from litecdc.pipeline import control
+from litecdc.pipeline.metadata import MetadataStore, sqlite_url
+from litecdc.pipeline.server import PipelineServer
+from litecdc.pipeline.sinks.base import ChangeBatch
+from litecdc.pipeline.sinks.registry import open_sink
+from litecdc.pipeline.source_client import SourceClient
+from litecdc.pipeline.verify import verify
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+Docs = Callable[[], list[dict[str, Any]]]  # the documents sent since the last call
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MetadataStore]:
+    opened = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    yield opened
+    opened.close()
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def run(store: MetadataStore, spark: SparkSession) -> PipelineServer:
+    """One ``pipeline run --until-caught-up`` (a failing subscription gives up quickly)."""
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    server.run(until_caught_up=True)
+    return server
+
+
+def message_sink(kind: str, request: pytest.FixtureRequest) -> tuple[str, Docs]:
+    """A fresh NATS stream or RabbitMQ queue: its sink URL, and a reader of what arrived."""
+    name = tag()
+    if kind == "nats":
+        server = request.getfixturevalue("nats_url")
+        seen = 0
+
+        def from_stream() -> list[dict[str, Any]]:
+            nonlocal seen
+            found = nats_raw_messages(server, f"S{name}")
+            new, seen = found[seen:], len(found)
+            return [doc for _, doc in new]
+
+        return f"{server}?stream=S{name}&subject=t{name}", from_stream
+    base = request.getfixturevalue("rabbitmq_url")
+    return f"{base}?queue=q{name}", lambda: [d for _, d in rabbitmq_messages(base, f"q{name}")]
+
+
+def by_key(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return sorted(((d["op"], d["row"]) for d in docs), key=lambda x: (x[1]["id"], x[0]))
+
+
+@pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
+def test_column_with_a_default_added_while_stopped_is_copied_again_to_message_sinks(
+    node: Node,
+    spark: SparkSession,
+    store: MetadataStore,
+    request: pytest.FixtureRequest,
+    kind: str,
+) -> None:
+    """QA: the restart decision read the sink's added_columns, which only the mirror sinks
+    set: NATS and RabbitMQ consumers never learnt the existing rows' value of the column
+    (a running server did re-copy; a restarted one did not)."""
+    table = f"dflt_{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2, 3)])
+    url, sent = message_sink(kind, request)
+    control.subscribe(store, name=table, sources=node.url, table=table, sink=url)
+    assert run(store, spark).states[table].last_error is None
+    assert by_key(sent()) == [("snapshot", {"id": i, "a": f"a{i}"}) for i in (1, 2, 3)]
+
+    with node.client() as c:  # while no server runs
+        execute(c, [f"ALTER TABLE {table} ADD COLUMN c TEXT DEFAULT 'dflt'"])
+        execute(c, [[f"INSERT INTO {table}(id, a) VALUES(?, ?)", 4, "a4"]])
+    assert run(store, spark).states[table].last_error is None
+    # every row again, with the value SQLite gave it (row 4 came after: in the new snapshot)
+    assert by_key(sent()) == [
+        ("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 2, 3, 4)
+    ]
+    assert [c["name"] for c in (store.mirrored_spec(table) or {})["columns"]] == ["id", "a", "c"]
+
+
+def test_new_subscription_reusing_a_name_does_not_skip_changes_to_nats(
+    node: Node, spark: SparkSession, store: MetadataStore, nats_url: str
+) -> None:
+    """QA: the NATS sink keeps the cid it applied through in a JetStream KV keyed by stream
+    and subscription name, which outlives the subscription: a new one of the same name
+    (here: the old one had got to cid 1,000,000 on another source) skipped every change
+    up to that cid, and the run reported them applied."""
+    table, name = f"reuse_{tag()}", tag()
+    url = f"{nats_url}?stream=S{name}&subject=t{name}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2)])
+        spec = SourceClient([node.url]).table_spec(table)
+    old = open_sink(url, spec, "reused")  # what the old subscription left behind
+    try:
+        assert old.write_changes(
+            spec.change_schema().empty_table(), ChangeBatch("reused", 0, 10**6)
+        )
+    finally:
+        old.close()
+
+    control.subscribe(store, name="reused", sources=node.url, table=table, sink=url)
+    assert run(store, spark).states["reused"].last_error is None
+    with node.client() as c:
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", 3, "a3"]])
+        execute(c, [f"DELETE FROM {table} WHERE id = 1"])
+    assert run(store, spark).states["reused"].last_error is None
+    docs = [doc for _, doc in nats_raw_messages(nats_url, f"S{name}")]
+    assert [(d["op"], d["key"]) for d in docs if d["op"] != "snapshot"] == [
+        ("upsert", {"id": 3}),
+        ("delete", {"id": 1}),
+    ]
+
+
+def test_infinity_reads_the_same_in_a_real_and_an_untyped_column(
+    node: Node, spark: SparkSession, store: MetadataStore, request: pytest.FixtureRequest
+) -> None:
+    """QA: a REAL column's -inf was sent as "-Infinity", an untyped column's (which the
+    node sends as text, as Python writes the number) as "-inf"."""
+    table = f"inf_{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, r REAL, u)"])
+        execute(c, [f"INSERT INTO {table} VALUES(1, 9e999, 9e999), (2, -9e999, -9e999)"])
+    url, sent = message_sink("nats", request)
+    control.subscribe(store, name=table, sources=node.url, table=table, sink=url)
+    assert run(store, spark).states[table].last_error is None
+    with node.client() as c:
+        execute(c, [f"INSERT INTO {table} VALUES(3, -9e999, -9e999)"])
+    assert run(store, spark).states[table].last_error is None
+    rows = [(op, row["id"], row["r"], row["u"]) for op, row in by_key(sent())]
+    assert rows == [
+        ("snapshot", 1, "inf", "inf"),
+        ("snapshot", 2, "-inf", "-inf"),
+        ("upsert", 3, "-inf", "-inf"),
+    ]
+
+
+def test_mariadb_key_too_long_stops_the_subscription_until_the_row_is_deleted_at_the_source(
+    node: Node, spark: SparkSession, store: MetadataStore, mariadb_db_url: str
+) -> None:
+    """QA: a text key longer than the mirror's VARBINARY(3064) key column failed with the
+    server's 'Data too long for column', and kept failing after the row was deleted at the
+    source: the delete's key went through a staging table with the same limit."""
+    table = f"keys_{tag()}"
+    long_key = "k" * 4000
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(region TEXT, n INTEGER, v TEXT, "
+                    "PRIMARY KEY (region, n))"])  # fmt: skip
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", r, 1, "v"] for r in ("a", "b")])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", long_key, 2, "long"]])
+    control.subscribe(
+        store, name=table, sources=node.url, table=table, sink=f"{mariadb_db_url}?table=m",
+        options={"max_events": 1},  # one transaction per batch: the delete comes in a later one
+    )  # fmt: skip
+
+    def fails_naming_the_key_column() -> None:
+        error = run(store, spark).states[table].last_error
+        assert error is not None, "the long key was accepted"
+        assert f"table {table} with key" in error and "m at mysql://" in error, error
+        assert "key column 'region' is varbinary(3064), at most 3064 bytes" in error, error
+        assert "its value is 4000 bytes" in error and "delete the row" in error, error
+
+    fails_naming_the_key_column()  # in the snapshot
+    with node.client() as c:
+        execute(c, [[f"DELETE FROM {table} WHERE n = ?", 2]])
+    assert run(store, spark).states[table].last_error is None
+    assert verify(store.get_subscription(table)).ok
+
+    with node.client() as c:  # in the change log, then more commits
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", long_key, 3, "again"]])
+        execute(c, [[f"UPDATE {table} SET v = ? WHERE n = ?", "longer still", 3]])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", "c", 1, "after"]])
+    fails_naming_the_key_column()
+    with node.client() as c:
+        execute(c, [[f"DELETE FROM {table} WHERE n = ?", 3]])
+        execute(c, [[f"UPDATE {table} SET v = ? WHERE region = ?", "last", "a"]])
+    assert run(store, spark).states[table].last_error is None
+    report = verify(store.get_subscription(table))
+    assert report.ok and report.sink_rows == 3, report.differences
