@@ -90,6 +90,11 @@ class WriteRun:
     access: Access
 
 
+_BINDING_COUNTS = re.compile(
+    r"statement uses (?P<uses>\d+) and there are (?P<supplied>\d+) supplied"
+)
+
+
 def _statement_error(exc: BaseException, refused: str | None) -> str:
     if refused is not None:
         return refused
@@ -98,6 +103,14 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
             f"text that is not valid UTF-8 ({exc.reason} at byte {exc.start}): litecdc keeps "
             "text as UTF-8; store such bytes as a BLOB (X'…' without CAST … AS TEXT)"
         )
+    if isinstance(exc, apsw.BindingsError):
+        counts = _BINDING_COUNTS.search(str(exc))
+        if counts is not None and int(counts["supplied"]) < int(counts["uses"]):
+            # rqlite's (go-sqlite3's) words; more values than parameters are let through
+            # by the HTTP API, as rqlite ignores the rest
+            return (
+                f"not enough args to execute query: want {counts['uses']} got {counts['supplied']}"
+            )
     if isinstance(exc, apsw.BindingsError) and "has no name, but you supplied a dict" in str(exc):
         # APSW's wording names a binding number and its own API
         return (
@@ -1129,10 +1142,10 @@ class Engine:
             with authorizer.trusted():
                 conn.execute("BEGIN")
         try:
+            # every statement gets its result, an error too, as rqlite's queryWithConn
+            # gives them (with `transaction` as well: reads have nothing to roll back)
             for statement in statements:
                 results.append(self._read_one(conn, statement))
-                if transaction and results[-1].error is not None:
-                    break  # as for writes: the first error stops a `transaction` request
         finally:
             if conn.in_transaction:  # ours, or anything a statement left open
                 with authorizer.trusted():

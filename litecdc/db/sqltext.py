@@ -313,7 +313,8 @@ def render(sql: str, params: Params) -> str:
         values: Sequence[SQLValue] = params
         if len(values) < template.positional_count:
             raise StatementError(
-                f"statement has {template.positional_count} parameters, {len(values)} given"
+                f"not enough args to execute query: want {template.positional_count} got "
+                f"{len(values)}"
             )
         literals = [
             _term_literal(values[i]) if p.term else sql_literal(values[i])
@@ -373,7 +374,7 @@ def render_many(sql: str, many: Sequence[Params]) -> list[str]:
     needed = template.positional_count
     if min(map(len, many)) < needed:
         short = min(map(len, many))
-        raise StatementError(f"statement has {needed} parameters, {short} given")
+        raise StatementError(f"not enough args to execute query: want {needed} got {short}")
     sequences = cast("Sequence[Sequence[SQLValue]]", many)  # no mapping, checked above
     columns = list(zip(*(params[:needed] for params in sequences), strict=True))
     literal_columns = [_column_literals(columns[position]) for position in template.positions]

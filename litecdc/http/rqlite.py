@@ -43,6 +43,7 @@ from typing import Any
 
 import msgspec
 
+from litecdc.db.sqltext import parse_template
 from litecdc.errors import RequestError
 from litecdc.results import ReadLevel, SQLValue, Statement, StatementResult
 
@@ -142,7 +143,13 @@ def _refuse_constant(name: str) -> Any:
 
 def parse_statements(body: bytes, content_type: str | None = None) -> list[Statement]:
     """Parse an rqlite request body into statements; RequestError (HTTP 400) if malformed."""
-    if content_type is not None and content_type.split(";", 1)[0].strip().lower() == "text/plain":
+    if (
+        content_type is not None
+        and content_type.split(";", 1)[0].strip().lower() == "text/plain"
+        and not body.lstrip().startswith(b"[")
+    ):
+        # (a JSON array sent as text/plain — a browser's fetch() with a string body — is
+        # JSON, as rqlite reads every body; no SQL statement starts with "[")
         try:
             sql = body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -160,7 +167,10 @@ def parse_statements(body: bytes, content_type: str | None = None) -> list[State
         )
     if not doc:
         raise RequestError(f"{ERR_NO_STATEMENTS}: the array of statements is empty")
-    return [_parse_statement(i, item) for i, item in enumerate(doc, start=1)]
+    statements = [_parse_statement(i, item) for i, item in enumerate(doc, start=1)]
+    # rqlite skips a statement whose SQL is "" (db.go: `if ss == "" { continue }`): it gets
+    # no result entry, so `[""]` answers `{"results": []}`
+    return [s for s in statements if s.sql != ""]
 
 
 def _parse_statement(index: int, item: object) -> Statement:
@@ -194,9 +204,17 @@ def _parse_statement(index: int, item: object) -> Statement:
             f"{ERR_INVALID_REQUEST}: statement {index} mixes positional and named parameters; "
             "use one kind per statement"
         )
+    # as rqlite (go-sqlite3) binds them: values past the statement's parameters are
+    # ignored, and a named parameter given no value is NULL
+    template = parse_template(sql)
     if named:
+        given = {key[1:] if key[:1] in ":@$" else key for key in named}
+        for placeholder in template.placeholders:
+            if placeholder.name is not None and placeholder.name not in given:
+                named[placeholder.name] = None
+                given.add(placeholder.name)
         return Statement(sql, named)
-    return Statement(sql, tuple(positional))
+    return Statement(sql, tuple(positional[: max(template.positional_count, 0)]))
 
 
 def _parameter(index: int, where: str, value: object) -> SQLValue:

@@ -23,7 +23,10 @@ def test_simple_parameterized_and_named_statements() -> None:
 
 
 def test_parameter_conversions() -> None:
-    body = b'[["S", true, false, null, [0, 255], 9223372036854775807, 9223372036854775808, 1.0]]'
+    body = (
+        b'[["SELECT ?,?,?,?,?,?,?", true, false, null, [0, 255], 9223372036854775807, '
+        b"9223372036854775808, 1.0]]"
+    )
     (stmt,) = parse_statements(body)
     assert stmt.params == (1, 0, None, b"\x00\xff", 2**63 - 1, float(2**63), 1.0)
     assert type(stmt.params[-1]) is float  # type: ignore[index]
@@ -38,6 +41,40 @@ def test_text_plain_body_is_one_statement() -> None:
     assert parse_statements(b"SELECT 1; SELECT 2", "text/plain; charset=utf-8") == [
         Statement("SELECT 1; SELECT 2")
     ]
+
+
+def test_a_json_array_sent_as_text_plain_is_json() -> None:
+    """rqlite parses every body as JSON; a browser's fetch() with a string body says
+    text/plain;charset=UTF-8 (litecdc ran '["SELECT 1"]' as SQL: a syntax error)."""
+    for content_type in ("text/plain;charset=UTF-8", "text/plain"):
+        assert parse_statements(b' ["SELECT 1", ["SELECT ?", 2]]', content_type) == [
+            Statement("SELECT 1"),
+            Statement("SELECT ?", (2,)),
+        ]
+
+
+def test_empty_statements_get_no_result_entry_as_in_rqlite() -> None:
+    """rqlite's db.go skips a statement whose SQL is "" (no result entry): a client
+    matching results to statements by position was off by one."""
+    assert parse_statements(b'["", "SELECT 1", "   ", ["", 1]]') == [
+        Statement("SELECT 1"),
+        Statement("   "),
+    ]
+    assert parse_statements(b'[""]') == []
+
+
+def test_parameters_bind_as_rqlite_binds_them() -> None:
+    """go-sqlite3 (rqlite) ignores values past the statement's parameters and binds NULL
+    for a named parameter given no value; litecdc failed both statements."""
+    (extra, none, named, prefixed, two) = parse_statements(
+        b'[["SELECT ?", 1, 2], ["SELECT 1", 5], ["SELECT :a, :b", {"b": 1}],'
+        b' ["SELECT :a", {":a": 3}], ["SELECT ?; SELECT ?", 1, 2, 3]]'
+    )
+    assert extra == Statement("SELECT ?", (1,))
+    assert none == Statement("SELECT 1", ())
+    assert named == Statement("SELECT :a, :b", {"b": 1, "a": None})
+    assert prefixed == Statement("SELECT :a", {":a": 3})
+    assert two == Statement("SELECT ?; SELECT ?", (1, 2))
 
 
 @pytest.mark.parametrize(

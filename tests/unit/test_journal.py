@@ -282,7 +282,7 @@ def test_failure_inside_a_repeated_statement_names_the_statement(store: Store) -
     wrong = store.execute(
         [S("INSERT INTO t VALUES(?)", (1,)), S("INSERT INTO t VALUES(?)", ())], transaction=True
     )
-    assert wrong.results[1].error is not None and "bindings" in wrong.results[1].error
+    assert wrong.results[1].error == "not enough args to execute query: want 1 got 0"
 
 
 def test_internal_entries_replicate_litecdc_state_without_events(tmp_path: Path) -> None:

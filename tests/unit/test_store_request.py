@@ -65,12 +65,17 @@ def test_changes_page_resumes_inside_a_transaction(store: Store) -> None:
     assert [(c.cid, c.seq) for c in first + rest] == [(cid, s) for s in range(1, 6)]
 
 
-def test_a_transaction_read_stops_at_the_first_error(store: Store) -> None:
+def test_every_read_gets_its_result_after_an_error(store: Store) -> None:
+    """rqlite's queryWithConn appends the error and goes on, with `transaction` too
+    (litecdc stopped there: a client matching results to statements lost the rest)."""
     statements = [S("SELECT 1"), S("SELECT * FROM nosuch"), S("SELECT 2")]
-    stopped = store.query(statements, transaction=True)
-    assert [(r.rows, bool(r.error)) for r in stopped] == [([(1,)], False), (None, True)]
-    each = store.query(statements)  # without `transaction` every statement runs
-    assert [bool(r.error) for r in each] == [False, True, False]
+    for transaction in (True, False):
+        results = store.query(statements, transaction=transaction)
+        assert [(r.rows, bool(r.error)) for r in results] == [
+            ([(1,)], False),
+            (None, True),
+            ([(2,)], False),
+        ]
 
 
 def test_named_values_for_positional_parameters_are_explained(store: Store) -> None:
@@ -85,3 +90,10 @@ def test_named_values_for_positional_parameters_are_explained(store: Store) -> N
             'object; send them as an array: ["SQL", value, ...]'
         )
     )
+
+
+def test_too_few_values_say_so_in_rqlites_words(store: Store) -> None:
+    store.execute([S("CREATE TABLE t(x, y)")])
+    wrote = store.execute([S("INSERT INTO t VALUES(?, ?)", (1,))]).results[0].error
+    read = store.query([S("SELECT ?, ?", (1,))])[0].error
+    assert wrote == read == "not enough args to execute query: want 2 got 1"
