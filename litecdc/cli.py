@@ -255,7 +255,10 @@ def serve(
             retention_cids=_integer("--retention-cids", retention_cids),
             journal_retention_cids=_integer("--journal-retention-cids", journal_retention_cids),
             source_workers=_integer("--source-workers", source_workers),
-            cdc=parse_cdc_config(cdc_config, known_schemes=known_schemes()) if cdc_config else None,
+            # an empty --cdc-config '' is refused (an empty LITECDC_CDC_CONFIG is unset: click)
+            cdc=None
+            if cdc_config is None
+            else parse_cdc_config(cdc_config, known_schemes=known_schemes()),
         )
         from litecdc.http.server import serve as serve_http
 

@@ -502,8 +502,9 @@ class Store:
     def cdc_high_watermark(self) -> int | None:
         return self.engine.cdc_high_watermark()
 
-    def queue_stats(self) -> tuple[int, int | None]:
-        return self.engine.queue_stats()
+    def queue_stats(self, after: int = 0) -> tuple[int, int | None]:
+        """(captured changes stored after cid ``after``, the oldest one's cid)."""
+        return self.engine.queue_stats(after)
 
     def backup(self, destination: str | os.PathLike[str]) -> None:
         """Write a consistent copy of the SQLite file (journal and changes included)."""

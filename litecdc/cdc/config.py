@@ -42,29 +42,85 @@ STDOUT = "stdout"
 
 #: the longest duration any key takes: a day
 MAX_DURATION_S = 86_400.0
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+#: Go's duration units in nanoseconds (time.ParseDuration: "µs" is U+00B5, "μs" U+03BC)
+_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,
+    "\u03bcs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_GO_MAX_DURATION_NS = 2**63 - 1
+_DIGITS = re.compile(r"[0-9]*")
+_UNIT = re.compile(r"[^0-9.]*")  # as Go reads a unit: up to the next digit or "."
+
+
+class DurationOutOfRange(ValueError):
+    """A duration past Go's limit (about 292 years)."""
+
+
+def parse_go_duration(text: str) -> int:
+    """Nanoseconds of a duration in Go's syntax, exactly as ``time.ParseDuration`` reads it:
+    an optional sign, then ``0`` or one or more decimal numbers (fraction allowed, "1.5h",
+    ".5s", "1.s") each with a unit (ns, us, µs, μs, ms, s, m, h), as in "1h2m3.5s". Raises
+    ValueError with Go's reason."""
+    s, negative = text, False
+    if s[:1] in ("-", "+"):
+        negative, s = s[0] == "-", s[1:]
+    if s == "0":
+        return 0
+    if not s:
+        raise ValueError("invalid duration")
+    total, pos = 0, 0
+    while pos < len(s):
+        whole = _DIGITS.match(s, pos)
+        assert whole is not None  # [0-9]* always matches
+        pos = whole.end()
+        fraction = ""
+        if s.startswith(".", pos):
+            digits = _DIGITS.match(s, pos + 1)
+            assert digits is not None
+            fraction, pos = digits.group(), digits.end()
+        if not whole.group() and not fraction:
+            raise ValueError("invalid duration")  # no digits ("." or "s")
+        unit_match = _UNIT.match(s, pos)
+        assert unit_match is not None
+        unit, pos = unit_match.group(), unit_match.end()
+        if not unit:
+            raise ValueError("missing unit in duration")
+        if unit not in _UNIT_NS:
+            raise ValueError(f"unknown unit {unit!r} in duration")
+        scale = _UNIT_NS[unit]
+        total += int(whole.group() or "0") * scale
+        if fraction:  # truncated to whole nanoseconds, as Go does
+            fraction = fraction[:30]
+            total += int(fraction) * scale // 10 ** len(fraction)
+        if total > _GO_MAX_DURATION_NS:
+            raise DurationOutOfRange("invalid duration: out of range")
+    return -total if negative else total
 
 
 def parse_duration(value: object, key: str) -> float:
-    """A duration in seconds from "200ms", "5s", "1m30s" (Go's syntax) or a JSON number of
-    nanoseconds (how rqlite's Go code reads a time.Duration)."""
+    """A duration in seconds from a string in Go's syntax ("200ms", "5s", "1m30s", "0";
+    see :func:`parse_go_duration`) or a JSON number of nanoseconds (how rqlite's Go code
+    reads a time.Duration)."""
     if isinstance(value, bool):
         raise ConfigError(f'cdc config: {key} must be a duration like "5s", got {value!r}')
     if isinstance(value, (int, float)):
         seconds = float(value) / 1e9
-    elif isinstance(value, str) and value.strip():
-        text = value.strip()
-        pos, seconds = 0, 0.0
-        while pos < len(text):
-            match = _DURATION_PART.match(text, pos)
-            if match is None:
-                raise ConfigError(
-                    f'cdc config: {key} must be a duration like "200ms", "5s" or "1m30s", '
-                    f"got {value!r}"
-                )
-            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-            pos = match.end()
+    elif isinstance(value, str):
+        try:
+            seconds = parse_go_duration(value) / 1e9
+        except DurationOutOfRange:
+            seconds = -math.inf if value.startswith("-") else math.inf
+        except ValueError as exc:
+            raise ConfigError(
+                f'cdc config: {key} must be a duration like "200ms", "5s" or "1m30s", '
+                f"got {value!r} ({exc})"
+            ) from None
     else:
         raise ConfigError(f'cdc config: {key} must be a duration like "5s", got {value!r}')
     if seconds < 0:
@@ -73,6 +129,38 @@ def parse_duration(value: object, key: str) -> float:
         # (longer waits overflow the service's clock arithmetic and nothing is delivered)
         raise ConfigError(f"cdc config: {key} must be at most 24h, got {value!r}")
     return seconds
+
+
+def redact_endpoint(endpoint: str) -> str:
+    """The endpoint without its ``user:password@`` part, exactly as written otherwise
+    (IPv6 brackets, port, path) — for /status, logs and error messages. Works on URLs
+    that do not parse too: the credentials are whatever precedes the authority's last
+    "@", as both urllib and httpx read it."""
+    scheme, separator, rest = endpoint.partition("://")
+    if not separator:
+        return endpoint
+    end = len(rest)
+    for delimiter in "/?#":
+        found = rest.find(delimiter)
+        if found != -1:
+            end = min(end, found)
+    authority = rest[:end]
+    if "@" not in authority:
+        return endpoint
+    return f"{scheme}://{authority.rpartition('@')[2]}{rest[end:]}"
+
+
+def _shown(endpoint: str) -> str:
+    """The endpoint as an error message may show it. A URL that failed a check may have
+    credentials the parsers do not see as such (a password with a raw "#", "/" or "?"
+    ends the authority early), so everything up to the last "@" goes."""
+    shown = redact_endpoint(endpoint)
+    if "@" not in shown:
+        return shown
+    scheme, separator, rest = shown.partition("://")
+    if separator:
+        return f"{scheme}://…@{rest.rpartition('@')[2]}"
+    return "…@" + shown.rpartition("@")[2]
 
 
 @dataclass(frozen=True)
@@ -110,7 +198,8 @@ class CDCConfig:
     max_batch_delay: float = DEFAULT_MAX_BATCH_DELAY
     #: how often the leader writes the high watermark through the log; default 1s
     high_watermark_interval: float = DEFAULT_HIGH_WATERMARK_INTERVAL
-    #: timeout of one POST; default 5s
+    #: the longest one request may take, all of it (connecting, TLS handshake, sending,
+    #: waiting for and reading the answer); default 5s
     transmit_timeout: float = DEFAULT_TRANSMIT_TIMEOUT
     #: attempts (the first included) before a batch is dropped and counted;
     #: None = retry forever (default, as rqlite)
@@ -179,7 +268,10 @@ def parse_cdc_config(
     """``--cdc-config``: a URL, "stdout" or a JSON file path, into a validated CDCConfig."""
     text = value.strip()
     if not text:
-        raise ConfigError('--cdc-config must be a URL, "stdout" or a JSON file path')
+        raise ConfigError(
+            f"--cdc-config is {'empty' if not value else 'blank'}: give an http(s):// URL, "
+            '"stdout" or the path of a JSON file, or leave the option out for no delivery'
+        )
     if text == STDOUT:
         return _validated({"endpoint": STDOUT}, known_schemes)
     if "://" in text:
@@ -188,7 +280,9 @@ def parse_cdc_config(
     try:
         raw = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"--cdc-config: cannot read {text!r}: {exc.strerror}") from None
+        # (a URL missing its "//", "http:user:pass@host", lands here: no credentials shown)
+        shown = _shown(text) if ":" in text.partition("@")[0] and "@" in text else text
+        raise ConfigError(f"--cdc-config: cannot read {shown!r}: {exc.strerror}") from None
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -211,10 +305,11 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
     if not isinstance(endpoint, str) or not endpoint:
         raise ConfigError('cdc config: endpoint is required: an http(s) URL or "stdout"')
     if endpoint != STDOUT:
+        shown = _shown(endpoint)  # never the credentials (docs/cdc.md promises it)
         _check_url(endpoint)
         parts = urlsplit(endpoint)
         if not parts.scheme or not parts.netloc:
-            raise ConfigError(f"cdc config: endpoint {endpoint!r} is not a URL")
+            raise ConfigError(f"cdc config: endpoint {shown!r} is not a URL")
         if parts.scheme.lower() not in known_schemes or parts.scheme.lower() == STDOUT:
             schemes = ", ".join(s for s in known_schemes if s != STDOUT)
             raise ConfigError(
@@ -224,7 +319,7 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
         try:
             _ = parts.port
         except ValueError:
-            raise ConfigError(f"cdc config: endpoint {endpoint!r} has an invalid port") from None
+            raise ConfigError(f"cdc config: endpoint {shown!r} has an invalid port") from None
     kwargs: dict[str, Any] = {"endpoint": endpoint}
     for key in ("service_id",):
         if key in doc:
@@ -299,11 +394,17 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
         ):
             raise ConfigError("cdc config: headers must be an object of string to string")
         for name, text in headers.items():
-            _check_header(name, text)
+            _check_header(name, text, signed="hmac_secret" in kwargs)
         kwargs["headers"] = dict(headers)
     if doc.get("tls") is not None:
         kwargs["tls"] = _tls(doc["tls"])
     config = CDCConfig(**kwargs)
+    if config.tls != TLSConfig() and config.scheme in _PLAIN_SCHEMES:
+        # a mistyped scheme would otherwise send in plain text without a word
+        raise ConfigError(
+            f"cdc config: tls is set but the endpoint {_shown(endpoint)!r} does not use "
+            "TLS; use an https:// endpoint, or remove tls"
+        )
     if config.tls.cert_file or config.tls.ca_cert_file:
         build_ssl_context(config.tls)  # unreadable or mismatched files fail now, not later
     return config
@@ -323,18 +424,52 @@ _POLICY_NAMES = {
 
 def _check_url(endpoint: str) -> None:
     """Refuse what the HTTP client could never send to: a host that does not parse, or
-    one with characters no host name has."""
+    one with characters no host name has. Messages never show credentials: with an "@"
+    in the URL, not even the parsers' own words (which may quote part of a password)."""
+    shown = _shown(endpoint)
+    secretive = "@" in endpoint
     try:
         parts = urlsplit(endpoint)
         host = parts.hostname
         httpx.URL(endpoint)  # what the HTTP client itself refuses ("http://[::1]x/")
     except (ValueError, httpx.InvalidURL) as exc:
-        raise ConfigError(f"cdc config: endpoint {endpoint!r} is not a valid URL: {exc}") from None
+        reason = "" if secretive else f": {exc}"
+        raise ConfigError(f"cdc config: endpoint {shown!r} is not a valid URL{reason}") from None
     if parts.netloc and (not host or any(c.isspace() or c in '<>"{}|^`' for c in host)):
-        raise ConfigError(f"cdc config: endpoint {endpoint!r} has an invalid host {host!r}")
+        named = "" if secretive else f" {host!r}"
+        raise ConfigError(f"cdc config: endpoint {shown!r} has an invalid host{named}")
 
 
-def _check_header(name: str, value: str) -> None:
+#: endpoint schemes that never use the tls settings
+_PLAIN_SCHEMES = ("http", STDOUT)
+
+#: headers litecdc cannot take: those that frame the request or control the connection,
+#: which the HTTP client owns (RFC 9110 §7.6.1 and §7.8, RFC 9112 §6-§9), and one that
+#: would misdescribe the body. Set by hand they corrupt every request (a wrong
+#: Content-Length), contradict the client's own (Transfer-Encoding next to
+#: Content-Length), or ask for what it does not do (Upgrade, Expect: 100-continue).
+_FRAMING = "the HTTP client sets it to frame the request body"
+_HOP_BY_HOP = "a hop-by-hop header; the HTTP client manages the connection"
+_CLIENT_HEADERS = {
+    "content-length": _FRAMING,
+    "transfer-encoding": _FRAMING,
+    "trailer": "it announces trailer fields, which the HTTP client never sends",
+    "host": (
+        "the HTTP client sets it from the endpoint URL (tls.server_name sets the name TLS verifies)"
+    ),
+    "connection": _HOP_BY_HOP,
+    "keep-alive": _HOP_BY_HOP,
+    "proxy-connection": _HOP_BY_HOP,
+    "te": _HOP_BY_HOP,
+    "upgrade": _HOP_BY_HOP,
+    "expect": "it asks for an interim 100 answer the HTTP client does not wait for",
+    "content-encoding": "litecdc sends the body unencoded",
+}
+#: set on every request when hmac_secret is given
+_SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
+
+
+def _check_header(name: str, value: str, *, signed: bool = False) -> None:
     if not _HEADER_NAME.fullmatch(name):
         raise ConfigError(f"cdc config: headers: {name!r} is not a valid HTTP header name")
     if any(c in value for c in "\r\n\x00"):
@@ -347,10 +482,20 @@ def _check_header(name: str, value: str) -> None:
             f"cdc config: headers: the value of {name} must be printable ASCII "
             "(the HTTP client sends no other header text)"
         )
-    if name.lower() == "content-type":
+    lower = name.lower()
+    if lower == "content-type":
         raise ConfigError(
             "cdc config: headers: Content-Type is set by litecdc (application/json: the "
             "body is always JSON)"
+        )
+    if lower in _CLIENT_HEADERS:
+        raise ConfigError(
+            f"cdc config: headers: {name} cannot be configured: {_CLIENT_HEADERS[lower]}"
+        )
+    if signed and lower in _SIGNATURE_HEADERS:
+        raise ConfigError(
+            f"cdc config: headers: {name} cannot be configured: litecdc sets it on every "
+            "request when hmac_secret is given (Standard Webhooks signing)"
         )
 
 

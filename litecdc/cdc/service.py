@@ -28,12 +28,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
-from urllib.parse import urlsplit, urlunsplit
 
-from litecdc.cdc.config import STDOUT, CDCConfig
+from litecdc.cdc.config import CDCConfig, redact_endpoint
 from litecdc.cdc.envelopes import ENVELOPES
 from litecdc.cdc.sinks import Sink, TransmitError, create_sink
-from litecdc.db.schema import CREATE_CDC_STATE, DEFAULT_RETENTION_CIDS, high_watermark_sql
+from litecdc.db.schema import (
+    CREATE_CDC_STATE,
+    DEFAULT_RETENTION_CIDS,
+    high_watermark_sql,
+)
 from litecdc.results import RowChange
 
 log = logging.getLogger("litecdc.cdc")
@@ -55,7 +58,7 @@ class ChangeFeed(Protocol):
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool: ...
     def last_cid(self) -> int: ...
     def cdc_high_watermark(self) -> int | None: ...
-    def queue_stats(self) -> tuple[int, int | None]: ...
+    def queue_stats(self, after: int = 0) -> tuple[int, int | None]: ...
 
 
 class Leadership(Protocol):
@@ -73,18 +76,9 @@ class Counters:
     dropped_events: int = 0
     dropped_batches: int = 0
     skipped_events: int = 0  # filtered out by table_filter
-
-
-def redacted(endpoint: str) -> str:
-    """The endpoint without any user:password part (status pages and logs show it)."""
-    if endpoint == STDOUT:
-        return endpoint
-    parts = urlsplit(endpoint)
-    if parts.username is None and parts.password is None:
-        return endpoint
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    #: failures of the reader itself, outside a request (reading the queue, taking over);
+    #: each is logged, shown in last_error and retried after the retry policy's wait
+    reader_errors: int = 0
 
 
 class CDCService:
@@ -128,14 +122,19 @@ class CDCService:
         self._thread.start()
         log.info(
             "CDC service started: %s (%s envelope)",
-            redacted(self.config.endpoint),
+            redact_endpoint(self.config.endpoint),
             self.config.format,
         )
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop sending; persist the HWM reached so a restart resends as little as possible."""
+        """Stop sending — a request in flight is ended, not waited for (it is resent after
+        a restart) —, then persist the HWM reached so a restart resends as little as
+        possible."""
         self._stop.set()
         self._leadership_changed.set()
+        abort = getattr(self._sink, "abort", None)  # (optional for a registered sink)
+        if abort is not None:
+            abort()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -149,13 +148,34 @@ class CDCService:
 
     # -- the reader ------------------------------------------------------------------------
     def _run(self) -> None:
+        failures = 0  # in a row
+        last_failure = ""
         while not self._stop.is_set():
             try:
                 self._step()
-            except Exception:  # keep delivering: a bug in one batch must not stop CDC
-                log.exception("CDC reader failed; retrying in %.1fs", IDLE_WAIT_SECONDS)
-                self._position = None
-                self._stop.wait(IDLE_WAIT_SECONDS)
+                failures = 0
+            except Exception as exc:  # keep delivering: a bug in one batch must not stop CDC
+                if self._stop.is_set():
+                    break
+                failures += 1
+                error = f"{exc.__class__.__name__}: {exc}"
+                # the retry policy's wait, but never a busy loop (a zero backoff)
+                delay = max(self.config.backoff(failures), IDLE_WAIT_SECONDS)
+                with self._lock:
+                    self.counters.reader_errors += 1
+                    self._last_error = f"reader failed: {error}"
+                if error != last_failure:  # the traceback once, not at every retry
+                    log.exception("CDC reader failed; retrying in %.2fs", delay)
+                else:
+                    log.error(
+                        "CDC reader failed again (%d in a row): %s; retrying in %.2fs",
+                        failures,
+                        error,
+                        delay,
+                    )
+                last_failure = error
+                self._position = None  # resume from the persisted HWM
+                self._stop.wait(delay)
 
     def _step(self) -> None:
         if not self._leadership.is_leader():
@@ -239,6 +259,8 @@ class CDCService:
                 try:
                     self._sink.send(body, message_id)
                 except TransmitError as exc:
+                    if self._stop.is_set():
+                        return  # ended by stop(): not a failure; resent after a restart
                     with self._lock:
                         self.counters.failed_requests += 1
                         self._last_error = str(exc)
@@ -300,15 +322,22 @@ class CDCService:
 
     # -- reporting ------------------------------------------------------------------------
     def status(self) -> dict[str, object]:
-        """The /status "cdc" section."""
-        queued, oldest = self._feed.queue_stats()
+        """The /status "cdc" section. The leader reports its own high watermark (ahead of
+        the persisted one between writes); any other node the replicated one. The queue
+        is what is still to deliver: the changes above the high watermark (delivered ones
+        stay stored until the next high watermark entry prunes them)."""
+        leading = self._leadership.is_leader()
         with self._lock:
             counters = asdict(self.counters)
             hwm, persisted, error = self._hwm, self._persisted_hwm, self._last_error
+            taken_over = self._position is not None
+        if not (leading and taken_over):
+            hwm = persisted = self._feed.cdc_high_watermark() or 0
+        queued, oldest = self._feed.queue_stats(hwm)  # what is still to deliver
         return {
-            "endpoint": redacted(self.config.endpoint),
+            "endpoint": redact_endpoint(self.config.endpoint),
             "format": self.config.format,
-            "is_leader": self._leadership.is_leader(),
+            "is_leader": leading,
             "hwm": hwm,
             "hwm_persisted": persisted,
             "queue_length": queued,

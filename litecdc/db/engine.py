@@ -1117,9 +1117,12 @@ class Engine:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
 
-    def queue_stats(self) -> tuple[int, int | None]:
-        """(number of captured changes still stored, oldest stored cid)."""
-        count, oldest = self._read(f"SELECT count(*), min(cid) FROM {CHANGES_TABLE}")[0]
+    def queue_stats(self, after: int = 0) -> tuple[int, int | None]:
+        """(captured changes stored after cid ``after``, the oldest one's cid)."""
+        count, oldest = self._read(
+            f"SELECT count(*), min(cid) FROM {CHANGES_TABLE} WHERE id > ?",  # (cid, seq) order
+            (last_change_id(after) if after > 0 else 0,),
+        )[0]
         return int(count), oldest
 
     def cdc_high_watermark(self) -> int | None:

@@ -25,6 +25,7 @@ _CDC_COUNTERS = {
     "dropped_events": ("litecdc_cdc_dropped_events", "Row events dropped after the last retry"),
     "dropped_batches": ("litecdc_cdc_dropped_batches", "Batches dropped after the last retry"),
     "skipped_events": ("litecdc_cdc_skipped_events", "Row events left out by table_filter"),
+    "reader_errors": ("litecdc_cdc_reader_errors", "CDC reader failures outside a request"),
 }
 
 

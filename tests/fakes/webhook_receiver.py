@@ -6,7 +6,9 @@ and records every request: method, path, headers, raw body, parsed JSON, arrival
 time and the answer given. It can be told, at any time while it runs, to answer a
 share of requests with 503 (deterministically, from a seeded ``random.Random``), to
 fail the next N requests, to sleep before answering (to outlast a client's
-timeout), to close connections without answering, or to answer 202/204 instead of
+timeout), to trickle its answer (status and headers at once, then the body one byte
+every ``trickle_seconds``: each read completes, so only a limit on the whole request
+ends it), to close connections without answering, or to answer 202/204 instead of
 200. With ``tls=make_certs(...)`` it serves HTTPS, and with
 ``require_client_cert=True`` it demands a client certificate signed by that CA.
 
@@ -33,7 +35,9 @@ Which answer a request gets, first rule that applies:
 4. a method other than POST: 405; a body that is not JSON: 400;
 5. otherwise ``status_code`` (200 by default).
 
-``delay_seconds`` is slept before any of these answers. A request answered 2xx
+``delay_seconds`` is slept before any of these answers; with ``trickle_seconds``
+set, an answer with a body goes out a byte at a time until the setting goes back
+to 0 (the rest then goes at once) or the receiver stops. A request answered 2xx
 after a delay counts as accepted even if the client gave up waiting (as a real
 endpoint would have processed it); ``RecordedRequest.delay_seconds`` tells them apart.
 A request is recorded just before its answer goes out, so once a client has its
@@ -77,6 +81,8 @@ __all__ = [
 ]
 
 DEFAULT_PATH = "/hook"
+#: length of a trickled answer's body (padded with spaces): long enough to outlast any test
+TRICKLE_BODY_BYTES = 4096
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
 IDLE_CONNECTION_TIMEOUT_SECONDS = 60.0
 STANDARD_WEBHOOKS_TOLERANCE_SECONDS = 300.0
@@ -182,16 +188,18 @@ def verify_standard_webhook(
 ) -> bool:
     """True when one ``v1`` signature in ``webhook-signature`` matches.
 
-    Requires ``webhook-id`` (non-empty, no ``.``) and ``webhook-timestamp`` (integer
-    seconds); with ``tolerance_seconds`` the timestamp must be within that many
-    seconds of ``now`` (default: the current time). Other signature versions
-    (e.g. ``v1a``) in the space-separated list are skipped.
+    Requires ``webhook-id`` (non-empty; any text, dots included — the signed content
+    ``{id}.{timestamp}.{body}`` is never split, and the reference libraries accept
+    such ids) and ``webhook-timestamp`` (integer seconds); with ``tolerance_seconds``
+    the timestamp must be within that many seconds of ``now`` (default: the current
+    time). Other signature versions (e.g. ``v1a``) in the space-separated list are
+    skipped.
     """
     lower = {k.lower(): v for k, v in headers.items()}
     msg_id = lower.get("webhook-id", "")
     timestamp = lower.get("webhook-timestamp", "")
     signatures = lower.get("webhook-signature", "")
-    if not msg_id or "." in msg_id or not timestamp.isdigit() or not signatures:
+    if not msg_id or not timestamp.isdigit() or not signatures:
         return False
     if tolerance_seconds is not None:
         reference = time.time() if now is None else now
@@ -358,6 +366,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, status: int) -> None:
         payload = b"" if status in (204, 304) else json.dumps({"status": status}).encode()
+        owner = self.server.owner
+        trickle = bool(payload) and owner.trickle_seconds > 0
+        if trickle:
+            payload = payload.ljust(TRICKLE_BODY_BYTES)
         try:
             self.send_response(status)
             if status not in (204, 304):
@@ -367,10 +379,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Connection", "close")
                 self.close_connection = True
             self.end_headers()
+            if trickle:
+                self.wfile.flush()
+                payload = self._trickle(payload)
             self.wfile.write(payload)
             self.wfile.flush()
         except OSError:
             self.close_connection = True
+
+    def _trickle(self, payload: bytes) -> bytes:
+        """Send ``payload`` a byte at a time while trickling is on; return what is left."""
+        owner = self.server.owner
+        while payload and owner.trickle_seconds > 0:
+            if owner._stopping.wait(owner.trickle_seconds):
+                raise ConnectionAbortedError("receiver stopping")
+            self.wfile.write(payload[:1])
+            self.wfile.flush()
+            payload = payload[1:]
+        return payload
 
     def _drop(self) -> None:
         self.close_connection = True
@@ -438,6 +464,8 @@ class WebhookReceiver:
         self._status_code = 200
         self._fail_share = 0.0
         self._delay_seconds = 0.0
+        #: seconds between the bytes of an answer's body; 0 sends it at once
+        self.trickle_seconds = 0.0
         self.drop_connections = drop_connections
         self.status_code = status_code
         self.fail_share = fail_share

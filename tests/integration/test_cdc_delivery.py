@@ -7,7 +7,9 @@ A standalone node (store + CDC service, in process) writes rows; a real receiver
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +19,9 @@ import pytest
 from fakes import WebhookReceiver, make_certs, reserve_port
 
 from litecdc import NodeConfig, Statement
-from litecdc.cdc import parse_cdc_config
+from litecdc.cdc import CDCConfig, TransmitError, parse_cdc_config
+from litecdc.cdc.sinks import WebhookSink
+from litecdc.db.schema import CREATE_CDC_STATE
 from litecdc.node import Node
 
 S = Statement
@@ -31,13 +35,13 @@ FAST = {  # small waits so the suite stays quick
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
-def make_node(tmp_path: Path, endpoint: str, **settings: Any) -> Node:
+def make_node(tmp_path: Path, endpoint: str, *, node_id: str = "node-1", **settings: Any) -> Node:
     doc = {"endpoint": endpoint, **FAST, **settings}
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"cdc-{time.monotonic_ns()}.json"
     path.write_text(json.dumps(doc))
     config = NodeConfig(
-        data_dir=tmp_path / "node", node_id="node-1", cdc=parse_cdc_config(str(path))
+        data_dir=tmp_path / "node", node_id=node_id, cdc=parse_cdc_config(str(path))
     )
     node = Node(config)
     node.start()
@@ -380,7 +384,11 @@ def test_requests_are_signed_per_standard_webhooks(
     started: Callable[..., Node], receiver: WebhookReceiver
 ) -> None:
     receiver.fail_next(1)
-    node = started(receiver.url, hmac_secret=SECRET, headers={"X-Team": "data"})
+    # a real node id has dots, and so have the message ids made from it (QA: the fake
+    # refused them)
+    node = started(
+        receiver.url, node_id="127.0.0.1:14002", hmac_secret=SECRET, headers={"X-Team": "data"}
+    )
     node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
     cids = write_rows(node, 3)
     wait_delivered(receiver, expected_for(cids))
@@ -388,6 +396,7 @@ def test_requests_are_signed_per_standard_webhooks(
     assert not any(receiver.verify_standard_webhooks("whsec_" + "A" * 32))
     first, retry = receiver.requests[0], receiver.requests[1]
     assert first.headers["webhook-id"] == retry.headers["webhook-id"]  # stable across retries
+    assert first.headers["webhook-id"].startswith("127.0.0.1:14002-")
     assert first.headers["x-team"] == "data"
 
 
@@ -509,3 +518,276 @@ def test_credentials_in_the_url_are_sent_but_never_logged(
     node.close()  # every request answered and logged
     assert "cr3t" not in caplog.text
     assert "HTTP Request: POST" in caplog.text  # (the check above saw httpx's lines)
+
+
+# --- QA round: every failure of a send is a failed delivery; transmit_timeout is total ---
+
+
+def wait_status(
+    node_or_service: Any, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The CDC status once ``predicate`` holds (within 30 s, else the last one)."""
+    service = getattr(node_or_service, "cdc", node_or_service)
+    deadline = time.monotonic() + 30
+    status = service.status()
+    while not predicate(status) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        status = service.status()
+    return status  # type: ignore[no-any-return]
+
+
+def node_with(tmp_path: Path, config: CDCConfig) -> Node:
+    """A node whose CDC config was built in code, not read and checked from a file."""
+    node = Node(NodeConfig(data_dir=tmp_path / "node", node_id="node-1", cdc=config))
+    node.start()
+    return node
+
+
+#: FAST as CDCConfig fields (seconds)
+FAST_FIELDS = {
+    "max_batch_delay": 0.02,
+    "high_watermark_interval": 0.05,
+    "transmit_timeout": 2.0,
+    "transmit_min_backoff": 0.01,
+    "transmit_max_backoff": 0.05,
+}
+
+
+def test_any_failure_of_a_send_is_a_transmit_error(receiver: WebhookReceiver) -> None:
+    """A Content-Length header (refused at start-up now) made h11 raise its own
+    LocalProtocolError, which is no httpx error: it escaped the sink (QA)."""
+    config = CDCConfig(endpoint=receiver.url, headers={"Content-Length": "1"})
+    sink = WebhookSink(config)
+    try:
+        with pytest.raises(TransmitError, match="LocalProtocolError"):
+            sink.send(b'{"payload": []}', "m-1")
+    finally:
+        sink.close()
+
+
+def test_an_unexpected_send_failure_follows_the_retry_policy(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    config = CDCConfig(
+        endpoint=receiver.url,
+        headers={"Content-Length": "1"},
+        transmit_max_retries=2,
+        **FAST_FIELDS,  # type: ignore[arg-type]
+    )
+    node = node_with(tmp_path, config)
+    try:
+        node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        write_rows(node, 1)
+        status = wait_status(node, lambda s: s["dropped_batches"] >= 1)
+        assert (status["dropped_batches"], status["dropped_events"]) == (1, 1)
+        assert (status["failed_requests"], status["retries"]) == (2, 1)
+        assert "LocalProtocolError" in str(status["last_error"])
+        assert status["reader_errors"] == 0
+    finally:
+        node.close()
+
+
+def test_a_closed_stdout_is_a_failed_delivery(tmp_path: Path) -> None:
+    """``litecdc serve --cdc-config stdout | head -c 10``: once head exits, every write
+    raises BrokenPipeError, which escaped the sink (QA)."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+    from litecdc.cdc.sinks import StdoutSink
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone
+    stream = os.fdopen(write_end, "w")
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    leadership = SwitchableLeadership(store)
+    leadership.leader = True
+    config = CDCConfig(endpoint="stdout", transmit_max_retries=3, **FAST_FIELDS)  # type: ignore[arg-type]
+    service = CDCService(
+        config, store, leadership, node_id="n1", sink=StdoutSink(config, stream=stream)
+    )
+    service.start()
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        write_rows_store(store, 1)
+        status = wait_status(service, lambda s: s["dropped_batches"] >= 1)
+        assert (status["failed_requests"], status["dropped_batches"]) == (3, 1)
+        assert str(status["last_error"]).startswith("stdout: BrokenPipeError")
+    finally:
+        service.stop()
+        store.close()
+        with contextlib.suppress(OSError):
+            stream.close()
+
+
+class FailingFeed:
+    """The store as the service's change feed, failing its next ``failures`` reads."""
+
+    def __init__(self, store: Any, failures: int) -> None:
+        self._store = store
+        self.failures = failures
+
+    def read_transactions(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("disk on fire")
+        return self._store.read_transactions(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_an_unexpected_reader_error_is_counted_shown_and_retried(
+    tmp_path: Path, receiver: WebhookReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error outside a request used to be logged with a traceback every 0.1 s, with
+    nothing in /status (QA)."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows_store(store, 2)
+    leadership = SwitchableLeadership(store)
+    leadership.leader = True
+    feed = FailingFeed(store, failures=3)
+    config = CDCConfig(endpoint=receiver.url, **FAST_FIELDS)  # type: ignore[arg-type]
+    service = CDCService(config, feed, leadership, node_id="n1")
+    caplog.set_level("ERROR", logger="litecdc.cdc")
+    service.start()
+    try:
+        status = wait_status(service, lambda s: s["reader_errors"] >= 3)
+        assert status["reader_errors"] == 3
+        assert status["last_error"] == "reader failed: RuntimeError: disk on fire"
+        wait_delivered(receiver, expected_for(cids))  # then it recovers
+        failures = [r for r in caplog.records if "CDC reader failed" in r.getMessage()]
+        assert len(failures) == 3
+        assert [r.exc_info is not None for r in failures] == [True, False, False]
+    finally:
+        service.stop()
+        store.close()
+
+
+def test_transmit_timeout_bounds_the_whole_request(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    """An endpoint answering a body byte every 2 s kept one request alive 59 s with
+    transmit_timeout 3s: httpx's timeouts are per read, and each byte restarts it (QA)."""
+    receiver.trickle_seconds = 0.1  # well inside the per-read limit
+    node = started(receiver.url, transmit_timeout="300ms")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 1)
+    status = wait_status(node, lambda s: s["failed_requests"] >= 1)
+    assert status["failed_requests"] >= 1
+    assert str(status["last_error"]).startswith("timed out: no complete answer within")
+    receiver.trickle_seconds = 0.0
+    wait_delivered(receiver, expected_for(cids))
+    assert node.cdc is not None and node.cdc.status()["dropped_events"] == 0
+
+
+def test_stop_ends_a_stalled_request(tmp_path: Path, receiver: WebhookReceiver) -> None:
+    """SIGTERM during a stalled request used to wait for it (11.7 s, QA)."""
+    receiver.trickle_seconds = 0.1
+    node = make_node(tmp_path, receiver.url, transmit_timeout="1h")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    write_rows(node, 1)
+    receiver.wait_for_requests(lambda requests: len(requests) >= 1, timeout=30)
+    assert node.cdc is not None
+    reader = node.cdc._thread
+    assert reader is not None
+    node.cdc.stop(timeout=20)  # far longer than stopping takes, far shorter than 1h
+    assert not reader.is_alive()
+    status = node.cdc.status()
+    assert (status["failed_requests"], status["sent_batches"]) == (0, 0)  # not a failure
+    node.close()
+
+
+# --- QA round: what /status reports ---------------------------------------------------------
+
+
+class PersistGate(SwitchableLeadership):
+    """Leading, but writing no high watermark through the log while ``persist`` is off,
+    so delivered changes stay stored (as between two high watermark entries)."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__(node)
+        self.leader = True
+        self.persist = False
+
+    def write_internal(self, query: str) -> None:
+        if not self.persist and query != CREATE_CDC_STATE:
+            raise RuntimeError("not now")
+        super().write_internal(query)
+
+
+def test_queue_length_counts_only_changes_still_to_deliver(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    """queue_length counted every stored change, delivered ones included (QA)."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    leadership = PersistGate(store)
+    config = CDCConfig(endpoint=receiver.url, **FAST_FIELDS)  # type: ignore[arg-type]
+    service = CDCService(config, store, leadership, node_id="n1")
+    service.start()
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        delivered_cids = write_rows_store(store, 5)
+        wait_delivered(receiver, expected_for(delivered_cids))
+        status = wait_status(service, lambda s: s["hwm"] == delivered_cids[-1])
+        assert store.queue_stats()[0] == 5  # still stored: no high watermark entry yet
+        assert (status["queue_length"], status["oldest_queued_cid"]) == (0, None)
+        assert status["hwm_persisted"] == 0
+        receiver.fail_share = 1.0
+        waiting = write_rows_store(store, 2)
+        status = wait_status(service, lambda s: s["failed_requests"] >= 1)
+        assert (status["queue_length"], status["oldest_queued_cid"]) == (2, waiting[0])
+    finally:
+        receiver.fail_share = 0.0
+        service.stop()
+        store.close()
+
+
+def test_a_follower_reports_the_replicated_high_watermark(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    """Followers showed hwm 0 while the replicated watermark was 1309 (QA)."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    leadership = SwitchableLeadership(store)
+    leadership.leader = True
+    config = CDCConfig(endpoint=receiver.url, **FAST_FIELDS)  # type: ignore[arg-type]
+    leader = CDCService(config, store, leadership, node_id="n1")
+    leader.start()
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        cids = write_rows_store(store, 3)
+        wait_delivered(receiver, expected_for(cids))
+        wait_status(leader, lambda s: s["hwm_persisted"] == cids[-1])
+        leader.stop()
+        pending = write_rows_store(store, 2)  # in the queue, for the next leader
+        # another node's service on the same replicated state, never leading
+        follower = CDCService(config, store, SwitchableLeadership(store), node_id="n2")
+        status = follower.status()
+        assert status["is_leader"] is False
+        assert (status["hwm"], status["hwm_persisted"]) == (cids[-1], cids[-1])
+        assert (status["queue_length"], status["oldest_queued_cid"]) == (2, pending[0])
+    finally:
+        leader.stop()
+        store.close()
+
+
+def test_status_shows_an_ipv6_endpoint_without_credentials(tmp_path: Path) -> None:
+    """The brackets were dropped: http://u:p@[::1]:9/hook showed as http://::1:9/hook (QA)."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    try:
+        config = parse_cdc_config("http://u:p@[::1]:9/hook")
+        service = CDCService(config, store, SwitchableLeadership(store), node_id="n1")
+        assert service.status()["endpoint"] == "http://[::1]:9/hook"
+    finally:
+        store.close()

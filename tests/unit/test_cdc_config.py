@@ -174,3 +174,181 @@ def test_rqlite_spellings_of_the_retry_policy(tmp_path: Path, spelling: object) 
     assert parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES).transmit_retry_policy == (
         "exponential"
     )
+
+
+# --- QA round: Go's duration syntax in full (time.ParseDuration) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("0", 0.0),
+        ("+0", 0.0),
+        ("-0", 0.0),
+        ("+1s", 1.0),
+        ("0s", 0.0),
+        ("1.s", 1.0),
+        (".5s", 0.5),
+        ("1h2m3.5s", 3723.5),
+        ("2h45m", 9900.0),
+        ("100ns", 1e-7),
+        ("1\u00b5s", 1e-6),  # micro sign
+        ("1\u03bcs", 1e-6),  # Greek mu: Go accepts both
+        ("3us", 3e-6),
+        ("1.5ms500us", 0.002),
+        ("0.000000001s", 1e-9),
+        ("24h", 86_400.0),
+    ],
+)
+def test_go_duration_syntax_is_accepted(text: str, seconds: float) -> None:
+    assert parse_duration(text, "k") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "invalid duration"),
+        ("+", "invalid duration"),
+        ("5", "missing unit"),
+        ("1.5", "missing unit"),
+        (".s", "invalid duration"),
+        ("-.s", "invalid duration"),
+        ("s", "invalid duration"),
+        ("1sec", "unknown unit 'sec'"),
+        ("5S", "unknown unit 'S'"),
+        ("1e3s", "unknown unit 'e'"),
+        (" 5s", "invalid duration"),  # Go allows no spaces
+        ("5s ", "unknown unit 's '"),
+        ("1m 30s", "unknown unit 'm '"),
+        ("\u0661s", "invalid duration"),  # an Arabic-Indic digit is not [0-9]
+    ],
+)
+def test_what_go_refuses_is_refused(text: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"got {text!r} ({reason}")):
+        parse_duration(text, "max_batch_delay")
+
+
+def test_negative_durations_are_refused_and_zero_is_a_duration(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="transmit_min_backoff must not be negative"):
+        parse_duration("-1s", "transmit_min_backoff")
+    doc = {"endpoint": "http://x/h", "max_batch_delay": "0", "transmit_min_backoff": "+0"}
+    config = parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+    assert (config.max_batch_delay, config.transmit_min_backoff) == (0.0, 0.0)
+    with pytest.raises(ConfigError, match="transmit_timeout must be more than zero"):
+        parse_cdc_config(
+            _file(tmp_path, {"endpoint": "http://x/h", "transmit_timeout": "0"}),
+            known_schemes=SCHEMES,
+        )
+
+
+# --- QA round: headers the HTTP client owns ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Content-Length",
+        "Transfer-Encoding",
+        "host",
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Upgrade",
+        "Expect",
+        "Content-Encoding",
+    ],
+)
+def test_headers_that_frame_the_request_or_control_the_connection_are_refused(
+    tmp_path: Path, name: str
+) -> None:
+    doc = {"endpoint": "http://x/h", "headers": {"X-Team": "data", name: "1"}}
+    with pytest.raises(ConfigError, match=rf"^cdc config: headers: {name} cannot be configured: "):
+        parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+
+
+def test_signature_headers_are_refused_when_litecdc_signs(tmp_path: Path) -> None:
+    headers = {"Webhook-Id": "x"}
+    doc = {"endpoint": "http://x/h", "hmac_secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
+    with pytest.raises(
+        ConfigError, match="headers: Webhook-Id cannot be configured: litecdc sets it"
+    ):
+        parse_cdc_config(_file(tmp_path, {**doc, "headers": headers}), known_schemes=SCHEMES)
+    unsigned = {"endpoint": "http://x/h", "headers": headers}  # then it is just a header
+    assert parse_cdc_config(_file(tmp_path, unsigned), known_schemes=SCHEMES).headers == headers
+
+
+# --- QA round: credentials never in a message ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "shown", "problem"),
+    [
+        ("http://admin:s3cret@127.0.0.1:99999/h", "http://127.0.0.1:99999/h", "invalid port"),
+        ("http://admin:s3cret@127.0.0.1:ab/h", "http://127.0.0.1:ab/h", "not a valid URL"),
+        ("http://admin:s3cret@ex ample/h", "http://ex ample/h", "invalid host"),
+        ("http://admin:s3cret@[::1/h", "http://[::1/h", "not a valid URL"),
+        ("http://admin:s3cret@/h", "http:///h", "invalid host"),
+        ("ftp://admin:s3cret@host/h", "ftp://host/h", "scheme 'ftp' is not supported"),
+        # a raw "#" or "/" in the password ends the authority early for every parser
+        ("http://admin:s3#cret@host:8/h", "http://…@host:8/h", "not a valid URL"),
+        ("http://admin:s3/cret@host/h", "http://…@host/h", "not a valid URL"),
+        ("http:admin:s3cret@host/h", "…@host/h", "is not a URL"),
+    ],
+)
+def test_credentials_never_appear_in_error_messages(
+    tmp_path: Path, endpoint: str, shown: str, problem: str
+) -> None:
+    for value in (endpoint, _file(tmp_path, {"endpoint": endpoint})):
+        if "://" not in value and not value.endswith(".json"):
+            continue  # (without "//" the command line takes it for a file path)
+        with pytest.raises(ConfigError) as caught:
+            parse_cdc_config(value, known_schemes=SCHEMES)
+        message = str(caught.value)
+        assert problem in message and "s3" not in message and "cret" not in message
+        if "scheme" not in problem:
+            assert repr(shown) in message, message
+
+
+def test_a_url_without_slashes_taken_for_a_file_shows_no_credentials() -> None:
+    with pytest.raises(ConfigError, match="cannot read") as caught:
+        parse_cdc_config("http:admin:s3cret@host/h", known_schemes=SCHEMES)
+    assert "s3cret" not in str(caught.value) and "host/h" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "shown"),
+    [
+        ("http://u:p@[::1]:9/hook", "http://[::1]:9/hook"),
+        ("https://u@[fe80::1%25eth0]/x?a=b@c#f", "https://[fe80::1%25eth0]/x?a=b@c#f"),
+        ("http://host/users/bob@example.com", "http://host/users/bob@example.com"),
+        ("http://a:b@HOST:80/", "http://HOST:80/"),
+        ("stdout", "stdout"),
+    ],
+)
+def test_redaction_keeps_the_rest_of_the_url_as_written(endpoint: str, shown: str) -> None:
+    from litecdc.cdc.config import redact_endpoint
+
+    assert redact_endpoint(endpoint) == shown
+
+
+# --- QA round: an empty value, and tls without TLS ---------------------------------------
+
+
+@pytest.mark.parametrize(("value", "word"), [("", "empty"), ("   ", "blank")])
+def test_an_empty_cdc_config_is_refused(value: str, word: str) -> None:
+    with pytest.raises(ConfigError, match=f"^--cdc-config is {word}: give an http"):
+        parse_cdc_config(value, known_schemes=SCHEMES)
+
+
+@pytest.mark.parametrize("endpoint", ["http://x/h", "HTTP://x/h", "stdout"])
+def test_tls_settings_for_an_endpoint_without_tls_are_refused(
+    tmp_path: Path, endpoint: str
+) -> None:
+    doc = {"endpoint": endpoint, "tls": {"insecure_skip_verify": True}}
+    with pytest.raises(ConfigError, match=r"tls is set but the endpoint .* does not use TLS"):
+        parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+    # an empty section sets nothing, so nothing would be ignored
+    empty = {"endpoint": endpoint, "tls": {"ca_cert_file": None}}
+    assert parse_cdc_config(_file(tmp_path, empty), known_schemes=SCHEMES).endpoint == endpoint
