@@ -16,9 +16,10 @@ store after every step so a restart (even a kill -9) resumes where it stopped:
 
 A subscriber whose position fell past the node's retention cap gets "position no
 longer available" and is re-snapshotted. A failing subscription is retried with
-back-off and does not stop the others. A row a sink cannot store (a MariaDB key longer
-than its key column) fails its batch until a later commit deletes the row at the
-source: its changes up to then are skipped (they could never be in the sink).
+back-off and does not stop the others. A row a sink cannot store (a key longer than a
+MariaDB key column or a PostgreSQL index entry holds) fails its batch until a later
+commit deletes the row at the source: its changes up to then are skipped (they could
+never be in the sink).
 
 A column with a DEFAULT added at the source is re-copied (a new snapshot) whatever the
 sink: the table description recorded for the subscription is compared with the source's,
@@ -51,7 +52,12 @@ from litecdc.pipeline import parquet_log
 from litecdc.pipeline.metadata import MetadataStore, Subscription
 from litecdc.pipeline.metrics import PipelineMetrics
 from litecdc.pipeline.parquet_log import ParquetLog
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError
+from litecdc.pipeline.sinks.base import (
+    ChangeBatch,
+    Sink,
+    UnstorableKeyError,
+    registration_id,
+)
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, Column, TableSpec
@@ -277,10 +283,22 @@ class PipelineServer:
         # only now: a crash before the re-snapshot was recorded decides it again
         self._mirrors(sub.name, running.spec)
         progress = self.meta.progress(sub.name)
+        self._registered(running, progress.init_snapshot_version)
         state.stage = progress.stage or "register"
         state.applied_cid = progress.last_log_index or 0
         log.info("subscription %s: %s stage, table %s", sub.name, state.stage, sub.table_name)
         return running
+
+    @staticmethod
+    def _registered(running: _Running, init_cid: int | None) -> None:
+        """Tell the sink which registration its writes belong to (message sinks put it in
+        their de-duplication ids): from what the metadata store recorded, so the same on
+        every retry and restart."""
+        if running.sink is None or init_cid is None:
+            return
+        sub = running.subscription
+        created = sub.created_at.isoformat(timespec="microseconds") if sub.created_at else ""
+        running.sink.registration = registration_id(sub.name, created, init_cid)
 
     def _record_failure(self, name: str, error: str | None) -> None:
         """Keep the error in the metadata store for `pipeline status` (best effort: the
@@ -365,6 +383,7 @@ class PipelineServer:
                 # name (unsubscribed, perhaps on another source) is not ours
                 running.sink.forget_progress()
             self.meta.start_register(sub.name, registered.cid)
+        self._registered(running, registered.cid)
         info = running.client.table_info(sub.table_name, count_rows=True)  # progress total
         self._evolve(running, info.spec)
         partitions = int(sub.options.get("partitions", DEFAULT_PARTITIONS))

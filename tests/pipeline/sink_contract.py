@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
+import string
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -72,6 +74,14 @@ TEXTS = [
     "trailing space ",
 ]
 BLOBS = [b"", b"\x00", b"\x00\xff\x80\x7f", bytes(range(256)), b"x" * 70_000]
+
+
+def incompressible(n: int, seed: int = 0) -> str:
+    """``n`` random letters and digits: text PostgreSQL's compression (pglz, lz4) cannot
+    shrink, so its index entry is as long as the text (a long run of one letter shrinks
+    to a few bytes per 273 characters)."""
+    rng = random.Random(seed)
+    return "".join(rng.choices(string.ascii_letters + string.digits, k=n))
 
 
 def sample_row(i: int) -> Row:

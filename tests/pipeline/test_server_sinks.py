@@ -6,8 +6,10 @@ sinks and MariaDB.
   subscription with the source's, whatever the sink);
 - a new subscription reusing an old one's name does not inherit its NATS progress;
 - ±infinity reads the same in a REAL column and an untyped one;
-- a MariaDB key too long for its column stops the subscription with an error naming it,
-  until the row is deleted at the source — then it goes on.
+- a MariaDB key too long for its column, or a PostgreSQL key too long for its index, stops
+  the subscription with an error naming it, until the row is deleted at the source — then
+  it goes on;
+- a subscription re-created under its name loses no NATS message to de-duplication.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from e2e.litecdc_node import Node
 from pipeline_proc import execute
-from sink_contract import nats_raw_messages, rabbitmq_messages
+from sink_contract import incompressible, nats_raw_messages, rabbitmq_messages
 
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
@@ -208,3 +210,88 @@ def test_mariadb_key_too_long_stops_the_subscription_until_the_row_is_deleted_at
     assert run(store, spark).states[table].last_error is None
     report = verify(store.get_subscription(table))
     assert report.ok and report.sink_rows == 3, report.differences
+
+
+def test_postgresql_key_too_long_for_its_index_stops_the_subscription_until_the_row_is_deleted(
+    node: Node, spark: SparkSession, store: MetadataStore, postgresql_db_url: str
+) -> None:
+    """QA: a primary key longer than a PostgreSQL btree entry holds (2,704 bytes, after
+    compression) failed with 'index row size … exceeds btree version 4 maximum 2704',
+    naming no row, and kept failing after the row was deleted at the source: the server's
+    look-ahead only knew MariaDB's refusals."""
+    table = f"pgkeys_{tag()}"
+    long_key = incompressible(4000)
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(region TEXT, n INTEGER, v TEXT, "
+                    "PRIMARY KEY (region, n))"])  # fmt: skip
+        # 50,000 times one letter compresses to a few hundred bytes: that key fits
+        rows = [("a", 1), ("b", 1), ("k" * 50_000, 1)]
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", r, n, "v"] for r, n in rows])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", long_key, 2, "long"]])
+    control.subscribe(
+        store, name=table, sources=node.url, table=table, sink=f"{postgresql_db_url}?table=m",
+        options={"max_events": 1},  # one transaction per batch: the delete comes in a later one
+    )  # fmt: skip
+
+    def fails_naming_the_key_column() -> None:
+        error = run(store, spark).states[table].last_error
+        assert error is not None, "the long key was accepted"
+        assert f"table {table} with key" in error and "public.m at postgresql://" in error, error
+        assert "key column 'region' holds 4000 bytes" in error, error
+        assert "at most 2704 bytes, after compression" in error, error
+        assert "delete the row or shorten its key at the source" in error, error
+
+    fails_naming_the_key_column()  # in the snapshot
+    with node.client() as c:
+        execute(c, [[f"DELETE FROM {table} WHERE n = ?", 2]])
+    assert run(store, spark).states[table].last_error is None
+    assert verify(store.get_subscription(table)).ok
+
+    with node.client() as c:  # in the change log, then more commits
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", long_key, 3, "again"]])
+        execute(c, [[f"UPDATE {table} SET v = ? WHERE n = ?", "longer still", 3]])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?, ?)", "c", 1, "after"]])
+    fails_naming_the_key_column()
+    with node.client() as c:
+        execute(c, [[f"DELETE FROM {table} WHERE n = ?", 3]])
+        execute(c, [[f"UPDATE {table} SET v = ? WHERE region = ?", "last", "a"]])
+    assert run(store, spark).states[table].last_error is None
+    report = verify(store.get_subscription(table))
+    assert report.ok and report.sink_rows == 4, report.differences
+
+
+def test_subscription_recreated_under_its_name_loses_no_nats_message_to_deduplication(
+    spark: SparkSession, store: MetadataStore, nats_url: str, tmp_path: Path
+) -> None:
+    """QA: NATS message ids were SUBSCRIPTION:cid-seq-op, and JetStream drops a message
+    whose id it saw in the last 2 minutes: a subscription re-created under its name on
+    another source with the same history (so the same cids) had every message dropped as a
+    duplicate of the old subscription's, and its consumers saw none of its rows."""
+    name = tag()
+    url = f"{nats_url}?stream=S{name}&subject=t{name}"
+    for site in ("old", "new"):
+        node = Node(tmp_path / site / "data").start()
+        try:
+            with node.client() as c:
+                execute(c, ["CREATE TABLE orders(id INTEGER PRIMARY KEY, site TEXT)"])
+                execute(c, [["INSERT INTO orders VALUES(?, ?)", 1, site]])
+            control.subscribe(store, name="orders", sources=node.url, table="orders", sink=url)
+            assert run(store, spark).states["orders"].last_error is None
+            with node.client() as c:
+                execute(c, [["INSERT INTO orders VALUES(?, ?)", 2, site]])
+            assert run(store, spark).states["orders"].last_error is None
+            assert control.unsubscribe(store, "orders") is None
+        finally:
+            node.stop()
+    found = nats_raw_messages(nats_url, f"S{name}")
+    assert [(d["op"], d["row"]["id"], d["row"]["site"]) for _, d in found] == [
+        ("snapshot", 1, "old"),
+        ("upsert", 2, "old"),
+        ("snapshot", 1, "new"),
+        ("upsert", 2, "new"),
+    ]
+    old, new = (
+        {i.rsplit(":", 1)[0] for i, _ in found[:2]},
+        {i.rsplit(":", 1)[0] for i, _ in found[2:]},
+    )
+    assert len(old) == len(new) == 1 and old != new  # one registration each

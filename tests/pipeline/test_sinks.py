@@ -31,6 +31,7 @@ from sink_contract import (
     Message,
     SourceSim,
     canonical_rows,
+    incompressible,
     nats_raw_messages,
     rabbitmq_messages,
     sample_row,
@@ -39,6 +40,7 @@ from sink_contract import (
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError, message_id
+from litecdc.pipeline.sinks.messages import snapshot_message_id
 from litecdc.pipeline.sinks.nats import STATE_BUCKET, NatsSink
 from litecdc.pipeline.sinks.registry import (
     DeltaOptions,
@@ -359,6 +361,94 @@ def test_mariadb_blob_key_column_holds_3072_bytes_and_no_more(
     assert sink.read_rows()["v"].to_pylist() == ["fits"]
 
 
+def test_postgresql_refuses_a_key_its_index_cannot_hold_and_applies_its_delete(
+    postgresql_url: str, opened: list[Sink]
+) -> None:
+    """QA: a primary key longer than a btree index entry holds (2,704 bytes, after
+    compression) failed with PostgreSQL's 'index row size 3024 exceeds btree version 4
+    maximum 2704 for index …' as a plain SinkError naming no row, so the server could not
+    skip the row once the source deleted it: the subscription stayed stuck for good."""
+    table = fresh_name()
+    sink = open_tracked(opened, f"{postgresql_url}?table={table}", COMPOSITE_SPEC)
+    src = SourceSim(COMPOSITE_SPEC)
+    too_long = incompressible(3000)
+    src.commit(
+        ("upsert", {"region": "short", "n": 1, "value": "a"}),
+        ("upsert", {"region": too_long, "n": 2, "value": "b"}),
+        ("upsert", {"region": "k" * 100_000, "n": 3, "value": "c"}),  # compresses: it fits
+        ("upsert", {"region": "k" * 1_000_000, "n": 4, "value": "d"}),  # even compressed not
+    )
+    refused = (
+        rf"public\.{table} at postgresql://.*: the row of table regions with key .* cannot be "
+        r"mirrored: key column 'region' holds 3000 bytes, more than an entry of the mirror's "
+        r"primary key index holds \(at most 2704 bytes, after compression; PostgreSQL: index "
+        r"row size \d+ exceeds btree version 4 maximum 2704 .*\) \(and 1 more row\(s\)\): "
+        "delete the row or shorten its key at the source"
+    )
+    with pytest.raises(UnstorableKeyError, match=refused) as info:
+        sink.write_changes(*batch(src, 0, 1))
+    assert info.value.keys == [(too_long, 2), ("k" * 1_000_000, 4)]
+    assert sink.applied_cid() == 0 and sink.read_rows().num_rows == 0  # nothing of the batch
+    with pytest.raises(UnstorableKeyError, match=refused):
+        sink.write_snapshot(src.chunk("", "\U0010ffff", 1))
+    assert sink.read_rows().num_rows == 0
+
+    # deleted at the source: the batch nets to deletes, which find nothing to delete
+    src.commit(
+        ("delete", (too_long, 2)),
+        ("delete", ("k" * 1_000_000, 4)),
+        ("upsert", {"region": "new", "n": 5, "value": "e"}),
+    )
+    assert sink.write_changes(*batch(src, 0, 2)) is True
+    assert_mirror(sink, src, Mirror("postgresql", fresh_name))
+    # again, the delete in a batch of its own (the insert's batch was applied without the
+    # refused row, as the server does when a later commit deletes it); a key beyond the
+    # 8,191 bytes of any index entry
+    beyond = incompressible(10_000, seed=1)
+    src.commit(("upsert", {"region": beyond, "n": 6, "value": "f"}))
+    with pytest.raises(UnstorableKeyError, match="'region' holds 10000 bytes") as info:
+        sink.write_changes(*batch(src, 2, 3))
+    assert info.value.keys == [(beyond, 6)]
+    events, _ = batch(src, 2, 3)
+    assert sink.write_changes(events.filter(pc.equal(events["n"], -1)), ChangeBatch("sub", 2, 3))
+    src.commit(("delete", (beyond, 6)), ("upsert", {"region": "short", "n": 1, "value": "z"}))
+    assert sink.write_changes(*batch(src, 3, 4)) is True
+    assert_mirror(sink, src, Mirror("postgresql", fresh_name))
+
+
+@pytest.mark.parametrize(
+    ("sqlite_type", "arrow", "value"),
+    [
+        ("TEXT", "string", incompressible),
+        ("BLOB", "binary", lambda n: incompressible(n).encode()),
+    ],
+)
+def test_postgresql_key_index_holds_2692_incompressible_bytes_and_no_more(
+    postgresql_url: str,
+    opened: list[Sink],
+    sqlite_type: str,
+    arrow: str,
+    value: Callable[[int], object],
+) -> None:
+    """A btree entry holds 2,704 bytes: 8 of the entry's header, 4 of the value's length,
+    and 2,692 of a key that does not compress (measured on PostgreSQL 15, text and bytea)."""
+    spec = TableSpec(
+        "keys", (Column("k", sqlite_type, arrow, not_null=True), Column("v", "TEXT", "string")),
+        ("k",),
+    )  # fmt: skip
+    sink = open_tracked(opened, f"{postgresql_url}?table={fresh_name()}", spec)
+    src = SourceSim(spec)
+    src.commit(("upsert", {"k": value(2692), "v": "fits"}))
+    src.commit(("upsert", {"k": value(2693), "v": "does not"}))
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+    with pytest.raises(
+        UnstorableKeyError,
+        match=r"'k' holds 2693 bytes, .*\(at most 2704 bytes, after compression;",
+    ):
+        sink.write_changes(*batch(src, 1, 2))
+    assert sink.read_rows()["v"].to_pylist() == ["fits"]
+
+
 def test_rabbitmq_exchange_without_a_bound_queue_fails_instead_of_dropping(
     rabbitmq_url: str, opened: list[Sink]
 ) -> None:
@@ -564,6 +654,41 @@ def test_nats_keeps_two_sources_equal_ids_apart(nats_url: str, opened: list[Sink
         assert open_tracked(opened, url, SPEC, sub=sub).write_changes(*batch(src, 0, 1))
     ids = [msg_id for msg_id, _ in nats_raw_messages(nats_url, f"S{tag}")]
     assert ids == ["site1:1-0-upsert", "site2:1-0-upsert"]
+
+
+def test_nats_ids_differ_between_registrations_of_a_subscription_name(
+    nats_url: str, opened: list[Sink]
+) -> None:
+    """QA: ids were SUBSCRIPTION:cid-seq-op, and JetStream de-duplicates per stream for 2
+    minutes: a subscription re-created under its name within that window (here on another
+    source, whose cids are the same) had its messages dropped as duplicates of the old
+    one's. A retry within one registration keeps its ids, and is dropped."""
+    tag = uuid.uuid4().hex[:10]
+    url = f"{nats_url}?stream=S{tag}&subject=t{tag}"
+    sources = {"r1": SourceSim(SPEC), "r2": SourceSim(SPEC)}
+    for registration, src in sources.items():
+        src.commit(("upsert", {**sample_row(1), "name": registration}))
+
+    def publish(registration: str) -> None:
+        sink = open_tracked(opened, url, SPEC, sub="reused")
+        sink.registration = registration
+        sink.forget_progress()  # as the server does when the subscription registers
+        src = sources[registration]
+        sink.write_snapshot(src.chunk(0, 100, 1))
+        assert sink.write_changes(*batch(src, 0, 1, sub="reused")) is True
+
+    publish("r1")
+    publish("r2")
+    publish("r2")  # a crash before the progress was recorded: all of it again
+    got = [(msg_id, doc["op"], doc["row"]["name"]) for msg_id, doc in nats_raw_messages(
+        nats_url, f"S{tag}")]  # fmt: skip
+    snapshot = snapshot_message_id("items", 1, {"id": 1})
+    assert got == [
+        (f"reused:r1:{snapshot}", "snapshot", "r1"),
+        ("reused:r1:1-0-upsert", "upsert", "r1"),
+        (f"reused:r2:{snapshot}", "snapshot", "r2"),
+        ("reused:r2:1-0-upsert", "upsert", "r2"),
+    ]
 
 
 def test_webhook_retries_5xx_and_refuses_4xx(opened: list[Sink]) -> None:

@@ -26,6 +26,7 @@ stable id (``message_id``) so consumers can de-duplicate.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,26 @@ def check_mirror_columns(
     return [c for c in spec.columns if c.name not in existing]
 
 
+def short_value(value: Any) -> Any:
+    """A key value for an error message: long text or bytes cut, with their length."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"{value[:24]}… ({len(value.encode())} bytes)"
+    if isinstance(value, bytes) and len(value) > 24:
+        return f"{value[:12]!r}… ({len(value)} bytes)"
+    return value
+
+
+def registration_id(subscription: str, created_at: str, init_cid: int) -> str:
+    """What tells one registration of a subscription at its source from every other under
+    its name: 12 hex digits hashed from when the subscription was added to the metadata
+    store (``created_at``, ISO text) and the cid it registered at (a re-snapshot registers
+    again). Both are recorded before anything is written, so a retried batch — after a
+    crash too — keeps its ids; a subscription re-created under the name, on any source,
+    or registered again gets new ones."""
+    text = f"{subscription}\n{created_at}\n{init_cid}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def message_id(cid: int, seq: int, op: str) -> str:
     """The de-duplication id of one change event (an update of the key is two events
     with the same cid and seq: a delete, then an upsert)."""
@@ -109,6 +130,10 @@ class Sink(ABC):
         self.url = url
         self.spec = spec
         self.subscription = subscription
+        #: which registration of the subscription at its source the writes belong to,
+        #: set by the server before it writes (``registration_id``); message sinks put it
+        #: in their de-duplication ids. Empty when the sink is used on its own.
+        self.registration = ""
 
     @abstractmethod
     def prepare(self) -> None:

@@ -52,6 +52,7 @@ from litecdc.pipeline.sinks.base import (
     Sink,
     UnstorableKeyError,
     check_mirror_columns,
+    short_value,
 )
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
@@ -414,7 +415,7 @@ class MariaDBSink(Sink):
         value = rows[name][first].as_py()
         limit = self._key_limits[name]
         size = len(value) if limit.chars or isinstance(value, bytes) else len(value.encode())
-        shown = {k: _short(rows[k][first].as_py()) for k in self.spec.key}
+        shown = {k: short_value(rows[k][first].as_py()) for k in self.spec.key}
         more = f" (and {len(keys) - 1} more row(s))" if len(keys) > 1 else ""
         raise UnstorableKeyError(
             f"mariadb sink: {self._where}: the row of table {self.spec.name} with key {shown} "
@@ -544,15 +545,6 @@ def _either(masks: Iterable[pa.Array]) -> pa.Array:
     for mask in found:
         out = pc.or_(out, mask)
     return out
-
-
-def _short(value: Any) -> Any:
-    """A key value for a message: long text or bytes cut, with their length."""
-    if isinstance(value, str) and len(value) > 40:
-        return f"{value[:24]}… ({len(value.encode())} bytes)"
-    if isinstance(value, bytes) and len(value) > 24:
-        return f"{value[:12]!r}… ({len(value)} bytes)"
-    return value
 
 
 def _as_arrow(values: Sequence[Any], column: Column) -> list[Any]:

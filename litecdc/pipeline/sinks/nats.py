@@ -3,11 +3,15 @@
 Messages go to ``<subject>.<table>`` (``?subject=``, default ``litecdc``; characters a
 subject cannot hold become '_') in stream ``?stream=`` (default ``LITECDC``), created
 if missing with subjects ``<subject>.>``. The body is the event's JSON
-(``litecdc.pipeline.sinks.messages``); header ``Nats-Msg-Id`` = ``<subscription>:`` +
-``message_id(cid, seq, op)`` (snapshot rows: ``snapshot_message_id``; the prefix keeps
-sources publishing into one stream apart), so JetStream drops a replayed publish
-within the stream's duplicate window (2 minutes by default). Every publish is acked
-before a batch counts as applied.
+(``litecdc.pipeline.sinks.messages``); header ``Nats-Msg-Id`` =
+``<subscription>:<registration>:`` + ``message_id(cid, seq, op)`` (snapshot rows:
+``snapshot_message_id``), so JetStream drops a replayed publish within the stream's
+duplicate window (2 minutes by default). The subscription's name keeps sources
+publishing into one stream apart; its registration (``Sink.registration``, set by the
+server: ``registration_id``) keeps a subscription re-created under an earlier one's name
+apart from it — the earlier one's ids would otherwise drop its messages for 2 minutes.
+Both stay the same on every retry of a batch. Every publish is acked before a batch
+counts as applied.
 
 ``applied_cid`` lives in the KV bucket ``litecdc_sinks`` (key: stream + subscription),
 written after the batch's last ack. A crash between the two re-publishes the batch,
@@ -188,9 +192,7 @@ class NatsSink(Sink):
                         self.subject,
                         encode(doc),
                         stream=self.options.stream,
-                        # JetStream de-duplicates per stream: the subscription keeps two
-                        # sources' equal cid-seq-op ids apart (one would be dropped)
-                        headers={"Nats-Msg-Id": f"{self.subscription}:{msg_id}"},
+                        headers={"Nats-Msg-Id": self.dedup_id(msg_id)},
                     )
                 )
             )
@@ -199,6 +201,15 @@ class NatsSink(Sink):
                 await drain()
         await drain()
         return count
+
+    def dedup_id(self, msg_id: str) -> str:
+        """The ``Nats-Msg-Id`` of the message ``msg_id``. JetStream de-duplicates per
+        stream, over its duplicate window: the subscription's name keeps two sources'
+        equal cid-seq-op ids apart, its registration an earlier subscription's of the same
+        name (its ids would drop ours for 2 minutes)."""
+        if self.registration:
+            return f"{self.subscription}:{self.registration}:{msg_id}"
+        return f"{self.subscription}:{msg_id}"
 
     def write_snapshot(self, rows: pa.Table) -> None:
         if rows.num_rows == 0:

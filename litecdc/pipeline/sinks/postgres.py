@@ -19,6 +19,17 @@ session-private staging tables, then, in the same transaction::
 (COPY + one INSERT … SELECT measured ~3x faster than executemany.) The state row is
 read FOR UPDATE first, so two writers of one subscription cannot both apply a batch.
 
+The primary key is a btree index, whose entry holds at most 2,704 bytes (8 kB pages) of
+a key *after compression* (pglz or lz4): 2,692 bytes of a one-column text or bytea key
+that does not compress, while 100,000 times one letter fits. A row whose entry is
+longer fails the INSERT with program_limit_exceeded (SQLSTATE 54000), naming no row; the
+sink then asks PostgreSQL which rows it refuses (``_refused_keys``: each row whose key
+might be too long, inserted alone in a transaction rolled back) and raises an
+``UnstorableKeyError`` naming them, the tables, the column, its size and the limit —
+nothing of the write is committed. A delete of such a key needs no entry (the staging
+tables have no index; the lookup compares the value) and finds no row, so the
+subscription goes on once the row is deleted at the source.
+
 Example::
 
     sink = PostgresSink("postgresql://app:pw@127.0.0.1:5432/app?table=orders", spec, "orders-pg")
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -39,7 +51,13 @@ from psycopg import sql
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_mirror_columns
+from litecdc.pipeline.sinks.base import (
+    ChangeBatch,
+    Sink,
+    UnstorableKeyError,
+    check_mirror_columns,
+    short_value,
+)
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 
@@ -56,6 +74,10 @@ ACCEPTED_TYPES = {
     "binary": {"bytea"},
 }
 STATE_TABLE = "litecdc_sink_state"
+#: PostgreSQL's message when a btree entry is too long ('index row size 2712 exceeds btree
+#: version 4 maximum 2704 for index "t_pkey"'); over 8,191 bytes, any index says 'index
+#: row requires 10016 bytes, maximum size is 8191'
+_BTREE_MAXIMUM = re.compile(r"exceeds btree version \d+ maximum (\d+)")
 _STAGE_UP = "litecdc_stage_upserts"
 _STAGE_DEL = "litecdc_stage_deletes"
 
@@ -74,6 +96,7 @@ class PostgresSink(Sink):
         self._where = f"{self.schema_name}.{self.table_name} at {mask_url(url)}"
         self._conn: psycopg.Connection[Any] | None = None
         self._staged_for: TableSpec | None = None  # spec the staging tables were made for
+        self._btree_max_entry = 2704  # bytes, with 8 kB pages (read from the server)
 
     # -- connection -------------------------------------------------------------------
 
@@ -251,11 +274,15 @@ class PostgresSink(Sink):
             self._ensure_staging(conn)
             with conn.transaction():
                 self._upsert(conn, rows)
+        except psycopg.errors.ProgramLimitExceeded as exc:
+            raise self._unstorable("writing a snapshot chunk to", exc, rows) from exc
         except psycopg.Error as exc:
             raise self._fail("writing a snapshot chunk to", exc) from exc
 
     def write_changes(self, events: pa.Table, batch: ChangeBatch) -> bool:
         conn = self._connect()
+        doing = f"applying changes up to cid {batch.end_cid} to"
+        upserts: pa.Table | None = None
         try:
             self._ensure_staging(conn)
             with conn.transaction():
@@ -281,7 +308,9 @@ class PostgresSink(Sink):
                 if applied > 0 and events.num_rows:
                     events = events.filter(pc.greater(events[CID_COLUMN], applied))
                 net = net_changes(events, self.spec)
-                self._upsert(conn, net.upserts)
+                upserts = net.upserts
+                self._upsert(conn, upserts)
+                # a key too long for the index can be deleted: its lookup forms no entry
                 self._delete(conn, net.deletes)
                 conn.execute(
                     sql.SQL(
@@ -289,9 +318,94 @@ class PostgresSink(Sink):
                     ).format(self._state()),
                     (batch.end_cid, self.subscription, self.table_name),
                 )
+        except psycopg.errors.ProgramLimitExceeded as exc:
+            raise self._unstorable(doing, exc, upserts) from exc
         except psycopg.Error as exc:
-            raise self._fail(f"applying changes up to cid {batch.end_cid} to", exc) from exc
+            raise self._fail(doing, exc) from exc
         return True
+
+    # -- keys the primary key's index cannot hold -------------------------------------
+
+    def _unstorable(self, doing: str, exc: psycopg.Error, rows: pa.Table | None) -> SinkError:
+        """A write failed with program_limit_exceeded (SQLSTATE 54000; the transaction is
+        rolled back): an UnstorableKeyError naming the rows whose key no entry of the
+        mirror's primary key index holds, when those are what PostgreSQL refused, else
+        the failure as it is."""
+        try:
+            refused = self._refused_keys(rows) if rows is not None else []
+        except psycopg.Error as probing:
+            log.debug("postgresql sink: could not tell which keys were refused: %s", probing)
+            refused = []
+        if not refused:
+            return self._fail(doing, exc)
+        assert rows is not None
+        first, detail = refused[0]
+        sizes = [
+            (k, len(v.encode()) if isinstance(v, str) else len(v))
+            for k in self.spec.key
+            if isinstance(v := rows[k][first].as_py(), str | bytes)
+        ]
+        if len(sizes) == 1:
+            what = f"key column {sizes[0][0]!r} holds {sizes[0][1]} bytes"
+        else:
+            each = ", ".join(f"{k!r} {n} bytes" for k, n in sizes)
+            what = f"key columns ({each}) hold {sum(n for _, n in sizes)} bytes"
+        limit = _BTREE_MAXIMUM.search(detail)
+        most = int(limit.group(1)) if limit else self._btree_max_entry
+        shown = {k: short_value(rows[k][first].as_py()) for k in self.spec.key}
+        more = f" (and {len(refused) - 1} more row(s))" if len(refused) > 1 else ""
+        return UnstorableKeyError(
+            f"postgresql sink: {self._where}: the row of table {self.spec.name} with key "
+            f"{shown} cannot be mirrored: {what}, more than an entry of the mirror's primary "
+            f"key index holds (at most {most} bytes, after compression; PostgreSQL: "
+            f"{detail}){more}: delete the row or shorten its key at the source (the "
+            "subscription goes on once that change comes)",
+            [tuple(rows[k][i].as_py() for k in self.spec.key) for i, _ in refused],
+        )
+
+    def _refused_keys(self, rows: pa.Table) -> list[tuple[int, str]]:
+        """The rows of ``rows`` whose index entry PostgreSQL refuses (program_limit_exceeded),
+        with its message, in row order.
+
+        Whether a key fits depends on how PostgreSQL compresses it (pglz or lz4, as this
+        session's default_toast_compression says) — 100,000 times one letter fits in an
+        entry, 2,693 random bytes do not — so PostgreSQL is asked: each row whose key might
+        not fit is inserted alone, in a savepoint of a transaction that is rolled back.
+        A key of fewer bytes than an entry holds, less its headers, always fits and is not
+        tried.
+        """
+        variable = [k for k in self.spec.key if self.spec.column(k).arrow in ("string", "binary")]
+        if not variable:
+            return []  # numbers only: a few dozen bytes
+        conn = self._connect()
+        row = conn.execute("SHOW block_size").fetchone()
+        block = int(row[0]) if row else 8192
+        # BTMaxItemSize: a third of a page less the page's headers, less an item pointer
+        self._btree_max_entry = (block - 56) // 3 // 8 * 8 - 8
+        # an entry is its key's bytes and at most 8 of header, 4 of length and 7 of
+        # alignment per column (any index entry holds at most 8,191 bytes)
+        fits = min(self._btree_max_entry, 8191) - 8 - 11 * len(self.spec.key)
+        fits -= 8 * (len(self.spec.key) - len(variable))  # the numbers' bytes
+        total = pc.binary_length(rows[variable[0]])  # text: its UTF-8 bytes
+        for name in variable[1:]:
+            total = pc.add(total, pc.binary_length(rows[name]))
+        tried = pc.indices_nonzero(pc.fill_null(pc.greater(total, fits), False)).to_pylist()
+        names = [*self.spec.column_names, CID_COLUMN]
+        insert = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO NOTHING").format(
+            self._target(),
+            sql.SQL(", ").join(self._ident(n) for n in names),
+            sql.SQL(", ").join(sql.Placeholder() * len(names)),
+            sql.SQL(", ").join(self._ident(k) for k in self.spec.key),
+        )
+        refused: list[tuple[int, str]] = []
+        with conn.transaction(force_rollback=True):
+            for index in tried:
+                try:
+                    with conn.transaction():
+                        conn.execute(insert, [rows[n][index].as_py() for n in names])
+                except psycopg.errors.ProgramLimitExceeded as exc:
+                    refused.append((index, exc.diag.message_primary or str(exc)))
+        return refused
 
     def _copy(
         self, conn: psycopg.Connection[Any], stage: str, rows: pa.Table, columns: Sequence[Column]
