@@ -1,7 +1,8 @@
 """The ``litecdc`` command. Each command builds a NodeConfig and makes one library call.
 
     litecdc serve --data-dir DIR [--http-addr HOST:PORT] [--node-id ID] [--auth FILE]
-                  [--http-cert FILE --http-key FILE] [--synchronous full|normal|off|extra]
+                  [--http-cert FILE --http-key FILE] [--http-allow-origin ORIGIN]
+                  [--synchronous full|normal|off|extra]
                   [--max-body-bytes N] [--fk] [--cdc-config URL|stdout|FILE]
                   [--etcd HOST:PORT[,…] --cluster NAME [--etcd-ca-cert F --etcd-cert F
                    --etcd-key F] [--etcd-user U --etcd-password P] [--lease-ttl S]
@@ -74,6 +75,14 @@ def cli() -> None:
 )
 @click.option("--http-cert", envvar="LITECDC_HTTP_CERT", help="PEM certificate for HTTPS.")
 @click.option("--http-key", envvar="LITECDC_HTTP_KEY", help="PEM private key for HTTPS.")
+@click.option(
+    "--http-allow-origin",
+    envvar="LITECDC_HTTP_ALLOW_ORIGIN",
+    default="",
+    help="Access-Control-Allow-Origin header on every response, so browser pages of that "
+    "origin may call the API (rqlite's -http-allow-origin), e.g. https://app.example.com "
+    "or *. Default: none.",
+)
 @click.option(
     "--synchronous",
     envvar="LITECDC_SYNCHRONOUS",
@@ -192,6 +201,7 @@ def serve(
     auth_file: str | None,
     http_cert: str | None,
     http_key: str | None,
+    http_allow_origin: str,
     synchronous: str,
     max_body_bytes: str,
     foreign_keys: bool,
@@ -236,6 +246,7 @@ def serve(
             auth_file=Path(auth_file) if auth_file else None,
             http_cert=Path(http_cert) if http_cert else None,
             http_key=Path(http_key) if http_key else None,
+            http_allow_origin=http_allow_origin,
             max_body_bytes=max_body,
             foreign_keys=foreign_keys,
             etcd_endpoints=tuple(e.strip() for e in etcd.split(",") if e.strip()),

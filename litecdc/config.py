@@ -41,6 +41,10 @@ class NodeConfig:
     http_key: Path | None = None
     #: Largest request body accepted, in bytes. Default 64 MiB.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Value of the ``Access-Control-Allow-Origin`` header on every response, like
+    #: rqlite's ``-http-allow-origin`` (an origin such as https://app.example.com, or *);
+    #: default "" (no such header: browsers refuse pages of other origins).
+    http_allow_origin: str = ""
     #: Enforce foreign keys (``PRAGMA foreign_keys=ON``), like rqlite's ``-fk``. Every node
     #: of a cluster must use the same setting. Default off, as in SQLite.
     foreign_keys: bool = False
@@ -154,6 +158,12 @@ class NodeConfig:
         ):
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
+        if any(not " " <= ch <= "~" for ch in self.http_allow_origin):
+            # it is sent as a header: a line break would let it add headers of its own
+            raise ConfigError(
+                "--http-allow-origin must be one header value of printable ASCII, such as "
+                f"https://app.example.com or *, got {self.http_allow_origin!r}"
+            )
         if self.max_body_bytes < 1024:
             raise ConfigError(
                 f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"

@@ -4,6 +4,12 @@ Each handler does four things, in rqlite's order: check the permission (HTTP 401
 the method (HTTP 405), parse the request, make ONE store call in a worker thread (the
 store is synchronous and thread-safe) and format its answer. Nothing here touches SQLite.
 
+Routing and headers follow rqlite's ``Service.ServeHTTP`` (http/service.go): every answer
+carries ``X-RQLITE-VERSION`` and the CORS headers, ``OPTIONS`` on any path is 200, and
+rqlite's endpoints are matched by prefix in rqlite's order (``/db/execute/`` is
+``/db/execute``), with no redirects but ``/`` to ``/status``. litecdc's own endpoints are
+exact paths, none of which starts with an rqlite prefix.
+
 Errors: a malformed request gets HTTP 400 before the store is called, so it changes
 nothing. rqlite endpoints answer errors as ``text/plain`` (as Go's ``http.Error`` does);
 litecdc's own endpoints answer ``{"error": "..."}``. A failing SQL statement is not an
@@ -15,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import gzip
 import json
 import logging
 import os
 import platform
+import resource
 import shutil
 import socket
 import sys
@@ -34,10 +43,10 @@ import msgspec
 from anyio import to_thread
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
@@ -49,6 +58,7 @@ from litecdc.errors import (
     NotLeaderError,
     NotReadyError,
     RequestError,
+    StatementError,
     http_status_for,
 )
 from litecdc.http import rqlite
@@ -59,7 +69,7 @@ from litecdc.results import MAX_CID, MAX_SEQ, Statement
 from litecdc.store import Store
 from litecdc.wire import ARROW_STREAM, decode_key, encode_key, table_to_json, to_ipc
 
-__all__ = ["JOURNAL_PAGE_DEFAULT", "create_app"]
+__all__ = ["JOURNAL_PAGE_DEFAULT", "OWN_ROUTE_PATHS", "RQLITE_ENDPOINTS", "create_app"]
 
 log = logging.getLogger("litecdc.http")
 
@@ -82,6 +92,69 @@ def _package_version() -> str:
 
 
 VERSION = _package_version()
+#: ``X-RQLITE-VERSION`` on every response. rqlite sends its build version ("v8.36.5");
+#: its clients only show or return the header (the rqlite shell's "running version ...",
+#: rqlite-go-http's Client.Version()), so litecdc names itself rather than pose as an
+#: rqlite release a client could compare against.
+VERSION_HEADER = f"litecdc/{VERSION}"
+
+
+class _HttpStats:
+    """Counters of the HTTP API under rqlite's expvar names (``stats`` in http/service.go),
+    served by /debug/vars; ``queued_statements_failed`` is litecdc's."""
+
+    NAMES = (
+        "executions",
+        "execute_stmts_rx",
+        "queued_executions",
+        "queued_executions_ok",
+        "queued_executions_num_stmts_rx",
+        "queued_executions_num_stmts_tx",
+        "queued_executions_wait",
+        "queued_statements_failed",
+        "queries",
+        "query_stmts_rx",
+        "requests",
+        "request_stmts_rx",
+        "backups",
+        "loads",
+        "boot",
+        "num_status",
+        "num_readyz",
+        "authOK",
+        "authFail",
+    )
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        self._counts[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._counts)
+
+
+class _WriteQueue:
+    """The sequence numbers of queued writes (``?queue``), as rqlite's queue.Queue hands
+    them out (queue/queue.go): the first is the start time in nanoseconds plus one and each
+    request takes the next, so they keep growing across restarts. ``processed`` is the
+    number of the last request answered: /status ``http.queue._default.sequence_number``.
+
+    litecdc has no batching queue: a queued request is run before it is answered (see
+    _Api.queued_execute), so there is nothing else to report. Handlers run on the event
+    loop, so taking a number needs no lock."""
+
+    def __init__(self) -> None:
+        self._last = time.time_ns()
+        self.processed = 0
+
+    def take(self) -> int:
+        self._last += 1
+        return self._last
+
+    def done(self, number: int) -> None:
+        self.processed = max(self.processed, number)
 
 
 def _json(doc: Any, *, status: int = 200, pretty: bool = False) -> Response:
@@ -155,6 +228,8 @@ class _Api:
         self.scheme = "https" if self.tls else "http"
         self.started = datetime.now(UTC)
         self.last_backup: datetime | None = None
+        self.stats = _HttpStats()
+        self.queue = _WriteQueue()
         #: forwards writes to the leader; readyz checks the leader through it (set by create_app)
         self.forwarder: LeaderForwarder | None = None
 
@@ -164,7 +239,9 @@ class _Api:
             return None
         username, password = parse_basic_auth(request.headers.get("authorization"))
         if self.credentials.allows_all(username, password, perms):
+            self.stats.add("authOK")
             return None
+        self.stats.add("authFail")
         need = " and ".join(repr(p) for p in perms)
         return _text_error(
             401,
@@ -220,21 +297,103 @@ class _Api:
             return r
         start = time.perf_counter()
         opts = rqlite.parse_options(request.query_params)
+        if opts.queue:
+            return await self.queued_execute(request, opts, start)
         statements = await self._statements(request)
+        self.stats.add("execute_stmts_rx", len(statements))
         outcome = await to_thread.run_sync(
             lambda: self.store.execute(statements, transaction=opts.transaction)
         )
-        if opts.queue:
-            doc: dict[str, Any] = {"results": []}
-            if outcome.cid:
-                doc["sequence_number"] = outcome.cid
-        else:
-            doc = {
-                "results": rqlite.format_results(
-                    outcome.results, timings=opts.timings, blob_array=opts.blob_array
-                )
-            }
+        doc = {
+            "results": rqlite.format_results(
+                outcome.results, timings=opts.timings, blob_array=opts.blob_array
+            )
+        }
         return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
+
+    async def queued_execute(
+        self, request: Request, opts: rqlite.QueryOptions, start: float
+    ) -> Response:
+        """rqlite's queuedExecute (http/service.go): the request takes the next number of the
+        write queue and is answered ``{"results": [], "sequence_number": N}`` whatever its SQL
+        does (a failing statement, a read, a failing transaction); with ``wait`` an empty
+        batch is accepted as a checkpoint, without it it is 400 ``no statements``.
+
+        rqlite answers at once and runs queued requests later, in batches, without their
+        ``transaction`` flag, and drops their results. litecdc runs the statements before it
+        answers, as one commit with ``transaction`` honoured, so an answer means the write is
+        done (``wait`` has nothing to wait for); a statement that fails is logged with the
+        request's number. On a follower the leader runs it and this node still answers
+        with its own number."""
+        self.stats.add("queued_executions")
+        wait = "wait" in request.query_params
+        try:
+            statements = await self._statements(request)
+        except RequestError as exc:
+            if not (wait and str(exc).startswith(rqlite.ERR_NO_STATEMENTS)):
+                raise
+            statements = []  # a checkpoint: nothing to run (rqlite: nil statements)
+        if wait:
+            self.stats.add("queued_executions_wait")
+        number = self.queue.take()
+        self.stats.add("queued_executions_num_stmts_rx", len(statements))
+        cid = revision = None
+        failures: list[str] = []
+        if statements:
+            try:
+                outcome = await to_thread.run_sync(
+                    lambda: self.store.execute(statements, transaction=opts.transaction)
+                )
+            except NotLeaderError as exc:
+                return await self._forward_queued(request, exc, number, len(statements), opts)
+            except StatementError as exc:
+                failures.append(f"refused: {exc}")
+            else:
+                cid, revision = outcome.cid, outcome.log_revision
+                failures = [
+                    f"statement {i} failed: {result.error}"
+                    for i, result in enumerate(outcome.results, start=1)
+                    if result.error
+                ]
+                if failures and opts.transaction:
+                    failures[-1] += " (the transaction was rolled back: nothing was written)"
+        for failure in failures:  # the error, never the statement's text or values
+            log.warning("queued write %d: %s", number, failure)
+        self._queued_done(number, len(statements), len(failures))
+        doc: dict[str, Any] = {"results": [], "sequence_number": number}
+        return self._finish(doc, opts, start, cid, revision)
+
+    async def _forward_queued(
+        self,
+        request: Request,
+        error: NotLeaderError,
+        number: int,
+        count: int,
+        opts: rqlite.QueryOptions,
+    ) -> Response:
+        """A queued write on a follower goes to the leader as any write does, and the answer
+        carries this node's number (an rqlite follower queues the write itself): a client
+        that compares it with this node's /status finds it processed."""
+        if self.forwarder is None:
+            raise error
+        answer = await self.forwarder.answer(request, error)
+        if answer.status_code != 200:
+            return answer  # not written (or a redirect): no number is processed
+        try:
+            doc = msgspec.json.decode(answer.body)
+        except msgspec.DecodeError:
+            doc = None
+        if not isinstance(doc, dict):
+            return answer
+        doc["sequence_number"] = number
+        self._queued_done(number, count, 0)  # failures are logged by the leader
+        return _json(doc, pretty=opts.pretty)
+
+    def _queued_done(self, number: int, statements: int, failed: int) -> None:
+        self.queue.done(number)
+        self.stats.add("queued_executions_ok")
+        self.stats.add("queued_executions_num_stmts_tx", statements)
+        self.stats.add("queued_statements_failed", failed)
 
     async def query(self, request: Request) -> Response:
         if r := self._gate(request, ("query",), ("GET", "POST")):
@@ -251,6 +410,7 @@ class _Api:
             statements = [Statement(sql)]
         else:
             statements = await self._statements(request)
+        self.stats.add("query_stmts_rx", len(statements))
         if opts.min_cid is not None:
             min_cid = opts.min_cid
             if not await to_thread.run_sync(lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT)):
@@ -278,6 +438,7 @@ class _Api:
         start = time.perf_counter()
         opts = rqlite.parse_options(request.query_params)
         statements = await self._statements(request)
+        self.stats.add("request_stmts_rx", len(statements))
         outcome = await to_thread.run_sync(
             lambda: self.store.request(statements, transaction=opts.transaction, level=opts.level)
         )
@@ -311,9 +472,10 @@ class _Api:
         if r := self._gate(request, ("backup",), ("GET",)):
             return r
         params = request.query_params
-        fmt = params.get("fmt", "binary")
-        if fmt not in ("binary", "sql"):
-            raise RequestError(f"unknown backup format {fmt!r}: use fmt=sql or leave fmt out")
+        # rqlite's BackupFormatFromString (command/strings.go): lower-cased; "sql" is the SQL
+        # dump, "delete" the SQLite file in DELETE journal mode, anything else the SQLite
+        # file as it is (WAL mode, like rqlite's)
+        fmt = params.get("fmt", "").lower()
         compress = "compress" in params
         if fmt == "sql":
             text = await to_thread.run_sync(self.store.dump_sql)
@@ -325,7 +487,7 @@ class _Api:
         fd, path = tempfile.mkstemp(prefix="litecdc-backup-", suffix=".sqlite")
         os.close(fd)
         try:
-            await to_thread.run_sync(lambda: self._backup_to(path, compress))
+            await to_thread.run_sync(lambda: self._backup_to(path, compress, fmt == "delete"))
         except BaseException:
             _remove(path)
             raise
@@ -334,8 +496,10 @@ class _Api:
             path, media_type="application/octet-stream", background=BackgroundTask(_remove, path)
         )
 
-    def _backup_to(self, path: str, compress: bool) -> None:
+    def _backup_to(self, path: str, compress: bool, delete_mode: bool) -> None:
         self.store.backup(path)
+        if delete_mode:
+            _mark_rollback_journal(path)
         if compress:
             packed = path + ".gz"
             with open(path, "rb") as src, gzip.open(packed, "wb") as dst:
@@ -366,6 +530,31 @@ class _Api:
         )
         return self._finish({"results": results}, opts, start, outcome.cid, outcome.log_revision)
 
+    async def boot(self, request: Request) -> Response:
+        """rqlite v8's ``POST /boot`` (handleBoot, Store.ReadFrom): a SQLite file replaces the
+        data of a single node — here what /db/load does with a SQLite file, one journaled
+        commit. Anything but a SQLite file is 400; a node that does not lead, or leads a
+        cluster of more than one node, answers 503 ``not leader`` / ``not single-node`` as
+        rqlite does (its boot bypasses consensus, so it refuses clusters). 200 with an empty
+        body once loaded."""
+        if r := self._gate(request, ("load",), ("POST",)):
+            return r
+        data = await self._body(request)
+        if not data.startswith(SQLITE_HEADER):
+            raise RequestError(
+                "invalid SQLite data: /boot takes a SQLite database file (it starts with "
+                "'SQLite format 3'); load SQL text with POST /db/load"
+            )
+        if self.cluster is not None:
+            problem = await to_thread.run_sync(_boot_problem, self.cluster)
+            if problem is not None:
+                return _text_error(503, problem)
+        try:
+            await to_thread.run_sync(lambda: self.store.load(data))
+        except NotLeaderError as exc:  # lost the lead meanwhile: rqlite does not forward it
+            return _text_error(503, f"not leader: {exc}")
+        return Response(status_code=200)
+
     async def status(self, request: Request) -> Response:
         if r := self._gate(request, ("status",), ("GET",)):
             return r
@@ -378,6 +567,7 @@ class _Api:
                 "bind_addr": self.config.http_addr,
                 "auth": "enabled" if self.credentials is not None else "disabled",
                 "tls": {"enabled": "true" if self.tls else "false"},
+                "queue": {"_default": {"sequence_number": self.queue.processed}},
             },
             "node": {
                 "id": node.node_id,
@@ -501,8 +691,23 @@ class _Api:
             return None
         return await self.forwarder.leader_problem(leader_id, address)
 
-    async def root(self, request: Request) -> Response:
-        return RedirectResponse("/status", status_code=302)
+    async def expvar(self, request: Request) -> Response:
+        """rqlite's ``/debug/vars``, Go's expvar, which the rqlite shell's ``.expvar`` prints:
+        here ``cmdline`` (password values hidden), the process's ``memory``, Python's
+        garbage collector (``gc``) and ``http``, this API's counters under rqlite's names.
+        ``key`` keeps one of them. Needs ``status``; any method, as in rqlite."""
+        if r := self._denied(request, ("status",)):
+            return r
+        doc: dict[str, Any] = {
+            "cmdline": _cmdline(sys.orig_argv),
+            "memory": _process_memory(),
+            "gc": gc.get_stats(),
+            "http": self.stats.snapshot(),
+        }
+        key = request.query_params.get("key")
+        if key:
+            doc = {name: value for name, value in doc.items() if name == key}
+        return _json(doc, pretty="pretty" in request.query_params)
 
     # -- litecdc's own endpoints -----------------------------------------------------------
     async def metrics(self, request: Request) -> Response:
@@ -734,6 +939,76 @@ def _node_doc(
     }
 
 
+def _boot_problem(cluster: ClusterView) -> str | None:
+    """Why this cluster node cannot boot: rqlite's Store.ReadFrom refuses with ErrNotLeader,
+    then with ErrNotSingleNode, and handleBoot answers 503 with the error's text."""
+    if not cluster.is_leader():
+        return "not leader: /boot loads a SQLite file into the only node of a cluster"
+    members = len(cluster.known_members())
+    if members != 1:
+        return (
+            f"not single-node: this cluster has {members} nodes, and /boot loads a SQLite "
+            "file into a cluster of one node; load it with POST /db/load to the leader"
+        )
+    return None
+
+
+#: offset of an SQLite file's "file format write version" and "read version" bytes: "1 for
+#: rollback journalling modes and 2 for WAL journalling mode" (sqlite.org/fileformat2.html)
+_FILE_FORMAT_VERSIONS = 18
+
+
+def _mark_rollback_journal(path: str) -> None:
+    """rqlite's ``fmt=delete`` backup: the copy as a DELETE (rollback journal) mode database.
+
+    ``path`` is a complete backup with no -wal file beside it, so its journal mode is only
+    these two header bytes; 1, 1 is what ``PRAGMA journal_mode=DELETE`` leaves there.
+    """
+    with open(path, "r+b") as file:
+        file.seek(_FILE_FORMAT_VERSIONS)
+        versions = file.read(2)
+        if versions not in (b"\x01\x01", b"\x02\x02"):
+            raise LitecdcError(
+                f"backup: the copy's file format versions are {versions.hex()}, not WAL or "
+                "rollback journal; cannot make a DELETE mode copy"
+            )
+        file.seek(_FILE_FORMAT_VERSIONS)
+        file.write(b"\x01\x01")
+
+
+#: serve options whose values are secrets, which /debug/vars does not show
+_SECRET_OPTIONS = ("--etcd-password", "--node-password")
+
+
+def _cmdline(argv: Sequence[str]) -> list[str]:
+    """The process's command line (Go expvar's ``cmdline``), secret values replaced."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            shown.append("[redacted]")
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in _SECRET_OPTIONS and eq:
+            shown.append(f"{name}=[redacted]")
+            continue
+        hide_next = arg in _SECRET_OPTIONS
+        shown.append(arg)
+    return shown
+
+
+def _process_memory() -> dict[str, int]:
+    """This process's resident memory now and at its peak, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    doc = {"max_rss_bytes": peak if sys.platform == "darwin" else peak * 1024}  # Linux: KiB
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/statm") as statm:
+            resident_pages = int(statm.read().split()[1])
+        doc["rss_bytes"] = resident_pages * os.sysconf("SC_PAGE_SIZE")
+    return doc
+
+
 def _check_utf8(data: bytes) -> None:
     """/db/load takes SQL text as UTF-8; anything else is a bad request (HTTP 400)."""
     try:
@@ -834,12 +1109,6 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-_CORS = {
-    "Access-Control-Allow-Methods": "OPTIONS, GET, POST",
-    "Access-Control-Allow-Headers": "Content-Type, Authorization",
-}
-
-
 def _guard(
     handler: Handler, *, json_errors: bool, forwarder: LeaderForwarder | None = None
 ) -> Handler:
@@ -847,8 +1116,6 @@ def _guard(
     a write that needs the leader goes to it."""
 
     async def guarded(request: Request) -> Response:
-        if request.method == "OPTIONS":  # CORS preflight: rqlite answers 200 to any path
-            return Response(status_code=200, headers=_CORS)
         try:
             return await handler(request)
         except NotLeaderError as exc:
@@ -866,10 +1133,8 @@ def _guard(
     return guarded
 
 
-async def _not_found(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, HTTPException) and exc.status_code == 405:
-        return _text_error(405, f"method {request.method} is not allowed on {request.url.path}")
-    return _text_error(404, f"not found: litecdc has no endpoint {request.url.path}")
+def _not_found(path: str) -> Response:
+    return _text_error(404, f"not found: litecdc has no endpoint {path}")
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -879,6 +1144,111 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
+#: a handler of _Api, unbound
+ApiHandler = Callable[[_Api, Request], Awaitable[Response]]
+
+#: rqlite's endpoints as its ServeHTTP matches them (http/service.go), in its order:
+#: (path, exact?, handler, expvar counter). Not exact = any path starting with it.
+_RQLITE_ROUTES: tuple[tuple[str, bool, ApiHandler, str | None], ...] = (
+    ("/db/execute", False, _Api.execute, "executions"),
+    ("/db/query", False, _Api.query, "queries"),
+    ("/db/request", False, _Api.request, "requests"),
+    ("/db/backup", False, _Api.backup, "backups"),
+    ("/db/load", False, _Api.load, "loads"),
+    ("/boot", True, _Api.boot, "boot"),
+    ("/remove", False, _Api.remove, None),
+    ("/status", False, _Api.status, "num_status"),
+    ("/nodes", False, _Api.nodes, None),
+    ("/readyz", False, _Api.readyz, "num_readyz"),
+    ("/debug/vars", True, _Api.expvar, None),
+)
+RQLITE_ENDPOINTS = tuple((path, exact) for path, exact, _, _ in _RQLITE_ROUTES)
+
+#: litecdc's own endpoints (Starlette paths, matched exactly): (path, handler, JSON errors?)
+_OWN_ROUTES: tuple[tuple[str, ApiHandler, bool], ...] = (
+    ("/journal", _Api.journal, True),
+    ("/cdc/changes", _Api.changes, True),
+    ("/cdc/subscriptions", _Api.subscriptions, True),
+    ("/cdc/subscriptions/{name}", _Api.subscription, True),
+    ("/cdc/subscriptions/{name}/progress", _Api.subscription_progress, True),
+    ("/cdc/tables", _Api.source_tables, True),
+    ("/cdc/tables/{table}", _Api.source_table, True),
+    ("/cdc/tables/{table}/splits", _Api.source_splits, True),
+    ("/cdc/tables/{table}/rows", _Api.source_rows, True),
+    ("/cdc/tables/{table}/changes", _Api.source_changes, True),
+    ("/cdc/tables/{table}/position", _Api.source_position, True),
+    ("/metrics", _Api.metrics, False),
+)
+OWN_ROUTE_PATHS = tuple(path for path, _, _ in _OWN_ROUTES)
+
+
+def _rqlite_router(
+    routes: Sequence[tuple[str, bool, Handler, str | None]], stats: _HttpStats
+) -> Handler:
+    """rqlite's ServeHTTP switch: ``/`` is a 302 to /status, then the first endpoint whose
+    path is the request's (exact) or starts it (prefix); anything else is 404."""
+
+    async def route(request: Request) -> Response:
+        path = request.url.path
+        if path in ("", "/"):
+            return RedirectResponse("/status", status_code=302)
+        for prefix, exact, handler, counter in routes:
+            if path == prefix or (not exact and path.startswith(prefix)):
+                if counter is not None:
+                    stats.add(counter)
+                return await handler(request)
+        return _not_found(path)
+
+    return route
+
+
+class _RqliteHeaders:
+    """What rqlite's ServeHTTP does before routing: every answer carries the build version
+    (addBuildVersion) and the CORS headers (addAllowHeaders), and ``OPTIONS`` on any path
+    is answered 200 at once (a browser's preflight). It wraps the whole Starlette app, so
+    404s, 500s and relayed answers of the leader carry them too."""
+
+    def __init__(self, app: ASGIApp, headers: list[tuple[bytes, bytes]]) -> None:
+        self.app = app
+        self.headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "OPTIONS":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*self.headers, (b"content-length", b"0")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _rqlite_headers(config: NodeConfig, auth: bool) -> list[tuple[bytes, bytes]]:
+    """rqlite's addBuildVersion and addAllowHeaders: ``Authorization`` is allowed, with
+    credentials, only when the node checks them; an origin only when configured."""
+    headers = [(b"x-rqlite-version", VERSION_HEADER.encode())]
+    if config.http_allow_origin:
+        headers.append((b"access-control-allow-origin", config.http_allow_origin.encode()))
+    headers.append((b"access-control-allow-methods", b"OPTIONS, GET, POST"))
+    if auth:
+        headers.append((b"access-control-allow-headers", b"Content-Type, Authorization"))
+        headers.append((b"access-control-allow-credentials", b"true"))
+    else:
+        headers.append((b"access-control-allow-headers", b"Content-Type"))
+    return headers
+
 
 def create_app(
     store: Store,
@@ -886,52 +1256,34 @@ def create_app(
     *,
     cdc: CDCService | None = None,
     cluster: ClusterView | None = None,
-) -> Starlette:
-    """The Starlette app serving ``store`` (and ``cdc``'s status). Raises ConfigError for a
-    bad auth file."""
+) -> ASGIApp:
+    """The ASGI app serving ``store`` (and ``cdc``'s status). Raises ConfigError for a bad
+    auth file."""
     api = _Api(store, config, cdc, cluster)
     forwarder = api.forwarder = LeaderForwarder(
         config.node_id, ca_cert=str(config.node_ca_cert) if config.node_ca_cert else None
     )
-    rq: dict[str, Any] = dict(json_errors=False, forwarder=forwarder)
-    own: dict[str, Any] = dict(json_errors=True, forwarder=forwarder)
-    routes = [
-        Route("/", api.root),
-        Route("/db/execute", _guard(api.execute, **rq), methods=_ALL_METHODS),
-        Route("/db/query", _guard(api.query, **rq), methods=_ALL_METHODS),
-        Route("/db/request", _guard(api.request, **rq), methods=_ALL_METHODS),
-        Route("/db/backup", _guard(api.backup, **rq), methods=_ALL_METHODS),
-        Route("/db/load", _guard(api.load, **rq), methods=_ALL_METHODS),
-        Route("/status", _guard(api.status, **rq), methods=_ALL_METHODS),
-        Route("/nodes", _guard(api.nodes, **rq), methods=_ALL_METHODS),
-        Route("/readyz", _guard(api.readyz, **rq), methods=_ALL_METHODS),
-        Route("/remove", _guard(api.remove, **rq), methods=_ALL_METHODS),
-        Route("/journal", _guard(api.journal, **own), methods=_ALL_METHODS),
-        Route("/cdc/changes", _guard(api.changes, **own), methods=_ALL_METHODS),
-        Route("/cdc/subscriptions", _guard(api.subscriptions, **own), methods=_ALL_METHODS),
-        Route("/cdc/subscriptions/{name}", _guard(api.subscription, **own), methods=_ALL_METHODS),
+    own = [
         Route(
-            "/cdc/subscriptions/{name}/progress",
-            _guard(api.subscription_progress, **own),
+            path,
+            _guard(functools.partial(handler, api), json_errors=json_errors, forwarder=forwarder),
             methods=_ALL_METHODS,
-        ),
-        Route("/cdc/tables", _guard(api.source_tables, **own), methods=_ALL_METHODS),
-        Route("/cdc/tables/{table}", _guard(api.source_table, **own), methods=_ALL_METHODS),
-        Route("/cdc/tables/{table}/splits", _guard(api.source_splits, **own), methods=_ALL_METHODS),
-        Route("/cdc/tables/{table}/rows", _guard(api.source_rows, **own), methods=_ALL_METHODS),
-        Route(
-            "/cdc/tables/{table}/changes",
-            _guard(api.source_changes, **own),
-            methods=_ALL_METHODS,
-        ),
-        Route(
-            "/cdc/tables/{table}/position",
-            _guard(api.source_position, **own),
-            methods=_ALL_METHODS,
-        ),
-        Route("/metrics", _guard(api.metrics, **rq), methods=_ALL_METHODS),
+        )
+        for path, handler, json_errors in _OWN_ROUTES
     ]
-    return Starlette(
-        routes=routes,
-        exception_handlers={404: _not_found, 405: _not_found, Exception: _internal_error},
+    rqlite_routes = [
+        (
+            path,
+            exact,
+            _guard(functools.partial(handler, api), json_errors=False, forwarder=forwarder),
+            counter,
+        )
+        for path, exact, handler, counter in _RQLITE_ROUTES
+    ]
+    # every other path is rqlite's to match (its prefixes, its 404): no Starlette
+    # redirect_slashes 307, which clients such as pyrqlite do not follow with the body
+    catch_all = Route(
+        "/{path:path}", _rqlite_router(rqlite_routes, api.stats), methods=_ALL_METHODS
     )
+    app = Starlette(routes=[*own, catch_all], exception_handlers={Exception: _internal_error})
+    return _RqliteHeaders(app, _rqlite_headers(config, api.credentials is not None))

@@ -298,11 +298,13 @@ def test_status(node: Node, client: httpx.Client) -> None:
     body = r.json()
     assert {"build", "http", "node", "os", "runtime", "store"} <= set(body)
     assert body["node"]["mode"] == "normal" or body["node"]["mode"].lower() == "normal"
+    queue = body["http"].pop("queue")
     assert body["http"] == {
         "bind_addr": f"127.0.0.1:{node.port}",
         "auth": "disabled",
         "tls": {"enabled": "false"},
     }
+    assert isinstance(queue["_default"]["sequence_number"], int)
     store = body["store"]
     for key in (
         "node_id",
@@ -363,7 +365,18 @@ def test_backup_binary_and_sql(node: Node, client: httpx.Client, tmp_path: Path)
     assert r.headers["content-type"].startswith("application/sql")
     assert "CREATE TABLE bk" in r.text
     assert "'two'" in r.text
-    assert client.get("/db/backup", params={"fmt": "xml"}).status_code == 400
+    # rqlite's BackupFormatFromString: lower-cased, and an unknown format is binary
+    r = client.get("/db/backup", params={"fmt": "SQL"})
+    assert r.headers["content-type"].startswith("application/sql") and "'two'" in r.text
+    r = client.get("/db/backup", params={"fmt": "xml"})
+    assert r.status_code == 200 and r.content[:20] == b"SQLite format 3\x00\x10\x00\x02\x02"
+    r = client.get("/db/backup", params={"fmt": "delete"})
+    assert r.status_code == 200 and r.content[18:20] == b"\x01\x01"  # DELETE journal mode
+    path.write_bytes(r.content)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert db.execute("SELECT v FROM bk ORDER BY id").fetchall() == [("one",), ("two",)]
+    db.close()
 
 
 def test_load_sql_text_then_sqlite_file(fresh_node: Node, tmp_path: Path) -> None:
@@ -421,3 +434,110 @@ def test_min_cid_reads_wait_for_the_write(fresh_node: Node) -> None:
         assert r.status_code == 200 and r.json()["results"][0]["values"] == [[1]]
         bad = c.get("/db/query", params={"q": "SELECT 1", "min_cid": "soon"})
         assert bad.status_code == 400 and "min_cid must be" in bad.text
+
+
+def test_queued_write_of_failing_sql_still_gets_its_sequence_number(
+    node: Node, client: httpx.Client
+) -> None:
+    """rqlite answers a queued write with its sequence number whatever the SQL does; the
+    failure is in the node's log, and /status reports the last number processed."""
+    r = client.post("/db/execute", params={"queue": ""}, json=["INSERT INTO nosuch VALUES(1)"])
+    assert r.status_code == 200, r.text
+    number = r.json()["sequence_number"]
+    assert r.json() == {"results": [], "sequence_number": number}
+    r = client.post("/db/execute", params={"queue": "", "wait": ""}, json=[])
+    assert r.status_code == 200 and r.json()["sequence_number"] == number + 1
+    status = client.get("/status", params={"key": "http.queue._default.sequence_number"})
+    assert status.json() == number + 1
+    assert f"queued write {number}: statement 1 failed: no such table: nosuch" in node.log()
+
+
+def test_a_queued_write_through_a_follower_is_numbered_by_the_follower(
+    node: Node, tmp_path: Path
+) -> None:
+    """The follower forwards the write to the leader and answers with its own queue's
+    number, as rqlite's follower queues the write itself; its /status reports it."""
+    from collections.abc import Sequence
+
+    from starlette.testclient import TestClient
+
+    from litecdc import NodeConfig, Statement, Store, WriteOutcome
+    from litecdc.errors import NotLeaderError
+    from litecdc.http.app import create_app
+
+    with node.client() as c:
+        node.execute(c, ["CREATE TABLE fq (x)"])
+    store = Store(NodeConfig(data_dir=tmp_path / "follower", node_id="follower"))
+
+    def not_here(statements: Sequence[Statement], transaction: bool) -> WriteOutcome:
+        raise NotLeaderError("not the leader", leader_id="leader", leader_address=node.url)
+
+    store.route_writes(not_here)
+    try:
+        with TestClient(create_app(store, store.config)) as follower:
+            r = follower.post("/db/execute?queue", json=["INSERT INTO fq VALUES(7)"])
+            assert r.status_code == 200, r.text
+            number = r.json()["sequence_number"]
+            seen = follower.get("/status").json()["http"]["queue"]["_default"]
+            assert seen["sequence_number"] == number
+            r = follower.post("/db/execute?queue", json=["INSERT INTO nosuch VALUES(7)"])
+            assert r.status_code == 200 and r.json()["sequence_number"] == number + 1
+    finally:
+        store.close()
+    with node.client() as c:
+        assert node.query(c, "SELECT x FROM fq")["results"][0]["values"] == [[7]]
+
+
+def test_rqlite_paths_match_by_prefix(node: Node, client: httpx.Client) -> None:
+    """rqlite's ServeHTTP matches with strings.HasPrefix; uvicorn must not redirect."""
+    r = client.post("/db/execute/", json=["CREATE TABLE pfx (x)"], follow_redirects=False)
+    assert (r.status_code, r.json()) == (200, {"results": [{}]})
+    r = client.post(
+        "/db/execute/queue/_default", params={"queue": ""}, json=["INSERT INTO pfx VALUES(1)"],
+        follow_redirects=False,
+    )  # fmt: skip
+    assert r.status_code == 200 and "sequence_number" in r.json()
+    r = client.get("/statusfoo", follow_redirects=False)
+    assert r.status_code == 200 and "store" in r.json()
+    assert client.get("/journal/", follow_redirects=False).status_code == 404
+
+
+def test_version_header_and_cors_on_every_response(tmp_path: Path) -> None:
+    n = Node(tmp_path / "data", "--http-allow-origin", "https://app.example").start()
+    try:
+        with n.client() as c:
+            for r in (c.get("/status"), c.get("/nosuch"), c.options("/anything/at/all")):
+                assert r.headers["x-rqlite-version"].startswith("litecdc/")
+                assert r.headers["access-control-allow-origin"] == "https://app.example"
+                assert r.headers["access-control-allow-methods"] == "OPTIONS, GET, POST"
+                assert r.headers["access-control-allow-headers"] == "Content-Type"
+            assert c.options("/anything/at/all").status_code == 200
+    finally:
+        n.stop()
+
+
+def test_boot_replaces_a_standalone_node_with_a_sqlite_file(
+    fresh_node: Node, tmp_path: Path
+) -> None:
+    path = tmp_path / "boot.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE booted (v TEXT)")
+        db.execute("INSERT INTO booted VALUES('b')")
+    db.close()
+    with fresh_node.client() as c:
+        fresh_node.execute(c, ["CREATE TABLE old (x)"])
+        r = c.post("/boot", content=path.read_bytes())
+        assert (r.status_code, r.content) == (200, b"")
+        assert fresh_node.query(c, "SELECT v FROM booted")["results"][0]["values"] == [["b"]]
+        assert fresh_node.query(c, "SELECT x FROM old")["results"][0]["error"] == (
+            "no such table: old"
+        )
+        r = c.post("/boot", content="CREATE TABLE t (x);", headers={"Content-Type": "text/plain"})
+        assert r.status_code == 400 and "/boot takes a SQLite database file" in r.text
+
+
+def test_debug_vars(node: Node, client: httpx.Client) -> None:
+    doc = client.get("/debug/vars").json()
+    assert "serve" in doc["cmdline"] and str(node.data_dir) in doc["cmdline"]
+    assert doc["memory"]["rss_bytes"] > 0
+    assert doc["http"]["num_status"] >= 0

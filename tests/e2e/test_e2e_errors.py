@@ -88,9 +88,31 @@ def test_unknown_endpoint_and_wrong_method(client: httpx.Client) -> None:
 
 
 def test_options_is_answered_for_cors(client: httpx.Client) -> None:
-    r = client.options("/db/execute")
-    assert r.status_code == 200
-    assert r.headers["access-control-allow-methods"] == "OPTIONS, GET, POST"
+    for path in ("/db/execute", "/no/such/endpoint", "/journal"):
+        r = client.options(path)
+        assert (r.status_code, r.content) == (200, b""), path
+        assert r.headers["access-control-allow-methods"] == "OPTIONS, GET, POST"
+        assert r.headers["access-control-allow-headers"] == "Content-Type"
+
+
+def test_allow_origin_from_the_environment_and_a_bad_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--http-allow-origin`` (``LITECDC_HTTP_ALLOW_ORIGIN``) is rqlite's
+    ``-http-allow-origin``; a value that is not one header value is a configuration error."""
+    monkeypatch.setenv("LITECDC_HTTP_ALLOW_ORIGIN", "*")
+    proc = serve_cli(
+        "--data-dir", str(tmp_path / "d"), "--http-addr", "127.0.0.1:0",
+        "--http-allow-origin", "https://a.example\x7f",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: --http-allow-origin must be one header value")
+    n = Node(tmp_path / "data").start()  # the environment's value
+    try:
+        with n.client() as c:
+            assert c.get("/status").headers["access-control-allow-origin"] == "*"
+    finally:
+        n.stop()
 
 
 def test_oversize_body_is_413_and_changes_nothing(tmp_path: Path) -> None:

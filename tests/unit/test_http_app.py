@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import gzip
+import logging
+import sqlite3
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
 from litecdc.config import NodeConfig
-from litecdc.errors import ModeError
+from litecdc.db.datafile import SQLITE_HEADER
+from litecdc.errors import ConfigError, ModeError
 from litecdc.http import create_app
+from litecdc.http.app import VERSION
 from litecdc.store import Store
 
 
@@ -198,3 +205,298 @@ def test_remove_on_a_standalone_node_is_a_clear_400(http: TestClient) -> None:
     assert r.status_code == 400
     assert r.text.startswith('the body of DELETE /remove must be {"id": "NODE_ID"}')
     assert http.get("/remove").status_code == 405
+
+
+# -- rqlite's ServeHTTP: queued writes, headers, path matching, /boot, backup formats,
+#    /debug/vars (http/service.go at 9e2a7269) ----------------------------------------
+
+
+def _sqlite_file(path: Path, *statements: str) -> bytes:
+    with sqlite3.connect(path) as db:
+        for sql in statements:
+            db.execute(sql)
+    db.close()
+    return path.read_bytes()
+
+
+def test_queued_writes_always_answer_with_a_sequence_number(
+    http: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rqlite's queuedExecute answers with the queue's sequence number whatever the SQL does
+    later: a failing statement, a read, a failing transaction."""
+    http.post("/db/execute", json=["CREATE TABLE q (id INTEGER PRIMARY KEY)"])
+    numbers = []
+    with caplog.at_level(logging.WARNING, logger="litecdc.http"):
+        for params, body in [
+            ("queue", ["INSERT INTO q VALUES(1)"]),
+            ("queue", ["INSERT INTO nosuch VALUES(1)"]),
+            ("queue", ["SELECT 1"]),
+            ("queue&transaction", ["INSERT INTO q VALUES(2)", "INSERT INTO nosuch VALUES(2)"]),
+            ("queue&wait", ["INSERT INTO q VALUES(3)"]),
+        ]:
+            r = http.post(f"/db/execute?{params}", json=body)
+            assert r.status_code == 200, (params, body, r.text)
+            doc = r.json()
+            assert set(doc) == {"results", "sequence_number"}, (params, body, doc)
+            assert doc["results"] == []
+            numbers.append(doc["sequence_number"])
+    assert numbers == sorted(set(numbers))  # strictly increasing
+    # the failed statements are logged with their request's number (rqlite drops them)
+    failures = [rec.getMessage() for rec in caplog.records if "queued write" in rec.getMessage()]
+    assert failures == [
+        f"queued write {numbers[1]}: statement 1 failed: no such table: nosuch",
+        f"queued write {numbers[3]}: statement 2 failed: no such table: nosuch "
+        "(the transaction was rolled back: nothing was written)",
+    ]
+    r = http.get("/db/query", params={"q": "SELECT id FROM q ORDER BY id"})
+    assert r.json()["results"][0]["values"] == [[1], [3]]  # the failed transaction left nothing
+    status = http.get("/status").json()
+    assert status["http"]["queue"]["_default"]["sequence_number"] == numbers[-1]
+
+
+def test_an_empty_queued_batch_is_a_checkpoint_with_wait_only(http: TestClient) -> None:
+    """rqlite: ``?queue&wait`` with ``[]`` is a flush checkpoint; without ``wait`` 400."""
+    before = _last_cid(http)
+    r = http.post("/db/execute?queue&wait", json=[])
+    assert r.status_code == 200, r.text
+    number = r.json()["sequence_number"]
+    assert r.json() == {"results": [], "sequence_number": number}
+    r = http.post("/db/execute?queue", json=[])
+    assert r.status_code == 400 and r.text.startswith("no statements")
+    r = http.post("/db/execute?queue&wait", content=b"[1, 2")
+    assert r.status_code == 400 and r.text.startswith("invalid JSON body")
+    assert _last_cid(http) == before
+    assert http.get("/status").json()["http"]["queue"]["_default"]["sequence_number"] == number
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/status"),
+        ("GET", "/nosuch"),
+        ("GET", "/db/execute"),
+        ("GET", "/journal"),
+        ("GET", "/journal?after=x"),
+        ("POST", "/db/query"),
+        ("OPTIONS", "/nosuch/at/all"),
+    ],
+)
+def test_every_response_has_the_version_and_cors_headers(
+    http: TestClient, method: str, path: str
+) -> None:
+    """rqlite's ServeHTTP: addBuildVersion and addAllowHeaders before anything else."""
+    r = http.request(method, path)
+    assert r.headers["x-rqlite-version"] == f"litecdc/{VERSION}"
+    assert r.headers["access-control-allow-methods"] == "OPTIONS, GET, POST"
+    assert r.headers["access-control-allow-headers"] == "Content-Type"
+    assert "access-control-allow-credentials" not in r.headers
+    assert "access-control-allow-origin" not in r.headers
+    if method == "OPTIONS":
+        assert (r.status_code, r.content) == (200, b"")
+
+
+def test_cors_headers_with_auth_and_an_allowed_origin(store: Store, tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text('[{"username": "admin", "password": "pw", "perms": ["all"]}]')
+    config = NodeConfig(
+        data_dir=store.config.data_dir, auth_file=auth, http_allow_origin="https://app.example"
+    )
+    with TestClient(create_app(store, config), raise_server_exceptions=False) as c:
+        for r in (c.get("/status"), c.options("/db/execute"), c.get("/boom")):
+            assert r.status_code in (401, 200, 404)
+            assert r.headers["access-control-allow-origin"] == "https://app.example"
+            assert r.headers["access-control-allow-headers"] == "Content-Type, Authorization"
+            assert r.headers["access-control-allow-credentials"] == "true"
+            assert r.headers["x-rqlite-version"] == f"litecdc/{VERSION}"
+        assert c.options("/db/execute").status_code == 200  # no credentials needed
+
+
+def test_rqlite_endpoints_match_by_prefix_without_redirects(http: TestClient) -> None:
+    """rqlite routes with strings.HasPrefix: a trailing slash or anything after the name
+    reaches the endpoint (pyrqlite follows only 301, and a 307 lost the body)."""
+    r = http.post("/db/execute/", json=["CREATE TABLE pre (x)"], follow_redirects=False)
+    assert r.status_code == 200 and r.json() == {"results": [{}]}
+    r = http.post(
+        "/db/execute/queue/_default?queue", json=["INSERT INTO pre VALUES(1)"],
+        follow_redirects=False,
+    )  # fmt: skip
+    assert r.status_code == 200 and "sequence_number" in r.json()
+    r = http.get("/db/query/", params={"q": "SELECT x FROM pre"}, follow_redirects=False)
+    assert r.json()["results"][0]["values"] == [[1]]
+    r = http.post("/db/request/x", json=["SELECT 2"], follow_redirects=False)
+    assert r.json()["results"][0]["values"] == [[2]]
+    for path in ("/statusfoo", "/status/"):
+        r = http.get(path, follow_redirects=False)
+        assert r.status_code == 200 and "store" in r.json(), path
+    assert http.get("/readyz/", follow_redirects=False).text.startswith("[+]node ok")
+    assert http.get("/nodes/", follow_redirects=False).status_code == 200
+    assert http.get("/db/backup/", follow_redirects=False).content.startswith(SQLITE_HEADER)
+    r = http.get("/", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (302, "/status")
+    # exact paths stay exact, and nothing else redirects
+    for path in ("/boot/", "/debug/vars/", "/debug/varsx", "/journal/", "/db/nothing"):
+        r = http.get(path, follow_redirects=False)
+        assert r.status_code == 404, (path, r.status_code)
+        assert r.text == f"not found: litecdc has no endpoint {path}\n"
+
+
+def test_no_litecdc_route_is_shadowed_by_an_rqlite_prefix() -> None:
+    """litecdc's own endpoints must not start with a path rqlite matches by prefix, or
+    rqlite's routing would take them."""
+    from litecdc.http.app import OWN_ROUTE_PATHS, RQLITE_ENDPOINTS
+
+    assert {"/journal", "/cdc/changes", "/metrics"} <= set(OWN_ROUTE_PATHS)
+    prefixes = [path for path, exact in RQLITE_ENDPOINTS if not exact]
+    for own in OWN_ROUTE_PATHS:
+        assert not any(own.startswith(prefix) for prefix in prefixes), own
+
+
+class _Members:
+    """Stands in for a cluster node for /boot: ``count`` members, leading or not."""
+
+    def __init__(self, count: int, leading: bool) -> None:
+        self.count, self.leading = count, leading
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def leader(self) -> tuple[str, str] | None:
+        return ("n1", "http://127.0.0.1:4001")
+
+    def status(self) -> dict[str, object]:
+        return {}
+
+    def known_members(self) -> list[object]:
+        return [object()] * self.count
+
+    def remove_member(self, node_id: str) -> None:
+        raise AssertionError("not called")
+
+
+def test_boot_loads_a_sqlite_file_into_a_standalone_node(http: TestClient, tmp_path: Path) -> None:
+    """rqlite v8's /boot: POST, ``load`` permission, a SQLite file replaces the data."""
+    http.post("/db/execute", json=["CREATE TABLE gone (x)", "INSERT INTO gone VALUES(1)"])
+    data = _sqlite_file(
+        tmp_path / "boot.sqlite", "CREATE TABLE booted (v TEXT)", "INSERT INTO booted VALUES('b')"
+    )
+    r = http.post("/boot", content=data)
+    assert (r.status_code, r.content) == (200, b"")
+    r = http.get("/db/query", params={"q": "SELECT v FROM booted"})
+    assert r.json()["results"][0]["values"] == [["b"]]
+    r = http.get("/db/query", params={"q": "SELECT x FROM gone"})
+    assert r.json()["results"][0]["error"] == "no such table: gone"
+    before = _last_cid(http)
+    for body in (b"CREATE TABLE t (x); INSERT INTO t VALUES(1);", b"", b"SQLite"):
+        r = http.post("/boot", content=body)
+        assert r.status_code == 400, body
+        assert r.text.startswith("invalid SQLite data: /boot takes a SQLite database file")
+    assert _last_cid(http) == before
+    r = http.get("/boot")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("members", "leading", "message"),
+    [(3, True, "not single-node"), (1, False, "not leader"), (2, False, "not leader")],
+)
+def test_boot_refuses_a_node_that_is_not_a_single_node_leader(
+    store: Store, tmp_path: Path, members: int, leading: bool, message: str
+) -> None:
+    """rqlite's Store.ReadFrom: ErrNotLeader, then ErrNotSingleNode; handleBoot answers 503."""
+    data = _sqlite_file(tmp_path / "b.sqlite", "CREATE TABLE b (x)")
+    app = create_app(store, store.config, cluster=_Members(members, leading))  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        r = c.post("/boot", content=data)
+        assert r.status_code == 503
+        assert r.text.startswith(message)
+    assert store.status().tables == 0
+
+
+@pytest.mark.parametrize(
+    ("fmt", "kind"),
+    [
+        ("", "wal"), ("binary", "wal"), ("BINARY", "wal"), ("bogus", "wal"),
+        ("sql", "sql"), ("SQL", "sql"), ("Sql", "sql"),
+        ("delete", "delete"), ("DELETE", "delete"),
+    ],
+)  # fmt: skip
+def test_backup_formats_as_rqlite_reads_them(
+    http: TestClient, tmp_path: Path, fmt: str, kind: str
+) -> None:
+    """rqlite's BackupFormatFromString: lower-cased; binary, sql, delete; anything else is
+    binary. ``delete`` is the SQLite file in DELETE (rollback journal) mode."""
+    http.post("/db/execute", json=["CREATE TABLE bf (v)", "INSERT INTO bf VALUES('x')"])
+    r = http.get("/db/backup", params={"fmt": fmt} if fmt else None)
+    assert r.status_code == 200, r.text
+    if kind == "sql":
+        assert r.headers["content-type"].startswith("application/sql")
+        assert "CREATE TABLE bf" in r.text
+        return
+    assert r.headers["content-type"] == "application/octet-stream"
+    data = r.content
+    assert data.startswith(SQLITE_HEADER)
+    assert data[18:20] == (b"\x02\x02" if kind == "wal" else b"\x01\x01")
+    path = tmp_path / "copy.sqlite"
+    path.write_bytes(data)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert db.execute("SELECT v FROM bf").fetchall() == [("x",)]
+        mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+    db.close()
+    assert mode == ("wal" if kind == "wal" else "delete")
+
+
+def test_backup_delete_format_compressed(http: TestClient) -> None:
+    http.post("/db/execute", json=["CREATE TABLE bz (v)"])
+    r = http.get("/db/backup", params={"fmt": "delete", "compress": ""})
+    data = gzip.decompress(r.content)
+    assert data.startswith(SQLITE_HEADER) and data[18:20] == b"\x01\x01"
+
+
+def test_debug_vars_is_a_small_honest_expvar(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rqlite serves Go's expvar at /debug/vars (the shell's .expvar prints it): litecdc
+    serves the command line, the process's memory and its HTTP counters."""
+    monkeypatch.setattr(
+        sys, "orig_argv",
+        ["python", "-m", "litecdc", "serve", "--etcd-password", "s3cret", "--node-password=pw2"],
+    )  # fmt: skip
+    http.post("/db/execute", json=["CREATE TABLE dv (x)"])
+    http.post("/db/execute/", json=["INSERT INTO dv VALUES(1)"])
+    r = http.get("/debug/vars")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json; charset=utf-8"
+    doc = r.json()
+    assert {"cmdline", "memory", "http"} <= set(doc)
+    assert doc["cmdline"] == [
+        "python", "-m", "litecdc", "serve", "--etcd-password", "[redacted]",
+        "--node-password=[redacted]",
+    ]  # fmt: skip
+    assert doc["memory"]["max_rss_bytes"] > 0
+    assert doc["http"]["executions"] == 2
+    assert doc["http"]["execute_stmts_rx"] == 2
+    assert http.get("/debug/vars", params={"key": "http"}).json() == {
+        "http": http.get("/debug/vars").json()["http"]
+    }
+    assert http.get("/debug/vars", params={"key": "nosuch"}).json() == {}
+
+
+def test_debug_vars_needs_the_status_permission(store: Store, tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text(
+        '[{"username": "ops", "password": "pw", "perms": ["status"]},'
+        ' {"username": "loader", "password": "pw", "perms": ["load"]}]'
+    )
+    config = NodeConfig(data_dir=store.config.data_dir, auth_file=auth)
+    with TestClient(create_app(store, config)) as c:
+        assert c.get("/debug/vars").status_code == 401
+        assert c.get("/debug/vars", auth=("loader", "pw")).status_code == 401
+        assert c.get("/debug/vars", auth=("ops", "pw")).status_code == 200
+        assert c.post("/boot", content=b"x", auth=("ops", "pw")).status_code == 401
+        assert c.post("/boot", content=b"x", auth=("loader", "pw")).status_code == 400
+
+
+def test_allow_origin_must_be_one_header_value(store: Store) -> None:
+    with pytest.raises(ConfigError, match="--http-allow-origin must be one header value"):
+        NodeConfig(data_dir=store.config.data_dir, http_allow_origin="https://a\r\nX-Evil: 1")
