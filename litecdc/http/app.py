@@ -1182,6 +1182,18 @@ _OWN_ROUTES: tuple[tuple[str, ApiHandler, bool], ...] = (
 OWN_ROUTE_PATHS = tuple(path for path, _, _ in _OWN_ROUTES)
 
 
+def _counted(handler: Handler, counter: str | None, stats: _HttpStats) -> Handler:
+    """``handler``, counting its requests under rqlite's expvar name (as _rqlite_router)."""
+    if counter is None:
+        return handler
+
+    async def counted(request: Request) -> Response:
+        stats.add(counter)
+        return await handler(request)
+
+    return counted
+
+
 def _rqlite_router(
     routes: Sequence[tuple[str, bool, Handler, str | None]], stats: _HttpStats
 ) -> Handler:
@@ -1280,10 +1292,19 @@ def create_app(
         )
         for path, exact, handler, counter in _RQLITE_ROUTES
     ]
+    # rqlite's endpoints at their exact paths first: Starlette tries routes in order, and
+    # the hot ones reached the catch-all only after every other route's regex (measured:
+    # +34 us a request, 12% of HTTP writes/s)
+    exact = [
+        Route(path, _counted(handler, counter, api.stats), methods=_ALL_METHODS)
+        for path, _, handler, counter in rqlite_routes
+    ]
     # every other path is rqlite's to match (its prefixes, its 404): no Starlette
     # redirect_slashes 307, which clients such as pyrqlite do not follow with the body
     catch_all = Route(
         "/{path:path}", _rqlite_router(rqlite_routes, api.stats), methods=_ALL_METHODS
     )
-    app = Starlette(routes=[*own, catch_all], exception_handlers={Exception: _internal_error})
+    app = Starlette(
+        routes=[*exact, *own, catch_all], exception_handlers={Exception: _internal_error}
+    )
     return _RqliteHeaders(app, _rqlite_headers(config, api.credentials is not None))
