@@ -12,7 +12,17 @@ that it reports the cid it saw (the journal's head in that transaction):
 SQLite columns are dynamically typed; each column is mirrored as the Arrow type its
 declared type's affinity implies (``arrow_type_name``). Integers in a REAL column become
 floats (SQLite itself does that on storage); any other value that does not fit is a
-``DataTypeError`` naming the table, column and key, never a silent conversion.
+``DataTypeError`` naming the table, column and key, never a silent conversion — a blob
+in a TEXT column or text in a BLOB column too: their bytes are not the other type's
+value (UTF-8 or not), and once converted nothing could tell them apart.
+
+Keys are compared by SQLite, never by the reader: ranges, pages and split keys follow
+the key columns' collations (NOCASE, RTRIM, an application's own) and SQLite's order of
+storage classes (NULL, numbers, text, blobs), and keys travel as the values stored —
+an integer in an untyped key column stays an integer, even though the column is
+mirrored as text. A primary key of a rowid table other than INTEGER PRIMARY KEY may
+hold NULLs, several rows of them (``SourceTable.key_nulls``): NULLs sort first, rows
+of one key come in rowid order, and a page never ends inside such a run of rows.
 """
 
 from __future__ import annotations
@@ -84,6 +94,13 @@ class SourceTable:
     key: tuple[str, ...]
     rowid_key: bool  # key is ROWID_COLUMN (no declared primary key)
     defaults: tuple[str | None, ...] = ()  # each column's DEFAULT as SQL text (None: none)
+    #: per key column: whether it can hold NULL (a rowid table's declared PRIMARY KEY
+    #: other than INTEGER PRIMARY KEY, without NOT NULL: SQLite lets several rows hold
+    #: NULL there); () when none can
+    key_nulls: tuple[bool, ...] = ()
+    #: how SQL reaches the rowid (``rowid``, or ``_rowid_``/``oid`` when a column is named
+    #: so); None for a WITHOUT ROWID table
+    rowid_name: str | None = "rowid"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,7 +126,21 @@ class SourceTable:
         return [c[0] for c in self.columns if not (self.rowid_key and c[0] == ROWID_COLUMN)]
 
     def key_sql(self) -> list[str]:
-        return ["rowid"] if self.rowid_key else [_quote(k) for k in self.key]
+        return [self.rowid_sql] if self.rowid_key else [_quote(k) for k in self.key]
+
+    def order_sql(self) -> str:
+        """ORDER BY of key order: the key, then the rowid where rows may share a key
+        (NULLs), so that a page can end inside such a run and the next go on from there."""
+        order = self.key_sql()
+        if any(self.key_nulls):
+            order.append(self.rowid_sql)
+        return ", ".join(order)
+
+    @property
+    def rowid_sql(self) -> str:
+        if self.rowid_name is None:
+            raise RequestError(f"table {self.name} has no rowid")
+        return self.rowid_name
 
     def row_schema(self, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
         fields = [pa.field(n, ARROW_TYPES[a]) for n, _, a, _ in self.columns]
@@ -185,9 +216,23 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
     )
     columns = [(c[0], str(c[1] or ""), arrow_type_name(str(c[1] or "")), bool(c[2])) for c in info]
     defaults = tuple(c[4] for c in info)
-    pk = [c[0] for c in sorted((c for c in info if c[3]), key=lambda c: c[3])]
+    pk_info = sorted((c for c in info if c[3]), key=lambda c: c[3])
+    pk = [c[0] for c in pk_info]
+    rowid_name = None if without_rowid else _rowid_name([c[0] for c in info])
     if pk:
-        return SourceTable(name, tuple(columns), tuple(pk), rowid_key=False, defaults=defaults)
+        # an INTEGER PRIMARY KEY is the rowid (never NULL) and has no index of its own;
+        # any other key of a rowid table is a UNIQUE index, which lets NULLs in
+        key_index = _rows(conn, "SELECT 1 FROM pragma_index_list(?) WHERE origin = 'pk'", (name,))
+        nulls = tuple(not c[2] for c in pk_info) if key_index and not without_rowid else ()
+        return SourceTable(
+            name,
+            tuple(columns),
+            tuple(pk),
+            rowid_key=False,
+            defaults=defaults,
+            key_nulls=nulls if any(nulls) else (),
+            rowid_name=rowid_name,
+        )
     if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
         raise NotFoundError(f"table {name!r} has no key")
     return SourceTable(
@@ -196,7 +241,16 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         (ROWID_COLUMN,),
         True,
         defaults=(None, *defaults),
+        rowid_name=rowid_name,
     )
+
+
+def _rowid_name(columns: Sequence[str]) -> str:
+    """How SQL reaches a rowid table's rowid: the first of its three names that no column
+    takes (a table with columns of all three names has none: ``rowid`` then means the
+    column, as it does in SQLite)."""
+    taken = {c.lower() for c in columns}
+    return next((n for n in ("rowid", "_rowid_", "oid") if n not in taken), "rowid")
 
 
 def approximate_rows(conn: apsw.Connection, table: SourceTable) -> int:
@@ -204,7 +258,11 @@ def approximate_rows(conn: apsw.Connection, table: SourceTable) -> int:
 
 
 def splits(conn: apsw.Connection, table: SourceTable, partitions: int) -> list[list[Any]]:
-    """Up to ``partitions - 1`` keys cutting the table into ranges of about equal size."""
+    """Up to ``partitions - 1`` keys cutting the table into ranges of about equal size.
+
+    The keys are the stored values in SQLite's key order (collations, NULLs first):
+    ranges ``(after, until]`` between them hold every row once. One pass over the key's
+    index: each cut is found from the previous one."""
     if partitions < 1:
         raise RequestError(f"partitions must be at least 1, got {partitions}")
     count = approximate_rows(conn, table)
@@ -212,16 +270,22 @@ def splits(conn: apsw.Connection, table: SourceTable, partitions: int) -> list[l
         return []
     keys = ", ".join(table.key_sql())
     cuts: list[list[Any]] = []
+    position = 0  # rows up to the last cut (about: NULL keys make runs of equal keys)
     for i in range(1, partitions):
-        offset = count * i // partitions - 1
-        if offset < 0:
+        target = count * i // partitions  # the cut is the target-th row
+        if target <= position:
             continue
+        where, params = _key_bounds(table, cuts[-1] if cuts else None, None)
         row = conn.execute(
-            f"SELECT {keys} FROM {_quote(table.name)} ORDER BY {keys} LIMIT 1 OFFSET ?",
-            (offset,),
+            f"SELECT {keys} FROM {_quote(table.name)}"
+            + (f" WHERE {' AND '.join(where)}" if where else "")
+            + f" ORDER BY {table.order_sql()} LIMIT 1 OFFSET ?",
+            (*params, target - position - 1),
         ).fetchall()
-        if row and (not cuts or list(row[0]) != cuts[-1]):
-            cuts.append(list(row[0]))
+        if not row:
+            break
+        cuts.append(list(row[0]))
+        position = target
     return cuts
 
 
@@ -240,22 +304,39 @@ def read_rows(
     until_key: Sequence[Any] | None,
     limit: int,
 ) -> RowsPage:
-    """Rows with ``after_key < key <= until_key`` in key order, at most ``limit``."""
+    """Rows with ``after_key < key <= until_key`` in key order, ``limit`` of them — and,
+    when several rows share the last one's key (NULLs in the key), the rest of those
+    too: paging by last key would skip them."""
     if limit < 1:
         raise RequestError(f"limit must be at least 1, got {limit}")
-    keys = table.key_sql()
     where, params = _key_bounds(table, after_key, until_key)
-    select = [*(["rowid"] if table.rowid_key else []), *map(_quote, table.stored_columns)]
+    shared = any(table.key_nulls)  # rows may share a key: select the rowid too
+    select = [
+        *(table.key_sql() if table.rowid_key else []),
+        *map(_quote, table.stored_columns),
+        *([table.rowid_sql] if shared else []),
+    ]
     sql = (
         f"SELECT {', '.join(select)} FROM {_quote(table.name)}"
         + (f" WHERE {' AND '.join(where)}" if where else "")
-        + f" ORDER BY {', '.join(keys)} LIMIT ?"
+        + f" ORDER BY {table.order_sql()} LIMIT ?"
     )
     cid = head_cid(conn)
     rows = conn.execute(sql, (*params, limit)).fetchall()
     key_positions = [table.column_names.index(k) for k in table.key]
-    last_key = [rows[-1][i] for i in key_positions] if rows else None
     done = len(rows) < limit
+    if shared and rows:
+        last = rows[-1]
+        same_key = [last[i] for i in key_positions]
+        if not done and None in same_key:  # the rest of the rows of that key
+            same = [f"{k} IS ?" for k in table.key_sql()]
+            rows += conn.execute(
+                f"SELECT {', '.join(select)} FROM {_quote(table.name)} WHERE "
+                f"{' AND '.join(same)} AND {select[-1]} > ? ORDER BY {select[-1]}",
+                (*same_key, last[-1]),
+            ).fetchall()
+        rows = [row[:-1] for row in rows]
+    last_key = [rows[-1][i] for i in key_positions] if rows else None
     meta = {
         b"litecdc.cid": str(cid).encode(),
         b"litecdc.last_key": encode_key(last_key).encode(),
@@ -294,21 +375,78 @@ def _mismatch_check(name: str, declared: str, arrow: str) -> str | None:
 def _key_bounds(
     table: SourceTable, after_key: Sequence[Any] | None, until_key: Sequence[Any] | None
 ) -> tuple[list[str], list[Any]]:
-    """WHERE conditions (and their parameters) for ``after_key < key <= until_key``."""
+    """WHERE conditions (and their parameters) for ``after_key < key <= until_key``, in
+    SQLite's own order of the key (its collations; NULLs first where the key may hold
+    them), in terms its query planner turns into a range of the key's index."""
     keys = table.key_sql()
-    where: list[str] = []
-    params: list[Any] = []
-    for bound, op in ((after_key, ">"), (until_key, "<=")):
-        if bound is None:
-            continue
-        if len(bound) != len(keys):
+    for bound in (after_key, until_key):
+        if bound is not None and len(bound) != len(keys):
             raise RequestError(
                 f"a key of table {table.name} has {len(keys)} value(s) ({', '.join(table.key)}),"
                 f" got {len(bound)}"
             )
-        where.append(f"({', '.join(keys)}) {op} ({', '.join('?' * len(keys))})")
-        params.extend(bound)
+    columns = ", ".join(keys)
+    marks = ", ".join("?" * len(keys))
+    if not any(table.key_nulls):
+        where: list[str] = []
+        params: list[Any] = []
+        for bound, op in ((after_key, ">"), (until_key, "<=")):
+            if bound is not None:
+                where.append(f"({columns}) {op} ({marks})")
+                params.extend(bound)
+        return where, params
+    return _nullable_key_bounds(table, after_key, until_key)
+
+
+def _nullable_key_bounds(
+    table: SourceTable, after_key: Sequence[Any] | None, until_key: Sequence[Any] | None
+) -> tuple[list[str], list[Any]]:
+    """``_key_bounds`` of a key that may hold NULLs, which sort before every value.
+
+    SQL's comparisons give NULL where a NULL decides them, so: ``key > bound`` is the
+    row-value comparison when the bound has no NULL (a NULL deciding it makes the key
+    smaller: not greater), else spelled out column by column; ``key <= bound`` is
+    ``(key > bound) IS NOT 1``, with an index-friendly term that bounds the scan added
+    where one holds."""
+    keys = table.key_sql()
+    where: list[str] = []
+    params: list[Any] = []
+    first_not_null = not table.key_nulls[0]  # no row of the range has a NULL first column
+    if after_key is not None:
+        sql, values = _greater(keys, after_key)
+        where.append(sql)
+        params.extend(values)
+        first_not_null = first_not_null or after_key[0] is not None
+    if until_key is not None:
+        sql, values = _greater(keys, until_key)
+        where.append(f"({sql}) IS NOT 1")
+        params.extend(values)
+        if until_key[0] is None:
+            where.append(f"{keys[0]} IS NULL")
+        elif first_not_null:
+            where.append(f"{keys[0]} <= ?")
+            params.append(until_key[0])
     return where, params
+
+
+def _greater(keys: Sequence[str], bound: Sequence[Any]) -> tuple[str, list[Any]]:
+    """``(keys) > (bound)`` with NULLs sorting first: true, or false or NULL."""
+    if None not in bound:
+        return f"({', '.join(keys)}) > ({', '.join('?' * len(keys))})", list(bound)
+    alternatives: list[str] = []
+    params: list[Any] = []
+    for i, value in enumerate(bound):
+        terms = [f"{k} IS ?" for k in keys[:i]]
+        params.extend(bound[:i])
+        if value is None:
+            terms.append(f"{keys[i]} IS NOT NULL")
+        else:
+            terms.append(f"{keys[i]} > ?")
+            params.append(value)
+        alternatives.append(" AND ".join(terms))
+    if len(alternatives) == 1:
+        return alternatives[0], params
+    return "(" + " OR ".join(f"({a})" for a in alternatives) + ")", params
 
 
 def rows_query(
@@ -327,9 +465,8 @@ def rows_query(
     extra result column costs ADBC about a fifth of a clean chunk's read time, so the
     mark only gets a column of its own when the table has no INTEGER column.
     """
-    keys = table.key_sql()
     where, params = _key_bounds(table, after_key, until_key)
-    select = [*(["rowid"] if table.rowid_key else []), *map(_quote, table.stored_columns)]
+    select = [*(table.key_sql() if table.rowid_key else []), *map(_quote, table.stored_columns)]
     checks = [
         f"({check})"
         for name, declared, arrow, _ in table.columns
@@ -345,14 +482,15 @@ def rows_query(
     sql = (
         f"SELECT {', '.join(select)} FROM {_quote(table.name)}"
         + (f" WHERE {' AND '.join(where)}" if where else "")
-        + f" ORDER BY {', '.join(keys)} LIMIT ?"
+        + f" ORDER BY {table.order_sql()} LIMIT ?"
     )
     return sql, [*params, limit]
 
 
 def page_from_arrow(table: SourceTable, data: pa.Table, cid: int, limit: int) -> RowsPage | None:
     """The chunk ``rows_query`` read into Arrow by another reader at ``cid``, checked:
-    None when it held no row or a value that needs ``read_rows``' care."""
+    None when it held no row, a value that needs ``read_rows``' care, or a full page
+    whose last key holds a NULL (``read_rows`` adds the other rows of that key)."""
     if data.num_rows == 0:
         return None
     marks = data.column(data.num_columns - 1)
@@ -374,6 +512,8 @@ def page_from_arrow(table: SourceTable, data: pa.Table, cid: int, limit: int) ->
     last = data.slice(data.num_rows - 1, 1)
     last_key = [last.column(i)[0].as_py() for i in key_positions]
     done = data.num_rows < limit
+    if not done and None in last_key:
+        return None
     meta = {
         b"litecdc.cid": str(cid).encode(),
         b"litecdc.last_key": encode_key(last_key).encode(),
@@ -511,11 +651,21 @@ def _columns(
     arrays = []
     for i, column in enumerate(zip(*rows, strict=True)):
         name, declared, arrow, _ = table.columns[i]
+        # pyarrow would take UTF-8 bytes as text and text as its bytes: look first
+        other = _TAKEN_AS.get(arrow)
+        if other is not None and any(isinstance(v, other) for v in column):
+            arrays.append(_coerced(table, name, declared, arrow, column, rows, key_positions))
+            continue
         try:
             arrays.append(pa.array(column, ARROW_TYPES[arrow]))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             arrays.append(_coerced(table, name, declared, arrow, column, rows, key_positions))
     return arrays
+
+
+#: values pyarrow converts to an Arrow type without a word: a blob to text (when its
+#: bytes are UTF-8), text to a blob (its UTF-8 bytes). Neither is the value stored.
+_TAKEN_AS: dict[str, type] = {"string": bytes, "binary": str}
 
 
 def _coerced(

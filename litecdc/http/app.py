@@ -34,6 +34,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -812,6 +813,17 @@ class _Api:
         hold = await to_thread.run_sync(lambda: self.store.advance_subscriber(name, cid))
         return _json({"name": hold.name, "cid": hold.cid})
 
+    async def source_table_route(self, request: Request) -> Response:
+        """``/cdc/tables/NAME`` and ``/cdc/tables/NAME/{splits,rows,changes,position}``,
+        routed on the raw path: a table name may hold a '/', which a client sends as
+        ``%2F``, and the decoded path cannot tell it from a separator."""
+        found = _table_endpoint(request.scope)
+        if found is None:
+            return _not_found(request.url.path)
+        name, handler = found
+        request.scope["path_params"] = {"table": name}
+        return await handler(self, request)
+
     async def source_tables(self, request: Request) -> Response:
         if r := self._gate(request, ("query",), ("GET",)):
             return r
@@ -909,6 +921,37 @@ class _Api:
 
 
 SOURCE_PAGE_DEFAULT = 50_000
+
+#: the endpoints of one source table: what follows ``/cdc/tables/NAME`` → handler
+_TABLE_ENDPOINTS: Mapping[str | None, Callable[[_Api, Request], Awaitable[Response]]] = {
+    None: _Api.source_table,
+    "splits": _Api.source_splits,
+    "rows": _Api.source_rows,
+    "changes": _Api.source_changes,
+    "position": _Api.source_position,
+}
+
+
+def _table_endpoint(
+    scope: Scope,
+) -> tuple[str, Callable[[_Api, Request], Awaitable[Response]]] | None:
+    """(table name, handler) of a ``/cdc/tables/NAME[/ENDPOINT]`` request, read from the
+    still-encoded ``raw_path`` (segments split on '/' first, then decoded each), or
+    None when it names no endpoint. Without a raw path (an ASGI server that gives
+    none) the decoded path is split: a name with '/' cannot be reached then."""
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes):
+        text = raw.split(b"?", 1)[0].decode("utf-8", "replace")
+        segments = [urllib.parse.unquote(part) for part in text.split("/")]
+    else:
+        segments = str(scope["path"]).split("/")
+    if segments[:3] != ["", "cdc", "tables"] or len(segments) not in (4, 5):
+        return None
+    name = segments[3]
+    handler = _TABLE_ENDPOINTS.get(segments[4] if len(segments) == 5 else None)
+    if not name or handler is None:
+        return None
+    return name, handler
 
 
 def _node_doc(
@@ -1172,11 +1215,8 @@ _OWN_ROUTES: tuple[tuple[str, ApiHandler, bool], ...] = (
     ("/cdc/subscriptions/{name}", _Api.subscription, True),
     ("/cdc/subscriptions/{name}/progress", _Api.subscription_progress, True),
     ("/cdc/tables", _Api.source_tables, True),
-    ("/cdc/tables/{table}", _Api.source_table, True),
-    ("/cdc/tables/{table}/splits", _Api.source_splits, True),
-    ("/cdc/tables/{table}/rows", _Api.source_rows, True),
-    ("/cdc/tables/{table}/changes", _Api.source_changes, True),
-    ("/cdc/tables/{table}/position", _Api.source_position, True),
+    # /cdc/tables/{table}[/splits|/rows|/changes|/position]: see _table_endpoint
+    ("/cdc/tables/{table:path}", _Api.source_table_route, True),
     ("/metrics", _Api.metrics, False),
 )
 OWN_ROUTE_PATHS = tuple(path for path, _, _ in _OWN_ROUTES)

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from litecdc.errors import MetadataError, NotFoundError, SourceError
+from litecdc.errors import (
+    LitecdcError,
+    MetadataError,
+    NotFoundError,
+    PositionUnavailableError,
+    SourceError,
+)
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url, parse_parquet_url
-from litecdc.pipeline.sinks.registry import mask_url, parse_sink_url
+from litecdc.pipeline.sinks.registry import DeltaOptions, SqlOptions, mask_url, parse_sink_url
 from litecdc.pipeline.source_client import SourceClient, parse_urls
 
 log = logging.getLogger("litecdc.pipeline")
@@ -36,27 +44,20 @@ def subscribe(
     owner: str = "default",
     options: dict[str, Any] | None = None,
 ) -> Subscription:
-    """Add a subscription after checking that the sink URL is valid and the source table
+    """Add a subscription after checking that the sink URL is valid, that no other
+    subscription writes where it would (``sink_destination``), and that the source table
     exists (an unreachable source or unknown table is refused here, not at run time)."""
     if is_parquet_url(sink):
         parse_parquet_url(sink)
     else:
         parse_sink_url(sink)
-    if sink.startswith(("delta:", "parquet:")):  # a path is one whole table or log
-        taken = [
-            s.name
-            for s in store.list_subscriptions(include_cancelled=True)
-            if s.sink == sink and s.name != name
-        ]
-        if taken:
-            raise MetadataError(
-                f"sink {sink} is already used by subscription {taken[0]}: give each "
-                "subscription its own path"
-            )
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     urls = parse_urls(sources)
     with _client(urls, opts) as client:
         info = client.table_info(table)
+    # a SQL sink's table defaults to the source table's name, as the node spells it
+    others = [s for s in store.list_subscriptions(include_cancelled=True) if s.name != name]
+    _check_own_destination(sink, info.spec.name, others)
     return store.add_subscription(
         name,
         table_name=info.spec.name,
@@ -65,6 +66,97 @@ def subscribe(
         owner=owner,
         options=opts,
     )
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a sink writes, normalised so that two URLs naming one place compare equal:
+    ``kind`` 'directory' (a Delta table or a Parquet log: the resolved absolute path),
+    'postgresql' or 'mysql' (server, database, schema, table). Message sinks (NATS,
+    RabbitMQ, webhooks) have none: several subscriptions may publish into one stream,
+    exchange or queue (their messages carry their table, their ids the subscription)."""
+
+    kind: str
+    parts: tuple[str, ...]
+    shown: str  # for messages
+
+    def conflict(self, other: Destination) -> str | None:
+        """Why ``other`` is (or holds, or lies inside) this destination, else None."""
+        if self.kind != other.kind:
+            return None
+        if self.parts == other.parts:
+            return f"both write {self.shown}"
+        if self.kind == "directory":
+            mine, theirs = Path(self.parts[0]), Path(other.parts[0])
+            if mine.is_relative_to(theirs):
+                return f"{self.shown} is inside {other.shown}"
+            if theirs.is_relative_to(mine):
+                return f"{other.shown} is inside {self.shown}"
+        return None
+
+
+#: names of this machine's loopback interface: one server, whichever is written
+_LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1", "0.0.0.0", "::")
+
+
+def _server(host: str, port: int) -> str:
+    host = host.lower().rstrip(".")
+    if host in _LOOPBACK or host.startswith("127."):
+        host = "localhost"
+    return f"{host}:{port}"
+
+
+def sink_destination(sink: str, table: str) -> Destination | None:
+    """Where ``sink`` writes the source table ``table`` (None: a message sink, which
+    subscriptions may share). Raises SinkError for a bad URL."""
+    if is_parquet_url(sink):
+        path = str(parse_parquet_url(sink).path)
+    else:
+        options = parse_sink_url(sink)
+        if isinstance(options, DeltaOptions):
+            path = options.path
+        elif isinstance(options, SqlOptions):
+            server = _server(options.host, options.port)
+            if options.dialect == "postgresql":  # names are quoted: case counts
+                schema, name = options.schema or "public", options.table or table
+                return Destination(
+                    "postgresql",
+                    (server, options.database, schema, name),
+                    f"the PostgreSQL table {schema}.{name} of database {options.database} "
+                    f"at {server}",
+                )
+            # MySQL/MariaDB: table and database names are case-insensitive on some
+            # systems (lower_case_table_names): compared without case
+            name = options.table or table
+            return Destination(
+                "mysql",
+                (server, options.database.lower(), name.lower()),
+                f"the MariaDB table {name} of database {options.database} at {server}",
+            )
+        else:
+            return None
+    resolved = os.path.realpath(path)  # '.', '..', a trailing '/', symbolic links
+    return Destination("directory", (resolved,), f"the directory {resolved}")
+
+
+def _check_own_destination(sink: str, table: str, others: list[Subscription]) -> None:
+    """MetadataError when ``sink`` writes where another subscription's sink does: one
+    Delta table, Parquet log (or a directory inside one) or SQL table per subscription."""
+    mine = sink_destination(sink, table)
+    if mine is None:
+        return
+    for other in others:
+        try:
+            theirs = sink_destination(other.sink, other.table_name)
+        except LitecdcError:  # recorded before a check that refuses it now
+            continue
+        why = None if theirs is None else mine.conflict(theirs)
+        if why is not None:
+            raise MetadataError(
+                f"sink {mask_url(sink)} is already used by subscription {other.name} "
+                f"(sink {mask_url(other.sink)}): {why}; give each subscription its own "
+                "destination"
+            )
 
 
 def unsubscribe(store: MetadataStore, name: str, *, force: bool = False) -> str | None:
@@ -93,11 +185,17 @@ class StatusReport:
     subscription: Subscription
     progress: Progress
     source_cid: int | None
+    #: why the source could not be asked (unreachable, or refusing the request)
     source_error: str | None
     #: age in seconds of the oldest change of the table the sink has not applied
     lag_seconds: float | None = None
     #: (error, since) while `pipeline run` fails on it, as it recorded
     failure: tuple[str, str] | None = None
+    #: the node answers, but has no such table (dropped or renamed): its message
+    table_missing: str | None = None
+    #: the node no longer keeps the changes the subscription needs (its hold fell behind
+    #: the retention cap): what it says; `pipeline run` takes a new snapshot
+    position_expired: str | None = None
 
     @property
     def lag_cids(self) -> int | None:
@@ -128,8 +226,23 @@ class StatusReport:
         if progress.last_log_index is not None:
             lines.append(f"  applied through cid {progress.last_log_index}")
         if self.source_error is not None:
-            lines.append(f"  source: unreachable ({self.source_error})")
-        elif self.source_cid is not None:
+            # the client says "unreachable" when no address answered; anything else is an
+            # answer: a refusal (401, 403), an error of the node, not a litecdc node
+            what = "unreachable" if ": unreachable (" in self.source_error else "error"
+            lines.append(f"  source: {what} ({self.source_error})")
+        if self.table_missing is not None:
+            lines.append(
+                f"  source: table {sub.table_name} is gone: the node has no such table "
+                f"(dropped or renamed?) ({self.table_missing}); create it again, or "
+                "unsubscribe"
+            )
+        if self.position_expired is not None:
+            lines.append(
+                "  position expired: the node no longer keeps the changes this subscription "
+                f"needs ({self.position_expired}); `pipeline run` takes a new snapshot of "
+                "the table on its next run"
+            )
+        if self.source_error is None and self.source_cid is not None:
             lag = self.lag_cids
             seconds = f", {self.lag_seconds:.1f} s" if self.lag_seconds is not None else ""
             lines.append(
@@ -150,23 +263,44 @@ def _lag_seconds(client: SourceClient, table: str, applied: int) -> float:
 
 
 def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
-    """Where each subscription (or just ``name``) stands, with its source's head now."""
+    """Where each subscription (or just ``name``) stands, with its source's head now.
+
+    Every subscription gets its report: what its source cannot tell (unreachable, the
+    table gone, the position expired) is said in that subscription's report only.
+    """
     subs = (
         [store.get_subscription(name)] if name else store.list_subscriptions(include_cancelled=True)
     )
-    reports = []
-    for sub in subs:
-        progress = store.progress(sub.name)
-        head: int | None = None
-        error: str | None = None
-        seconds: float | None = None
-        try:
-            with _client(list(sub.sources), sub.options) as client:
-                head = client.table_info(sub.table_name).last_cid
-                applied = progress.last_log_index
-                if applied is not None:
-                    seconds = _lag_seconds(client, sub.table_name, applied)
-        except (SourceError, NotFoundError) as exc:
-            error = str(exc)
-        reports.append(StatusReport(sub, progress, head, error, seconds, store.failure(sub.name)))
-    return reports
+    return [_status(store, sub) for sub in subs]
+
+
+def _status(store: MetadataStore, sub: Subscription) -> StatusReport:
+    progress = store.progress(sub.name)
+    report = StatusReport(sub, progress, None, None, failure=store.failure(sub.name))
+    try:
+        with _client(list(sub.sources), sub.options) as client:
+            # a litecdc endpoint that needs no table first: a 404 below is the table's
+            holds = client.subscriptions()
+            report.source_cid = holds.last_cid
+            hold = holds.get(sub.name)  # `pipeline run` registers under the name
+            # in 'register' the next run registers again anyway: no news there
+            if hold is not None and hold.expired and progress.stage in ("snapshot", "incremental"):
+                report.position_expired = (
+                    f"its hold at cid {hold.cid} fell more than {holds.retention_cids} "
+                    f"commits behind the head, and the log is pruned through cid "
+                    f"{holds.pruned_cid}"
+                )
+            try:
+                report.source_cid = client.table_info(sub.table_name).last_cid
+            except NotFoundError as exc:
+                report.table_missing = str(exc)
+                return report
+            applied = progress.last_log_index
+            if applied is not None and report.position_expired is None:
+                try:
+                    report.lag_seconds = _lag_seconds(client, sub.table_name, applied)
+                except PositionUnavailableError as exc:
+                    report.position_expired = str(exc)
+    except LitecdcError as exc:  # unreachable, refusing: said in this report only
+        report.source_error = str(exc)
+    return report

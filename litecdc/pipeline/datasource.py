@@ -58,8 +58,9 @@ page_rows       rows (or events) asked of the node per request (default 200000)
 ranges          JSON list of ``[after_key, until_key, max_rows]``: read exactly these
                 chunks, one partition each, instead of ``partitions`` (resumable snapshots)
 after_cid       ``changes`` batch read: events after this cid (default 0)
-until_cid       ``changes`` batch read: up to this cid (default: the node's head when the
-                read is planned)
+until_cid       ``changes`` batch read: up to this cid, greater than after_cid (default:
+                the node's head when the read is planned; no events after after_cid
+                yet make an empty DataFrame)
 starting_cid    stream: ``latest`` (default) or a cid to start after; with
                 ``subscription``, ``latest`` means the subscription's hold (it is
                 registered first when the node does not know it; an expired hold
@@ -206,6 +207,14 @@ class LitecdcOptions:
                 f'litecdc data source: option "mode" must be "snapshot" or "changes", not {mode!r}'
             )
         starting = opts.get("starting_cid", "latest").strip().lower()
+        after_cid = _int_option(opts, "after_cid", 0, minimum=0)
+        until_cid = _int_option(opts, "until_cid", 0, minimum=0) if opts.get("until_cid") else None
+        if until_cid is not None and until_cid <= after_cid:
+            raise ConfigError(
+                f'litecdc data source: option "until_cid" ({until_cid}) must be greater than '
+                f'"after_cid" ({after_cid}): a changes read takes the events after after_cid '
+                "up to until_cid"
+            )
         return cls(
             urls=urls,
             table=table,
@@ -213,10 +222,8 @@ class LitecdcOptions:
             partitions=_int_option(opts, "partitions", DEFAULT_PARTITIONS, minimum=1),
             page_rows=_int_option(opts, "page_rows", DEFAULT_PAGE_ROWS, minimum=1),
             ranges=_ranges_option(opts.get("ranges")),
-            after_cid=_int_option(opts, "after_cid", 0, minimum=0),
-            until_cid=(
-                _int_option(opts, "until_cid", 0, minimum=0) if opts.get("until_cid") else None
-            ),
+            after_cid=after_cid,
+            until_cid=until_cid,
             starting_cid=(
                 None if starting == "latest" else _int_option(opts, "starting_cid", 0, minimum=0)
             ),
@@ -399,6 +406,8 @@ class SnapshotReader(DataSourceReader):
         return [KeyRangePartition(after, until, None) for after, until in splits.ranges()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if _nothing_to_read(partition):
+            return
         assert isinstance(partition, KeyRangePartition)
         with self.opts.client() as client:
             yield from read_key_range(
@@ -512,10 +521,18 @@ def read_changes(
         after = page.end_cid
 
 
+def _nothing_to_read(partition: InputPartition) -> bool:
+    """Whether ``partition`` is the one PySpark reads when ``partitions()`` returned none
+    (``InputPartition(None)``; a batch read always runs at least one task)."""
+    return type(partition) is InputPartition and partition.value is None
+
+
 def _read_changes_range(
     opts: LitecdcOptions, names: Sequence[str], partition: InputPartition
 ) -> Iterator[pa.RecordBatch]:
     """A ChangesRange partition of a batch read or a stream's micro-batch."""
+    if _nothing_to_read(partition):
+        return
     assert isinstance(partition, ChangesRange)
     with opts.client() as client:
         yield from read_changes(
@@ -536,7 +553,7 @@ class ChangesReader(DataSourceReader):
             with self.opts.client() as client:
                 until = client.subscriptions().last_cid
         if until <= self.opts.after_cid:
-            return []
+            return []  # nothing after after_cid yet: an empty DataFrame
         return [ChangesRange(self.opts.after_cid, until)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

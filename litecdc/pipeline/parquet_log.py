@@ -15,6 +15,14 @@ Layout under the path:
 Snapshot rows and change events overlap (a row read at cid 12 may also appear as an
 event with cid ≤ 12): a consumer keeps, per key, the row or event with the highest
 ``_litecdc_cid`` (events in ``(_litecdc_cid, _litecdc_seq)`` order).
+
+A column added at the source: events from then on carry it, in files of their own
+(read ``changes/`` with ``.option("mergeSchema", "true")`` to see every column). The
+query's columns are fixed when it starts, so its source (``ChangeLogSource``, the
+litecdc change stream) plans no batch once the table has a column the query lacks, and
+fails a batch planned just before that meets a value in one, before anything of it is
+written; the server starts the query again with the column, and the batch is read
+again. A column with a DEFAULT starts the log over.
 """
 
 from __future__ import annotations
@@ -22,15 +30,27 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from litecdc.errors import SinkError
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+
+from litecdc.errors import SchemaMismatchError, SinkError, SourceError
+from litecdc.pipeline.datasource import (
+    ChangesRange,
+    LitecdcDataSource,
+    LitecdcOptions,
+    StreamReader,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -87,7 +107,8 @@ def start_changes(
     interval_seconds: float,
 ) -> StreamingQuery:
     """The structured-streaming query appending change events to ``changes/``."""
-    stream = spark.readStream.format("litecdc")
+    spark.dataSource.register(ChangeLogSource)
+    stream = spark.readStream.format(ChangeLogSource.name())
     for key, value in options.items():
         stream = stream.option(key, value)
     writer = (
@@ -125,3 +146,78 @@ def restart(target: ParquetLog) -> None:
         if directory.exists():
             log.warning("parquet log %s: starting over (%s removed)", target.path, directory)
             shutil.rmtree(directory)
+
+
+class ChangeLogSource(LitecdcDataSource):
+    """The litecdc change stream (``format("litecdc")``, ``mode=changes``) as the log
+    reads it: never past a column the query does not have (see the module docstring),
+    instead of leaving the column's values out."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "litecdc_changelog"
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        super().streamReader(schema)  # its checks
+        return ChangeLogStreamReader(self.opts, tuple(schema.fieldNames()))
+
+
+class ChangeLogStreamReader(StreamReader):
+    """``StreamReader`` that plans no batch once the table has columns beyond its own
+    (the server starts the query again with them), and whose batches refuse events
+    with such columns (a column added after the batch was planned)."""
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        end = super().latestOffset(start, limit)
+        if end["cid"] > start["cid"]:
+            columns = self.client.table_spec(self.opts.table).change_schema().names
+            added = [n for n in columns if n not in self.names]
+            if added:
+                log.info(
+                    "litecdc change log of %s: column(s) %s added at the source; waiting to "
+                    "be started again with them",
+                    self.opts.table, ", ".join(added),
+                )  # fmt: skip
+                return dict(start)
+        return end
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ChangesRange):  # no partition: nothing to read
+            return iter(())
+        return read_exact_changes(self.opts, self.names, partition)
+
+
+def read_exact_changes(
+    opts: LitecdcOptions, names: Sequence[str], partition: ChangesRange
+) -> Iterator[pa.RecordBatch]:
+    """The events of ``partition`` page by page, with the columns ``names``:
+    SchemaMismatchError at a page with a value in another column (one added at the
+    source since the query started), SourceError at a page without one of them."""
+    after, until = partition.after, partition.until
+    with opts.client() as client:
+        while after < until:
+            page = client.changes(opts.table, after=after, until=until, limit=opts.page_rows)
+            columns = page.table.column_names
+            # the node serves today's columns: a value in one the query lacks would be
+            # lost (NULL in all its events: none — events from before the column have it
+            # NULL, and a log read with mergeSchema shows NULL where a file lacks it)
+            added = [
+                n for n in columns if n not in names and page.table[n].null_count < len(page.table)
+            ]
+            if added:
+                raise SchemaMismatchError(
+                    f"table {opts.table} gained column(s) {', '.join(added)} after cid "
+                    f"{after}, since this change stream started: it starts again with them"
+                )
+            missing = [n for n in names if n not in columns]
+            if missing:
+                raise SourceError(
+                    f"source table {opts.table} no longer has column(s) {', '.join(missing)}"
+                )
+            yield from page.table.select(list(names)).to_batches()
+            if page.end_cid <= after:
+                raise SourceError(
+                    f"source: changes of {opts.table} after cid {after} did not advance "
+                    f"(end_cid {page.end_cid}, until {until})"
+                )
+            after = page.end_cid

@@ -4,11 +4,14 @@ Each subscription moves forward through the jimdb stages, recorded in the metada
 store after every step so a restart (even a kill -9) resumes where it stopped:
 
 1. **register** — the node returns its current cid, the initial snapshot version, and
-   holds its change log from there; the table is cut into key ranges.
-2. **snapshot** — every round reads the next chunk of every unfinished range, in
-   parallel Spark partitions (``format("litecdc")`` with ``ranges``), writes them to
-   the sink, then records each range's last key. Chunks are read at different cids;
-   the sink's version guard sorts that out. When every range is done, rows the
+   holds its change log from there; the node cuts the table into key ranges of about
+   ``page_rows`` rows each (``/splits``).
+2. **snapshot** — every round reads ``partitions`` unfinished ranges whole, in parallel
+   Spark partitions (``format("litecdc")`` with ``ranges``), writes them to the sink,
+   then records them done. Only the node compares keys — it cut the ranges and pages
+   through each — so keys follow SQLite's order (collations, NULLs first, numbers
+   before text) and travel as stored, not as mirrored. Chunks are read at different
+   cids; the sink's version guard sorts that out. When every range is done, rows the
    snapshot did not see (a re-snapshot's leftovers) are swept.
 3. **incremental** — micro-batches of whole transactions from the last applied cid,
    bounded by ``max_events``, read through Spark (``mode=changes``), applied in one sink
@@ -24,16 +27,25 @@ never be in the sink).
 A column with a DEFAULT added at the source is re-copied (a new snapshot) whatever the
 sink: the table description recorded for the subscription is compared with the source's,
 by a running server and on start.
+
+Rows with NULL in their primary key (SQLite allows it outside INTEGER PRIMARY KEY and
+WITHOUT ROWID) cannot be told apart by key: a mirror refuses them, a message sink
+refuses two of one key (``check_null_keys``), until they have keys at the source.
+
+Errors a Spark worker raised come back wrapped in Spark's exceptions, with the whole
+traceback: ``worker_error`` takes the litecdc error out, so it is handled as itself and
+recorded as its one line (the rest is logged at debug level).
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,12 +53,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from litecdc import errors
 from litecdc.errors import (
     LitecdcError,
     NotFoundError,
+    PipelineError,
     PositionUnavailableError,
     SchemaMismatchError,
     SinkError,
+    SourceError,
 )
 from litecdc.pipeline import parquet_log
 from litecdc.pipeline.metadata import MetadataStore, Subscription
@@ -59,9 +74,9 @@ from litecdc.pipeline.sinks.base import (
     registration_id,
 )
 from litecdc.pipeline.sinks.registry import open_sink
-from litecdc.pipeline.source_client import SourceClient
+from litecdc.pipeline.source_client import KeyRange, SourceClient
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, Column, TableSpec
-from litecdc.wire import decode_key, encode_key
+from litecdc.wire import encode_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
@@ -80,6 +95,12 @@ RETRY_DELAY = 0.5
 RETRY_MAX_DELAY = 30.0
 SCHEMA_CHECK_INTERVAL = 5.0
 IDLE_HOLD_INTERVAL = 300.0
+#: the most key ranges a snapshot is cut into (the most a node's /splits gives)
+MAX_CHUNKS = 1024
+#: the most rows a node's /rows gives in one page
+MAX_PAGE_ROWS = 1_000_000
+#: the Spark partition (= key range) of a snapshot row, while a round counts them
+_RANGE_COLUMN = "_litecdc_range"
 
 
 Key = tuple[Any, ...]
@@ -319,8 +340,11 @@ class PipelineServer:
 
     def _failed(self, state: SubscriptionState, exc: Exception) -> None:
         state.failures += 1
+        error = worker_error(exc)
+        if error is not exc:  # Spark's multi-line wrapping: the whole of it for debugging
+            log.debug("subscription %s: %s", state.name, exc)
         state.last_error = (
-            str(exc) if isinstance(exc, LitecdcError) else f"{type(exc).__name__}: {exc}"
+            str(error) if isinstance(error, LitecdcError) else f"{type(error).__name__}: {error}"
         )
         delay = min(self.retry_delay * 2 ** min(state.failures - 1, 6), RETRY_MAX_DELAY)
         state.retry_at = time.monotonic() + delay
@@ -356,12 +380,19 @@ class PipelineServer:
         progress = self.meta.progress(running.subscription.name)
         running.state.stage = progress.stage or "register"
         try:
-            if progress.stage in (None, "register"):
-                self._register(running, restart=False)
-                return True
-            if progress.stage == "snapshot":
-                return self._snapshot_round(running)
-            return self._incremental_round(running)
+            try:
+                if progress.stage in (None, "register"):
+                    self._register(running, restart=False)
+                    return True
+                if progress.stage == "snapshot":
+                    return self._snapshot_round(running)
+                return self._incremental_round(running)
+            except Exception as exc:
+                error = worker_error(exc)  # what a Spark worker raised, as it raised it
+                if error is exc:
+                    raise
+                log.debug("subscription %s: %s", running.subscription.name, exc)
+                raise error from exc
         except PositionUnavailableError as exc:
             log.warning("subscription %s: %s — re-snapshotting", running.subscription.name, exc)
             self._register(running, restart=True)
@@ -386,18 +417,39 @@ class PipelineServer:
         self._registered(running, registered.cid)
         info = running.client.table_info(sub.table_name, count_rows=True)  # progress total
         self._evolve(running, info.spec)
-        partitions = int(sub.options.get("partitions", DEFAULT_PARTITIONS))
-        splits = running.client.splits(sub.table_name, partitions)
-        # a Parquet snapshot is one Spark write (partitions in parallel): one range
-        ranges = [(None, None)] if running.parquet else list(splits.ranges())
+        if running.parquet is not None:
+            # a Parquet snapshot is one Spark write (partitions in parallel): one range
+            ranges: list[KeyRange] = [(None, None)]
+        else:
+            page_rows = int(sub.options.get("page_rows", DEFAULT_PAGE_ROWS))
+            chunks = chunk_count(
+                info.rows or 0, int(sub.options.get("partitions", DEFAULT_PARTITIONS)), page_rows
+            )
+            ranges = running.client.splits(sub.table_name, chunks).ranges()
+            # the last range ends at the table's last key: a row past it came after the
+            # registration, which the change log brings (an append-only table would
+            # otherwise grow that range all through the snapshot, to be read in one go)
+            ranges[-1] = (ranges[-1][0], self._last_key(running, ranges[-1][0], page_rows))
         self.meta.set_ranges(sub.name, ranges)
         running.state.snapshot_rows = 0
         running.state.snapshot_total = info.rows or 0
         running.state.stage = "snapshot"
         log.info(
             "subscription %s: registered at cid %d, %d range(s), ~%d rows",
-            sub.name, registered.cid, len(splits.ranges()), info.rows,
+            sub.name, registered.cid, len(ranges), info.rows,
         )  # fmt: skip
+
+    @staticmethod
+    def _last_key(running: _Running, after: list[Any] | None, page_rows: int) -> list[Any] | None:
+        """The table's last key, read from ``after`` on when the rest is about a range's
+        worth; None otherwise (or when it cannot be read: the snapshot says why)."""
+        limit = min(page_rows + 1, MAX_PAGE_ROWS)  # a range holds about page_rows
+        try:
+            tail = running.client.rows(running.spec.name, after_key=after, limit=limit)
+        except SourceError as exc:
+            log.debug("subscription %s: %s", running.subscription.name, exc)
+            return None
+        return tail.last_key if tail.done else None
 
     def _snapshot_round(self, running: _Running) -> bool:
         sub = running.subscription
@@ -434,31 +486,21 @@ class PipelineServer:
             self.metrics.snapshot_rows(sub.name, rows_written)
             return True
         assert running.sink is not None
-        page_rows = int(sub.options.get("page_rows", DEFAULT_PAGE_ROWS))
-        chunk = [
-            [
-                r.last_snapshot_key if r.last_snapshot_key is not None else r.lower_key,
-                r.upper_key,
-                page_rows,
-            ]
-            for r in pending
-        ]
-        rows = self._read(running, {"ranges": _json(chunk)})
+        # every range is a chunk of about --page-rows rows, cut by the node: read whole,
+        # --partitions of them in parallel, so the node alone compares keys (collations,
+        # NULLs, values of several types: a key's mirrored text may not be its value)
+        # (a range a server before them left part copied goes on from its last key)
+        chunk = pending[: int(sub.options.get("partitions", DEFAULT_PARTITIONS))]
+        rows, per_range = self._read_ranges(
+            running, [(r.last_snapshot_key or r.lower_key, r.upper_key) for r in chunk]
+        )
+        check_null_keys(running.spec, rows, running.sink)
         if rows.num_rows:
             running.sink.write_snapshot(rows)
-        members = _rows_per_range(rows, running.spec, [r.upper_key for r in pending])
-        cids = rows[CID_COLUMN].to_pylist()
-        for index, r in enumerate(pending):
-            mine = members[index]
-            n = len(mine)
-            done = n < page_rows
-            last_key = r.last_snapshot_key
-            read_cid = r.current_snapshot_version or 0
-            if n:
-                last_key = json.loads(encode_key(list(max(mine))))
-                read_cid = max(cids[i] for i in mine.values())
+        for index, r in enumerate(chunk):
+            n, read_cid = per_range.get(index, (0, progress.init_snapshot_version or 0))
             self.meta.record_chunk(
-                sub.name, r.range_id, last_key=last_key, read_cid=read_cid, rows=n, done=done
+                sub.name, r.range_id, last_key=r.upper_key, read_cid=read_cid, rows=n, done=True
             )
             state.snapshot_rows += n
         self.metrics.snapshot_rows(sub.name, rows.num_rows)
@@ -490,6 +532,15 @@ class PipelineServer:
                 running,
                 {"mode": "changes", "after_cid": str(after), "until_cid": str(position.end_cid)},
             )
+            # a column added at the source since the check above: the sink takes it first,
+            # or the batch's values of it would be lost
+            added = set(events.column_names) - set(running.spec.change_schema().names)
+            if added and self._check_schema(running):
+                return True  # re-snapshotting
+            applicable = self._null_key_changes(running, events)
+            if applicable is None:
+                return True  # re-snapshotting
+            events = applicable
             batch = ChangeBatch(sub.name, after, position.end_cid)
             try:
                 running.sink.write_changes(events, batch)
@@ -504,6 +555,31 @@ class PipelineServer:
         if position.end_cid >= position.last_cid:
             state.behind_since = None
         return position.end_cid < position.last_cid
+
+    def _null_key_changes(self, running: _Running, events: pa.Table) -> pa.Table | None:
+        """The batch's events a mirror can apply, as to rows with NULL in their key (a
+        mirror cannot hold one): a delete is dropped (no such row is in the mirror); an
+        upsert re-copies the table instead (None), and that snapshot fails, naming the
+        rows, while such rows are at the source. Skipping the upsert would leave the
+        mirror short of the row, silently: NULL tells no row of that key from another."""
+        sink = running.sink
+        assert sink is not None
+        if sink.kind != "mirror" or getattr(sink, "holds_null_keys", False):
+            return events
+        nulls = null_key_mask(running.spec, events)
+        if nulls is None:
+            return events
+        upserts = pc.and_(nulls, pc.not_equal(events[OP_COLUMN], OP_DELETE))
+        if pc.any(upserts).as_py():
+            log.warning(
+                "subscription %s: %d change(s) of rows with NULL in the primary key, which "
+                "the mirror cannot hold: re-snapshotting (it waits until those rows have "
+                "keys at the source)",
+                running.subscription.name, pc.sum(upserts).as_py(),
+            )  # fmt: skip
+            self._register(running, restart=True)
+            return None
+        return events.filter(pc.invert(nulls))
 
     def _skip_deleted_later(
         self,
@@ -552,9 +628,16 @@ class PipelineServer:
 
     def _parquet_round(self, running: _Running, after: int) -> bool:
         """The change log is one structured-streaming query: run it to the head
-        (until caught up) or keep it running, and record where it got."""
+        (until caught up) or keep it running, and record where it got.
+
+        The query's columns are the table's when it started; its source stops it at the
+        first event of a column added since (``parquet_log``), so no event is written
+        without one. The source's table is followed as for the other sinks: a column
+        added starts the query again with it; one with a DEFAULT starts the log over."""
         assert running.parquet is not None
         sub, state = running.subscription, running.state
+        if self._check_schema(running, force=running.query is None):
+            return True  # a column with a default: the log starts over
         if running.query is None:
             options = self._source_options(sub) | {
                 "starting_cid": str(after),
@@ -570,12 +653,25 @@ class PipelineServer:
             )
         query = running.query
         if self._available_now:
-            query.awaitTermination()
+            # its end (an error too, which exception() gives below)
+            with contextlib.suppress(Exception):
+                query.awaitTermination()
             running.query = None
-        error = query.exception()
-        if error is not None:
+        failure = query.exception()
+        if failure is not None:
             running.query = None
-            raise SinkError(f"parquet change log {running.parquet.path}: {error}")
+            columns = running.spec.column_names
+            error = worker_error(failure)
+            log.debug("subscription %s: the change log's query failed: %s", sub.name, failure)
+            if not isinstance(error, PositionUnavailableError) and self._hold_expired(running):
+                error = PositionUnavailableError(
+                    f"subscription {sub.name}: its hold on the source expired ({error})"
+                )
+            if isinstance(error, PositionUnavailableError):
+                raise error from failure  # _step takes a new snapshot
+            if self._check_schema(running) or running.spec.column_names != columns:
+                return True  # stopped by an added column: started again with it
+            raise SinkError(f"parquet change log {running.parquet.path}: {error}") from failure
         head = running.client.table_info(sub.table_name).last_cid
         state.source_cid = head
         cid = parquet_log.applied_cid(query)
@@ -587,6 +683,14 @@ class PipelineServer:
         elif state.behind_since is None:
             state.behind_since = time.monotonic()
         return False
+
+    def _hold_expired(self, running: _Running) -> bool:
+        """Whether the node dropped this subscription's hold (past its retention cap)."""
+        try:
+            hold = running.client.subscriptions().get(running.subscription.name)
+        except LitecdcError:
+            return False  # the query's own error says more
+        return hold is not None and hold.expired
 
     def _move_hold(self, running: _Running, cid: int, *, applied: bool) -> None:
         """Let the node prune what the sink has applied. Moving the hold is itself a
@@ -625,6 +729,32 @@ class PipelineServer:
             reader = reader.option(key, value)
         table: pa.Table = reader.load().toArrow()
         return table
+
+    def _read_ranges(
+        self, running: _Running, ranges: list[KeyRange]
+    ) -> tuple[pa.Table, dict[int, tuple[int, int]]]:
+        """The rows of whole key ranges, one Spark partition each, and per range (by its
+        index) how many rows it held and the highest cid they were read at."""
+        from pyspark.sql.functions import spark_partition_id
+
+        reader = self._reader(running).option("ranges", _json([list(r) for r in ranges]))
+        frame = reader.load()
+        table: pa.Table = frame.withColumn(_RANGE_COLUMN, spark_partition_id()).toArrow()
+        # the partitions are the ranges, in order (counts only: what is read, and so
+        # copied, does not depend on it)
+        stats = table.group_by(_RANGE_COLUMN, use_threads=False).aggregate(
+            [(CID_COLUMN, "count"), (CID_COLUMN, "max")]
+        )
+        per_range = {
+            int(index): (int(count), int(cid))
+            for index, count, cid in zip(
+                stats[_RANGE_COLUMN].to_pylist(),
+                stats[f"{CID_COLUMN}_count"].to_pylist(),
+                stats[f"{CID_COLUMN}_max"].to_pylist(),
+                strict=True,
+            )
+        }
+        return table.drop_columns([_RANGE_COLUMN]), per_range
 
     # -- schema changes at the source ----------------------------------------------------
     def _check_schema(self, running: _Running, *, force: bool = True) -> bool:
@@ -697,23 +827,95 @@ def _need_recopy(added: list[Column]) -> bool:
     return False
 
 
-def _rows_per_range(
-    rows: pa.Table, spec: TableSpec, uppers: list[Any]
-) -> list[dict[tuple[Any, ...], int]]:
-    """Which of the chunk's ranges each row belongs to: {key: row index} per range.
+#: the line a Python traceback ends with: ``module.Class: message``
+_ERROR_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*): (?P<message>.*)$", re.MULTILINE)
+_TRACEBACK = "Traceback (most recent call last):"
 
-    The ranges are disjoint and in key order, so a row belongs to the first range whose
-    upper key is >= its key. Python orders ints, text (code points = UTF-8 bytes) and
-    blobs (bytes) as SQLite's BINARY collation does.
-    """
-    bounds = [tuple(decode_key(json.dumps(u), "range upper key") or ()) for u in uppers]
-    if uppers and uppers[-1] is None:
-        bounds.pop()
-    members: list[dict[tuple[Any, ...], int]] = [{} for _ in uppers]
-    columns = [rows[k].to_pylist() for k in spec.key]
-    for index, key in enumerate(zip(*columns, strict=True)):
-        members[bisect.bisect_left(bounds, key)][key] = index
-    return members
+
+def worker_error(exc: BaseException) -> BaseException:
+    """The error a Python worker of Spark raised, out of the exception Spark wraps it in
+    (``PythonException``, ``StreamingQueryException``: the whole traceback, the query's
+    plan…): a litecdc error as itself (its one-line message, its class — a 410 from the
+    source stays a PositionUnavailableError), another as a PipelineError of its last
+    line. ``exc`` itself when it is no Spark error."""
+    if not type(exc).__module__.startswith(("pyspark.", "py4j.")):
+        return exc
+    text = str(exc)
+    found = [m for m in _ERROR_LINE.finditer(text) if m["name"].startswith("litecdc.errors.")]
+    if found:
+        name, message = found[-1]["name"].rsplit(".", 1)[1], found[-1]["message"]
+        kind = getattr(errors, name, None)
+        if isinstance(kind, type) and issubclass(kind, LitecdcError):
+            with contextlib.suppress(TypeError):  # one whose constructor wants more
+                return kind(message)
+        return PipelineError(message)
+    if _TRACEBACK in text:
+        last = text.rsplit(_TRACEBACK, 1)[1]
+        line = next((x for x in last.splitlines() if x and not x[0].isspace()), None)
+        if line is not None:
+            return PipelineError(line.strip())
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return PipelineError(f"{type(exc).__name__}: {first}")
+
+
+def null_key_mask(spec: TableSpec, rows: pa.Table) -> pa.ChunkedArray | None:
+    """Which rows (or events) hold a NULL in a key column; None when none does."""
+    mask: Any = None
+    for k in spec.key:
+        column = pc.is_null(rows[k])
+        mask = column if mask is None else pc.or_(mask, column)
+    if mask is None or not rows.num_rows or not pc.any(mask).as_py():
+        return None
+    return mask
+
+
+def check_null_keys(spec: TableSpec, rows: pa.Table, sink: Sink) -> None:
+    """SchemaMismatchError when snapshot ``rows`` hold keys with NULLs that ``sink``
+    cannot keep apart. SQLite lets a rowid table's PRIMARY KEY other than INTEGER
+    PRIMARY KEY hold NULLs, in several rows (the rows of one key are always read in the
+    same round: ranges are cut between keys). A mirror keeps rows by their key: one with
+    a NULL in it identifies no row (a sink saying ``holds_null_keys`` keeps one row per
+    such key); a message sink sends them, but two rows of one key would get the same
+    key and snapshot message id (a broker drops all but one)."""
+    nulls = null_key_mask(spec, rows)
+    if nulls is None:
+        return
+    found = rows.filter(nulls)
+    keys = list(zip(*(found[k].to_pylist() for k in spec.key), strict=True))
+    where = f"table {spec.name}"
+    columns = ", ".join(spec.key)
+    what = type(sink).__name__.removesuffix("Sink").lower() or "sink"
+    if sink.kind == "mirror" and not getattr(sink, "holds_null_keys", False):
+        raise SchemaMismatchError(
+            f"{where}: {len(keys)} row(s) have NULL in the primary key ({columns}), e.g. "
+            f"key {encode_key(list(keys[0]))}; SQLite allows that in a rowid table's PRIMARY "
+            f"KEY other than INTEGER PRIMARY KEY, but the {what} mirror keeps rows by their "
+            "key and NULL identifies none: give those rows a key at the source, or delete "
+            "them, and the subscription goes on"
+        )
+    counts = Counter(keys)
+    shared = next((k for k, n in counts.items() if n > 1), None)
+    if shared is not None:
+        reason = (
+            "a mirror keeps one row per key"
+            if sink.kind == "mirror"
+            else "their messages would carry the same key and de-duplication id, and all "
+            "but one would be dropped"
+        )
+        raise SchemaMismatchError(
+            f"{where}: {counts[shared]} rows share the key {encode_key(list(shared))} "
+            f"(NULL in the primary key ({columns}), which SQLite allows in several rows); "
+            f"the {what} sink cannot tell them apart ({reason}): give those rows keys of "
+            "their own at the source and the subscription goes on"
+        )
+
+
+def chunk_count(rows: int, partitions: int, page_rows: int) -> int:
+    """How many key ranges a snapshot of about ``rows`` rows is cut into: one per
+    ``page_rows`` rows, at least ``partitions`` (read in parallel), at most MAX_CHUNKS
+    (the node's limit; a larger table gets larger chunks)."""
+    wanted = -(-rows // max(page_rows, 1))
+    return max(1, min(MAX_CHUNKS, max(partitions, wanted)))
 
 
 def _auth(options: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """``litecdc pipeline verify``: compare a source table with its mirror, row by row.
 
 Values are compared exactly: floats by their bits (so -0.0 differs from 0.0, and a
-NaN equals a NaN), integers and text by value, blobs byte for byte.
+NaN equals a NaN), integers and text by value, blobs byte for byte. Rows are matched by
+key, and a key must have as many rows at the sink as at the source (one): a row the
+sink holds twice is a difference, even when both copies equal the source's.
 """
 
 from __future__ import annotations
@@ -26,16 +28,30 @@ PAGE_ROWS = 100_000
 @dataclass
 class Difference:
     key: list[Any]
-    kind: str  # 'missing' (at the sink), 'extra' (only at the sink), 'different'
+    #: 'missing' (at the sink), 'extra' (only at the sink), 'different', or 'duplicate'
+    #: (the key has more rows at the sink than at the source)
+    kind: str
     columns: list[str] = field(default_factory=list)
     source: dict[str, Any] | None = None
     sink: dict[str, Any] | None = None
+    #: how many rows the key has at the source and at the sink
+    counts: tuple[int, int] = (1, 1)
 
     def describe(self) -> str:
+        at_source, at_sink = self.counts
+        if self.kind == "missing" and at_sink:
+            return f"key {self.key}: {at_sink} row(s) at the sink, {at_source} at the source"
         if self.kind == "missing":
             return f"key {self.key}: missing at the sink"
         if self.kind == "extra":
-            return f"key {self.key}: at the sink only (deleted at the source?)"
+            more = f" ({at_sink} rows)" if at_sink > 1 else ""
+            return f"key {self.key}: at the sink only{more} (deleted at the source?)"
+        if self.kind == "duplicate":
+            differ = f" (column(s) {', '.join(self.columns)} differ)" if self.columns else ""
+            return (
+                f"key {self.key}: {at_sink} rows at the sink, {at_source} at the source"
+                f"{differ}: the mirror holds the row more than once"
+            )
         assert self.source is not None and self.sink is not None
         parts = [f"{c}: source {self.source[c]!r} != sink {self.sink[c]!r}" for c in self.columns]
         return f"key {self.key}: " + "; ".join(parts)
@@ -53,7 +69,8 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return self.total_differences == 0
+        # the counts too: a row held twice is a difference even where the copies agree
+        return self.total_differences == 0 and self.source_rows == self.sink_rows
 
 
 def read_source(client: SourceClient, spec: TableSpec) -> tuple[pa.Table, int]:
@@ -83,23 +100,33 @@ def compare(
     sink_rows = _by_key(spec, sink.select(names).to_pylist())
     found: list[Difference] = []
     total = 0
-    for key, row in source_rows.items():
-        other = sink_rows.get(key)
-        if other is None:
-            total += 1
-            if len(found) < limit:
-                found.append(Difference(list(key), "missing", source=row))
-            continue
-        cols = [c for c in names if _exact(row[c]) != _exact(other[c])]
-        if cols:
-            total += 1
-            if len(found) < limit:
-                found.append(Difference(list(key), "different", cols, row, other))
-    for key, row in sink_rows.items():
+
+    def add(difference: Difference) -> None:
+        nonlocal total
+        total += 1
+        if len(found) < limit:
+            found.append(difference)
+
+    for key, rows in source_rows.items():
+        others = sink_rows.get(key, [])
+        if not others:
+            add(Difference(list(key), "missing", source=rows[0]))
+        elif len(others) != len(rows):
+            add(
+                Difference(
+                    list(key),
+                    "duplicate" if len(others) > len(rows) else "missing",
+                    _differing(names, rows, others),
+                    rows[0],
+                    others[0],
+                    counts=(len(rows), len(others)),
+                )
+            )
+        elif cols := _differing(names, rows, others):
+            add(Difference(list(key), "different", cols, rows[0], others[0]))
+    for key, others in sink_rows.items():
         if key not in source_rows:
-            total += 1
-            if len(found) < limit:
-                found.append(Difference(list(key), "extra", sink=row))
+            add(Difference(list(key), "extra", sink=others[0], counts=(0, len(others))))
     return found, total
 
 
@@ -136,8 +163,29 @@ def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
 
 def _by_key(
     spec: TableSpec, rows: Iterable[dict[str, Any]]
-) -> dict[tuple[Any, ...], dict[str, Any]]:
-    return {tuple(_exact(row[k]) for k in spec.key): row for row in rows}
+) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """The rows of each key (a list: a mirror may hold a key more than once)."""
+    found: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        found.setdefault(tuple(_exact(row[k]) for k in spec.key), []).append(row)
+    return found
+
+
+def _differing(
+    names: list[str], rows: list[dict[str, Any]], others: list[dict[str, Any]]
+) -> list[str]:
+    """The columns in which the rows of one key differ: any row of ``others`` from the
+    source's row (a key has one row at the source; where a table holds a key several
+    times — NULLs in a SQLite primary key — each column's values are compared as a
+    sorted list)."""
+    if len(rows) == 1:
+        want = rows[0]
+        return [c for c in names if any(_exact(want[c]) != _exact(o[c]) for o in others)]
+    return [
+        c
+        for c in names
+        if sorted(repr(_exact(r[c])) for r in rows) != sorted(repr(_exact(o[c])) for o in others)
+    ]
 
 
 def _exact(value: Any) -> Any:

@@ -563,6 +563,138 @@ def test_splits_partition_the_table(node: Node, client: httpx.Client) -> None:
     assert c.get("/cdc/tables/sp/splits").json()["splits"]  # default: 2 partitions
 
 
+def _pages_and_splits(
+    c: httpx.Client, table: str, order_by: str, columns: str, key: list[str]
+) -> None:
+    """Paging (several page sizes, Arrow and JSON) and split ranges give every row of
+    ``table`` exactly once, in SQLite's ``ORDER BY order_by``; no page ends inside a run of
+    rows sharing a key (NULLs), so paging by last key skips none of them."""
+    r = c.get("/db/query", params={"q": f"SELECT {columns} FROM {table} ORDER BY {order_by}"})
+    assert r.status_code == 200, r.text
+    expected = [tuple(v) for v in r.json()["results"][0].get("values", [])]
+    names = [n.strip() for n in columns.split(",")]
+
+    def read(lo: Any, hi: Any, limit: int, fmt: str) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        after = lo
+        for _ in range(10_000):
+            params: dict[str, Any] = {"limit": limit, "format": fmt}
+            if after is not None:
+                params["after_key"] = json.dumps(after)
+            if hi is not None:
+                params["until_key"] = json.dumps(hi)
+            got = c.get(f"/cdc/tables/{table}/rows", params=params)
+            if fmt == "arrow":
+                page = arrow(got)
+                batch = [tuple(row[n] for n in names) for row in page.to_pylist()]
+                done, last = meta(page)["litecdc.done"] == "true", meta(page)["litecdc.last_key"]
+                last = json.loads(last)
+            else:
+                assert got.status_code == 200, got.text
+                doc = got.json()
+                index = [doc["columns"].index(n) for n in names]
+                batch = [tuple(row[i] for i in index) for row in doc["rows"]]
+                done, last = doc["done"], doc["last_key"]
+            if batch:  # the last key is the last row's, as stored
+                assert last == [batch[-1][names.index(k)] for k in key], (last, batch[-1])
+            rows += batch
+            if done:
+                return rows
+            after = last
+        raise AssertionError("paging did not end")
+
+    for fmt in ("arrow", "json"):
+        for limit in (1, 2, 3, 1000):
+            assert read(None, None, limit, fmt) == expected, (fmt, limit)
+    for partitions in (2, 3, 5):
+        doc = c.get(f"/cdc/tables/{table}/splits", params={"partitions": partitions}).json()
+        bounds = [None, *doc["splits"], None]
+        got = [row for lo, hi in itertools.pairwise(bounds) for row in read(lo, hi, 2, "arrow")]
+        assert got == expected, (partitions, doc["splits"])
+
+
+def test_keys_follow_sqlite_order_collations_and_types(node: Node, client: httpx.Client) -> None:
+    """The node compares keys, as SQLite does: a NOCASE or RTRIM key, an untyped key with
+    integers, reals and text (mirrored as text, but paged by the values stored: in
+    SQLite every number sorts before any text), a composite key with a collation."""
+    c = client
+    node.execute(
+        c,
+        [
+            "CREATE TABLE k_ci (k TEXT COLLATE NOCASE PRIMARY KEY, v INTEGER)",
+            *[["INSERT INTO k_ci VALUES(?, ?)", k, i] for i, k in enumerate("abcDefgHiJ")],
+            "CREATE TABLE k_rt (k TEXT COLLATE RTRIM PRIMARY KEY, v INTEGER) WITHOUT ROWID",
+            *[["INSERT INTO k_rt VALUES(?, ?)", k, i]
+              for i, k in enumerate(["b  ", "a", "a b", "B", "c ", "ab"])],
+            "CREATE TABLE k_mixed (k PRIMARY KEY, v TEXT)",
+            *[["INSERT INTO k_mixed VALUES(?, 'x')", k]
+              for k in [1, 2, 10, 3, 2.5, -7, 1e300, "a", "B", "10x", "", "Z"]],
+            "CREATE TABLE k_comp (a TEXT COLLATE NOCASE, b INTEGER, v INTEGER, PRIMARY KEY (a, b))"
+            " WITHOUT ROWID",
+            *[["INSERT INTO k_comp VALUES(?, ?, ?)", a, b, i]
+              for i, (a, b) in enumerate([("x", 2), ("X", 3), ("y", 1), ("Y", 0), ("a", 10),
+                                          ("B", -1)])],
+        ],
+    )  # fmt: skip
+    _pages_and_splits(c, "k_ci", "k", "k, v", ["k"])
+    _pages_and_splits(c, "k_rt", "k", "k, v", ["k"])
+    _pages_and_splits(c, "k_comp", "a, b", "a, b, v", ["a", "b"])
+    # an untyped column is mirrored as text: compare the keys the node sends
+    order = [-7, 1, 2, 2.5, 3, 10, 1e300, "", "10x", "B", "Z", "a"]  # numbers, then text
+    for fmt in ("arrow", "json"):
+        keys, after = [], None
+        for _ in order:
+            params: dict[str, Any] = {"limit": 1, "format": fmt}
+            if after is not None:
+                params["after_key"] = json.dumps(after)
+            r = c.get("/cdc/tables/k_mixed/rows", params=params)
+            after = json.loads(meta(arrow(r))["litecdc.last_key"]) if fmt == "arrow" else (
+                r.json()["last_key"]
+            )  # fmt: skip
+            keys += after
+        assert keys == order, (fmt, keys)
+    doc = c.get("/cdc/tables/k_mixed/splits", params={"partitions": 4}).json()
+    assert doc["splits"] == [[2], [10], ["10x"]], doc
+    rows = c.get("/cdc/tables/k_mixed/rows", params={"after_key": "[2]", "until_key": "[10]"})
+    assert [row[0] for row in rows.json()["rows"]] == ["2.5", "3", "10"]  # mirrored as text
+
+
+def test_null_keys_are_paged_and_split_first_each_row_once(
+    node: Node, client: httpx.Client
+) -> None:
+    """SQLite lets a rowid table's PRIMARY KEY other than INTEGER PRIMARY KEY hold NULLs,
+    several rows of them: they sort first, and ranges and pages keep every row (before,
+    the split key [null] made ranges that matched nothing, and paging after a NULL key
+    skipped the other rows of it)."""
+    c = client
+    node.execute(
+        c,
+        [
+            "CREATE TABLE n_one (k TEXT PRIMARY KEY, v TEXT)",
+            "INSERT INTO n_one VALUES (NULL, 'a'), (NULL, 'b'), ('x', 'c'), (NULL, 'd'),"
+            " ('y', 'e'), ('w', 'f')",
+            "CREATE TABLE n_two (a TEXT, b INTEGER, v INTEGER, PRIMARY KEY (a, b))",
+            *[
+                ["INSERT INTO n_two VALUES(?, ?, ?)", a, b, i]
+                for i, (a, b) in enumerate(
+                    [(None, None), ("x", None), (None, 1), ("x", 1), (None, None), ("x", None),
+                     ("y", 2), (None, 1), ("x", 2), ("y", None), (None, 3), ("X", None)]
+                )
+            ],
+        ],
+    )  # fmt: skip
+    _pages_and_splits(c, "n_one", "k, rowid", "k, v", ["k"])
+    _pages_and_splits(c, "n_two", "a, b, rowid", "a, b, v", ["a", "b"])
+    # the three rows of key [null] are on one page, whatever the limit
+    page = c.get("/cdc/tables/n_one/rows", params={"limit": 1}).json()
+    assert [row[1] for row in page["rows"]] == ["a", "b", "d"], page
+    assert page["last_key"] == [None] and page["done"] is False
+    page = c.get("/cdc/tables/n_one/rows", params={"after_key": "[null]"}).json()
+    assert [row[0] for row in page["rows"]] == ["w", "x", "y"], page
+    splits = c.get("/cdc/tables/n_one/splits", params={"partitions": 3}).json()["splits"]
+    assert splits[0] == [None], splits
+
+
 # -- changes ---------------------------------------------------------------------------
 def test_changes_insert_update_delete_and_key_change(node: Node, client: httpx.Client) -> None:
     c = client
@@ -726,6 +858,37 @@ def test_value_not_fitting_its_column_type_is_422(node: Node, client: httpx.Clie
         # the rows before it are still readable
         r = c.get("/cdc/tables/bad_type/rows", params={"limit": 1})
         assert r.status_code == 200 and r.json()["rows"] == [[1, 5, "x", head(c)]]
+
+
+def test_blob_in_a_text_column_or_text_in_a_blob_column_is_422(
+    node: Node, client: httpx.Client
+) -> None:
+    """Neither is converted: the bytes of a blob are not text (even when they are UTF-8),
+    and text is not its bytes; both sides of `verify` would convert alike, so nothing
+    else would notice (before, x'6869' in a TEXT column arrived as "hi")."""
+    c = client
+    node.execute(c, ["CREATE TABLE bt (id INTEGER PRIMARY KEY, t TEXT, b BLOB, u)"])
+    with subscriber(c, "bt-sub"):
+        node.execute(c, ["INSERT INTO bt VALUES (1, 'ok', x'00', 'ok')"])
+        cases = [
+            ("UPDATE bt SET t = x'6869' WHERE id = 1", "column t", "BLOB", "string"),
+            ("UPDATE bt SET t = 'ok', b = 'hi' WHERE id = 1", "column b", "TEXT", "binary"),
+            ("UPDATE bt SET b = x'00', u = x'6869' WHERE id = 1", "column u", "BLOB", "string"),
+        ]
+        for sql, column, stored, mirrored in cases:
+            before = head(c)
+            node.execute(c, [sql])
+            for fmt in ("arrow", "json"):
+                r = c.get("/cdc/tables/bt/rows", params={"format": fmt})
+                msg = error_of(r, 422)
+                assert f"table bt {column}:" in msg and f"a {stored} value" in msg, msg
+                assert "[1]" in msg and mirrored in msg, msg
+            # the change that wrote it, as the last event
+            r = c.get("/cdc/tables/bt/changes", params={"after": before, "format": "json"})
+            msg = error_of(r, 422)
+            assert f"table bt {column}:" in msg, msg
+        node.execute(c, ["UPDATE bt SET u = 'ok' WHERE id = 1"])
+        assert c.get("/cdc/tables/bt/rows").json()["rows"][0][:4] == [1, "ok", "AA==", "ok"]
 
 
 # -- bad requests ----------------------------------------------------------------------

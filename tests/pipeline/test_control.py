@@ -16,6 +16,7 @@ from pipeline_proc import execute
 from litecdc.errors import MetadataError, NotFoundError, SinkError, SourceError
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
+from litecdc.pipeline.source_client import SourceClient
 
 
 @pytest.fixture
@@ -155,3 +156,171 @@ def test_passwords_in_sink_urls_are_never_printed(
         result = CliRunner().invoke(cli, ["pipeline", *args, "--meta", meta])
         assert result.exit_code == 0, result.output
         assert "s3cret-pw" not in result.output and "pg" in result.output
+
+
+def _to_incremental(store: MetadataStore, name: str, registered: int) -> None:
+    """``name`` as `pipeline run` leaves it once its (empty) snapshot is done."""
+    store.start_register(name, registered)
+    store.set_ranges(name, [(None, None)])
+    store.record_chunk(name, 0, last_key=None, read_cid=registered, rows=0, done=True)
+    store.finish_snapshot(name)
+
+
+def test_status_shows_every_subscription_when_one_position_expired_or_table_is_gone(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: once one subscription's position had expired (the node's retention cap),
+    `pipeline status` failed with exit 1 and printed nothing for any subscription; and a
+    dropped table was reported as 'source: unreachable' although the node answered."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    capped = Node(tmp_path / "capped", "--retention-cids", "3").start()
+    try:
+        execute_on = {"late": (capped, "t"), "dropped": (node, "dd"), "fine": (node, "ok")}
+        with capped.client() as c:
+            execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)"])
+        with node.client() as c:
+            execute(c, ["CREATE TABLE dd(id INTEGER PRIMARY KEY)", "CREATE TABLE ok(id)"])
+        for name, (source, table) in execute_on.items():
+            control.subscribe(
+                store, name=name, sources=source.url, table=table, sink=f"delta:{tmp_path}/{name}"
+            )
+            with SourceClient([source.url]) as client:
+                _to_incremental(store, name, client.register(name).cid)
+        registered = store.progress("late").last_log_index or 0
+        with capped.client() as c:
+            for i in range(8):  # more than 3 commits: the keeper expires the hold, prunes
+                execute(c, [["INSERT INTO t VALUES (?, ?)", i, "x"]])
+        with SourceClient([capped.url]) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                holds = client.subscriptions()
+                late = holds.get("late")
+                if late is not None and late.expired and holds.pruned_cid > registered:
+                    break
+                assert time.monotonic() < deadline, holds
+                time.sleep(0.2)
+        with node.client() as c:
+            execute(c, ["DROP TABLE dd"])
+
+        reports = {r.subscription.name: r for r in control.status(store)}
+        assert sorted(reports) == ["dropped", "fine", "late"]
+        late_text = reports["late"].describe()
+        assert reports["late"].position_expired is not None, late_text
+        assert "position expired" in late_text and "new snapshot" in late_text
+        assert "unreachable" not in late_text
+        dropped_text = reports["dropped"].describe()
+        assert "table dd is gone" in dropped_text and "no table 'dd'" in dropped_text
+        assert "unreachable" not in dropped_text and "source head: cid" in dropped_text
+        fine = reports["fine"]
+        assert (fine.source_error, fine.table_missing, fine.position_expired) == (None,) * 3
+        assert fine.lag_seconds == 0.0  # no change of its table since it registered
+
+        result = CliRunner().invoke(
+            cli, ["pipeline", "status", "--meta", sqlite_url(tmp_path / "meta.db")]
+        )
+        assert result.exit_code == 0, result.output
+        for name in ("dropped", "fine", "late"):
+            assert f"{name}: table" in result.output
+        assert "position expired" in result.output and "table dd is gone" in result.output
+    finally:
+        capped.stop()
+
+
+def test_subscribe_refuses_a_sink_another_subscription_writes(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: while a2 owned delta:/tmp/lake/x, subscribe took delta:/tmp/lake/x/,
+    delta:/tmp/lake/./x and parquet:/tmp/lake/x (the rule compared the URLs as text), and
+    two subscriptions then wrote into one Delta table."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    lake = tmp_path / "lake"
+    (tmp_path / "link").symlink_to(lake, target_is_directory=True)
+    pg = "postgresql://app:pw@127.0.0.1:5432/shop"
+    taken = {
+        "a2": f"delta:{lake}/x",
+        "pg": f"{pg}?table=t",  # t: the source table's name, the default
+        "my": "mysql://root@127.0.0.1:3306/Shop?table=Orders",
+    }
+    for name, sink in taken.items():
+        control.subscribe(store, name=name, sources=node.url, table="t", sink=sink)
+    same = {
+        f"delta:{lake}/x/": "a2",
+        f"delta:{lake}/./x": "a2",
+        f"delta:{lake}/y/../x": "a2",
+        f"delta://{lake}/x": "a2",
+        f"DELTA:{lake}/x": "a2",
+        f"parquet:{lake}/x": "a2",
+        f"delta:{tmp_path}/link/x": "a2",  # through a symbolic link
+        f"delta:{lake}/x/inner": "a2",  # inside its table
+        f"parquet:{lake}": "a2",  # holding its table
+        pg: "pg",  # the default table
+        "postgres://other@localhost:5432/shop?schema=public&table=t": "pg",
+        "mariadb://u@localhost/shop?table=orders": "my",  # MariaDB: names without case
+    }
+    for sink, owner in same.items():
+        with pytest.raises(MetadataError, match=f"already used by subscription {owner} ") as info:
+            control.subscribe(store, name="b", sources=node.url, table="t", sink=sink)
+        assert ":pw@" not in str(info.value)
+    assert sorted(s.name for s in store.list_subscriptions()) == ["a2", "my", "pg"]
+    elsewhere = [
+        f"delta:{lake}/x2",
+        f"parquet:{lake}/xy",
+        f"{pg}?table=t&schema=other",
+        f"{pg}?table=T",  # PostgreSQL: quoted names, case counts
+        "postgresql://app@db.example:5432/shop?table=t",
+        "postgresql://app@127.0.0.1:5433/shop?table=t",
+        "postgresql://app@127.0.0.1:5432/other?table=t",
+        "mysql://root@127.0.0.1:3306/other?table=orders",
+        # message sinks may be shared: subscriptions publish into one stream or exchange
+        "nats://127.0.0.1:4222?stream=S",
+        "nats://127.0.0.1:4222?stream=S",
+        "amqp://guest:guest@127.0.0.1:5672/?exchange=e",
+        "amqp://guest:guest@127.0.0.1:5672/?exchange=e",
+    ]
+    for i, sink in enumerate(elsewhere):
+        control.subscribe(store, name=f"ok{i}", sources=node.url, table="t", sink=sink)
+
+
+def test_a_table_name_with_a_slash_is_read_and_subscribed(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: GET /cdc/tables/we%20ird%2Ft… answered 404 'litecdc has no endpoint /cdc/tables/
+    we ird/t…': the node routed on the decoded path, where %2F is a '/'. Here a table
+    named like another table's endpoint, too."""
+    odd, plain = "we ird/rows", "we ird"
+    with node.client() as c:
+        execute(
+            c,
+            [
+                f'CREATE TABLE "{odd}"(id INTEGER PRIMARY KEY, "v/%2F" TEXT)',
+                f'CREATE TABLE "{plain}"(k TEXT PRIMARY KEY)',
+                *[[f'INSERT INTO "{odd}" VALUES (?, ?)', i, f"v{i}"] for i in range(1, 6)],
+                [f'INSERT INTO "{plain}" VALUES (?)', "other table"],
+            ],
+        )
+    with SourceClient([node.url]) as client:
+        start = client.register("slash").cid
+        info = client.table_info(odd, count_rows=True)
+        assert (info.spec.name, info.spec.column_names, info.rows) == (odd, ["id", "v/%2F"], 5)
+        assert client.table_info(plain).spec.column_names == ["k"]
+        assert client.splits(odd, 2).ranges()
+        page = client.rows(odd, limit=10)
+        assert page.table.column("v/%2F").to_pylist() == [f"v{i}" for i in range(1, 6)]
+        assert client.rows(plain, limit=10).table.column("k").to_pylist() == ["other table"]
+        with node.client() as c:
+            execute(c, [[f'UPDATE "{odd}" SET "v/%2F" = ? WHERE id = 1', "changed"]])
+        assert client.position(odd, after=start, max_events=10).events == 1
+        changes = client.changes(odd, after=start, limit=10)
+        assert changes.table.column("v/%2F").to_pylist() == ["changed"]
+    control.subscribe(store, name="slash", sources=node.url, table=odd, sink=f"delta:{tmp_path}/s")
+    (report,) = control.status(store, "slash")
+    assert report.source_error is None and report.table_missing is None, report.describe()
+    # still exact: a path that names no endpoint is a 404
+    with node.client() as c:
+        for path in ("/cdc/tables/", "/cdc/tables//rows", "/cdc/tables/we%20ird/rows/x"):
+            assert c.get(path).status_code == 404, path
+        assert c.get("/cdc/tables/we%20ird/bogus").status_code == 404

@@ -244,6 +244,21 @@ def test_changes_batch_read(spark: SparkSession, node: Node, moves: Any) -> None
     assert only_first.count() == 8
 
 
+def test_changes_batch_read_with_nothing_to_read_is_empty(
+    spark: SparkSession, node: Node, moves: Any
+) -> None:
+    """QA: a changes read from the head failed with 'PythonException … AssertionError':
+    partitions() returned none, and PySpark then read InputPartition(None)."""
+    with SourceClient([node.url]) as client:
+        head = client.subscriptions().last_cid
+    empty = read(spark, node, "moves", mode="changes", after_cid=head)
+    assert empty.count() == 0
+    assert empty.columns == [CID_COLUMN, SEQ_COLUMN, OP_COLUMN, "id", "v"]
+    assert read(spark, node, "moves", ranges="[]").collect() == []  # no chunk to read
+    with pytest.raises(Exception, match=r'"until_cid" \(5\) must be greater than "after_cid"'):
+        read(spark, node, "moves", mode="changes", after_cid=5, until_cid=5).count()
+
+
 def test_stream_available_now_in_cid_order_with_max_events(
     spark: SparkSession, node: Node, moves: Any, tmp_path: Path
 ) -> None:

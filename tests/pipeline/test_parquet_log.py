@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,13 @@ def _bits(value: Any) -> Any:
 
 
 def _rebuild(spark: Any, log: Path) -> tuple[dict[int, tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """The table as the log says it is, and the change events' (cid, seq, op, id)."""
+    """The table as the log says it is, and the change events' (cid, seq, op, id)
+    (the events read through the file sink's log: committed files only)."""
     rows: dict[int, tuple[int, tuple[Any, ...]]] = {}
     for r in spark.read.parquet(str(log / "snapshot")).collect():
         rows[r["id"]] = (r["_litecdc_cid"], (r["name"], _bits(r["price"]), _hex(r["tag"])))
-    events = spark.read.parquet(str(log / "changes")).collect()  # committed files only
+    changes = log / "changes"  # none yet after a snapshot taken again
+    events = spark.read.parquet(str(changes)).collect() if changes.exists() else []
     events.sort(key=lambda e: (e["_litecdc_cid"], e["_litecdc_seq"], e["_litecdc_op"] != "delete"))
     for e in events:
         version = rows.get(e["id"], (0, None))[0]
@@ -135,3 +138,114 @@ def test_parquet_log_rebuilds_the_table_with_every_event_once(tmp_path: Path, sp
         assert done.returncode == 1 and "keeps no rows" in done.stderr, done.stderr
     finally:
         node.stop()
+
+
+def _head(client: httpx.Client) -> int:
+    r = client.get("/cdc/subscriptions")
+    assert r.status_code == 200, r.text
+    return int(r.json()["last_cid"])
+
+
+@pytest.mark.timeout(900)
+def test_columns_added_while_running_reach_the_log(tmp_path: Path, spark: Any) -> None:
+    """Before, a running `pipeline run` went on with the columns its query started with:
+    events after an ALTER TABLE … ADD COLUMN were written without the column (its values
+    lost), and a column with a DEFAULT did not start the log over until a restart."""
+    node = Node(tmp_path / "node").start()
+    log = tmp_path / "log"
+    try:
+        cli = PipelineCLI(sqlite_url(tmp_path / "meta.db"), tmp_path / "work")
+        with node.client() as c:
+            execute(c, ["CREATE TABLE pqa(id INTEGER PRIMARY KEY, a TEXT)",
+                        "INSERT INTO pqa VALUES (1, 'a'), (2, 'b')"])  # fmt: skip
+        cli.subscribe("pqa-log", node.url, "pqa", f"parquet:{log}")
+        run = cli.start("--poll-interval", "0.2")
+        try:
+
+            def applied_through(cid: int) -> bool:
+                progress = cli.progress("pqa-log")
+                return progress.stage == "incremental" and (progress.last_log_index or 0) >= cid
+
+            # (a fixed target: the stream's own hold moves are commits too)
+            with node.client() as c:
+                target = _head(c)
+                run.wait_for(lambda: applied_through(target), "the snapshot")
+                # the query runs (it has written a batch) when the column comes
+                execute(c, ["INSERT INTO pqa VALUES (4, 'before')"])
+                target = _head(c)
+                run.wait_for(lambda: applied_through(target), "the stream")
+                execute(c, ["ALTER TABLE pqa ADD COLUMN c TEXT"])
+                execute(c, ["INSERT INTO pqa VALUES (3, 'e', 'NEWCOL')"])
+                execute(c, ["UPDATE pqa SET c = 'set' WHERE id = 1"])
+                target = _head(c)
+            run.wait_for(lambda: applied_through(target), "the changes after the ALTER")
+            changes = spark.read.option("mergeSchema", "true").parquet(str(log / "changes"))
+            assert "c" in changes.columns, changes.columns
+            events = sorted((e["_litecdc_cid"], e["id"], e["a"], e["c"]) for e in changes.collect())
+            assert [e[1:] for e in events] == [
+                (4, "before", None), (3, "e", "NEWCOL"), (1, "a", "set")
+            ], events  # fmt: skip
+            registered = cli.progress("pqa-log").init_snapshot_version or 0
+
+            # a column with a DEFAULT: existing rows hold it without any change, so the log
+            # starts over (a new snapshot with the column)
+            with node.client() as c:
+                execute(c, ["ALTER TABLE pqa ADD COLUMN d TEXT DEFAULT 'dflt'"])
+
+            def started_over() -> bool:
+                progress = cli.progress("pqa-log")
+                again = (progress.init_snapshot_version or 0) > registered
+                return again and applied_through(progress.init_snapshot_version or 0)
+
+            run.wait_for(started_over, "the log to start over")
+            snapshot = spark.read.parquet(str(log / "snapshot")).collect()
+            assert sorted((r["id"], r["a"], r["c"], r["d"]) for r in snapshot) == [
+                (1, "a", "set", "dflt"), (2, "b", None, "dflt"), (3, "e", "NEWCOL", "dflt"),
+                (4, "before", None, "dflt"),
+            ]  # fmt: skip
+            assert "starting over" in run.log() and "re-snapshotting" in run.log()
+        finally:
+            run.kill9()
+    finally:
+        node.stop()
+
+
+@pytest.mark.timeout(900)
+def test_parquet_log_past_the_retention_cap_starts_over_and_converges(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Before, the stream's "position no longer available" came back wrapped as a sink
+    error: the log was retried forever instead of taking a new snapshot."""
+    capped = Node(tmp_path / "node", "--retention-cids", "20").start()
+    log = tmp_path / "log"
+    try:
+        cli = PipelineCLI(sqlite_url(tmp_path / "meta.db"), tmp_path / "work")
+        with capped.client() as c:
+            execute(c, [DDL])
+            _insert(c, 1, 300)
+        cli.subscribe("capped-log", capped.url, "items", f"parquet:{log}")
+        cli.run_until_caught_up()
+        with capped.client() as c:
+            for k in range(30):  # more than 20 commits behind, deletes among them
+                execute(
+                    c,
+                    [
+                        ["DELETE FROM items WHERE id % 30 = ?", k],
+                        ["UPDATE items SET name = ? WHERE id % 31 = ?", f"gap {k}", k],
+                    ],
+                )
+            _insert(c, 1000, 5)
+            # the node's retention keeper (every 5 s) expires the hold
+            deadline = time.monotonic() + 30
+            while not c.get("/cdc/subscriptions").json()["subscriptions"][0]["expired"]:
+                assert time.monotonic() < deadline, "the hold did not expire"
+                time.sleep(0.2)
+        done = cli.run_until_caught_up()
+        assert "re-snapshotting" in done.stderr, done.stderr[-4000:]
+        with capped.client() as c:
+            source = _source_rows(c)
+        table, keys = _rebuild(spark, log)
+        assert table == source
+        assert len(keys) == len(set(keys)), "an event was written twice"
+    finally:
+        capped.stop()

@@ -94,3 +94,31 @@ def test_a_column_dropped_or_renamed_at_the_source_fails_the_subscription_until_
         assert store.progress("s").last_log_index is not None
     finally:
         store.close()
+
+
+@pytest.mark.spark
+def test_an_error_raised_in_a_spark_worker_is_recorded_as_its_one_line(
+    node: Node, tmp_path: Path, spark: SparkSession
+) -> None:
+    """Before, the run log and `status` showed Spark's whole wrapping of it: the worker's
+    traceback, the JVM's stack and the query plan."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE w(id INTEGER PRIMARY KEY, n INTEGER)",
+                    "INSERT INTO w VALUES (1, 5), (2, 'not a number')"])  # fmt: skip
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="w", sources=node.url, table="w", sink=f"delta:{tmp_path / 'lake'}"
+        )
+        server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+        assert server.run(until_caught_up=True) == 1
+        error = server.states["w"].last_error
+        assert error is not None and error.startswith(f"source {node.url}: GET "), error
+        assert "table w column n: a TEXT value at key [2]" in error, error
+        assert "\n" not in error and "Traceback" not in error and "Exception" not in error
+        (report,) = control.status(store, "w")
+        assert report.failure is not None and report.failure[0] == error
+        failing = [line for line in report.describe().splitlines() if "FAILING" in line]
+        assert len(failing) == 1 and failing[0].endswith(error), report.describe()
+    finally:
+        store.close()

@@ -9,7 +9,8 @@ sinks and MariaDB.
 - a MariaDB key too long for its column, or a PostgreSQL key too long for its index, stops
   the subscription with an error naming it, until the row is deleted at the source — then
   it goes on;
-- a subscription re-created under its name loses no NATS message to de-duplication.
+- a subscription re-created under its name loses no NATS message to de-duplication;
+- ``verify`` counts a row a Delta mirror holds twice as a difference.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
 import pytest
 from e2e.litecdc_node import Node
 from pipeline_proc import execute
@@ -295,3 +297,45 @@ def test_subscription_recreated_under_its_name_loses_no_nats_message_to_deduplic
         {i.rsplit(":", 1)[0] for i, _ in found[2:]},
     )
     assert len(old) == len(new) == 1 and old != new  # one registration each
+
+
+def test_verify_counts_a_row_the_delta_mirror_holds_twice_as_a_difference(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: a row appended again to a caught-up Delta mirror gave "source 10 rows, sink 11
+    rows, 0 difference(s)" and exit 0: rows were matched in a dict by key, where the
+    copies collapsed, and the counts were not compared."""
+    from click.testing import CliRunner
+    from deltalake import DeltaTable, write_deltalake
+
+    from litecdc.cli import cli
+
+    table = f"dup_{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"v{i}"] for i in range(1, 11)])
+    lake = tmp_path / "lake"
+    control.subscribe(store, name=table, sources=node.url, table=table, sink=f"delta:{lake}")
+    with SourceClient([node.url]) as client:  # the mirror as a caught-up run leaves it
+        spec = client.table_spec(table)
+        rows = client.rows(table, limit=100)
+    sink = open_sink(f"delta:{lake}", spec, table)
+    sink.write_snapshot(rows.table)
+    sink.close()
+    assert verify(store.get_subscription(table)).ok
+
+    mirror = DeltaTable(str(lake))
+    again = mirror.to_pyarrow_table().filter(pc.equal(pc.field("id"), 3))
+    write_deltalake(mirror, again, mode="append")  # the row a second time, unchanged
+    report = verify(store.get_subscription(table))
+    assert (report.source_rows, report.sink_rows, report.total_differences) == (10, 11, 1)
+    assert not report.ok
+    (difference,) = report.differences
+    assert (difference.kind, difference.key) == ("duplicate", [3])
+    assert difference.describe().startswith("key [3]: 2 rows at the sink, 1 at the source")
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    result = CliRunner().invoke(cli, ["pipeline", "verify", table, "--meta", meta])
+    assert result.exit_code == 1, result.output
+    assert "key [3]: 2 rows at the sink" in result.output
+    assert "sink 11 rows, 1 difference(s)" in result.output

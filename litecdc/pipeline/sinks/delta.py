@@ -6,10 +6,14 @@ by a higher cid; a delete removes it only if its stored cid is lower).
 
 A change batch is one MERGE (upserts and deletes together, from the net events with
 an op column) whose commit carries the Delta app transaction
-``(litecdc-<subscription>, end_cid)``: ``applied_cid()`` reads it back, and a batch
+``(litecdc-<subscription>@<registration>, end_cid)``: ``applied_cid()`` reads it back, and a batch
 at or below it is skipped. That record is what stops a replayed older batch from
 resurrecting rows a newer batch deleted (the cid guard alone cannot: the row is gone,
 so nothing is left to compare against).
+
+A table belongs to one subscription: its description records the subscription, the
+source table and its key, and a sink of another subscription or table refuses it (a
+table made before that record is taken when it has no column the source lacks).
 
 Not done here: compaction and vacuum. Each commit adds files; run
 ``DeltaTable(path).optimize.compact()`` and ``vacuum()`` from time to time.
@@ -23,8 +27,10 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,6 +50,8 @@ log = logging.getLogger("litecdc.pipeline")
 DELTA_TYPES = {"int64": "long", "float64": "double", "string": "string", "binary": "binary"}
 
 _ERRORS = (DeltaError, OSError, pa.ArrowException)
+#: the key of the owner record in a mirror's description (``DeltaSink._owner``)
+OWNER_RECORD = "litecdc_mirror"
 
 
 def _ident(name: str) -> str:
@@ -60,22 +68,76 @@ class DeltaSink(Sink):
         if not isinstance(options, DeltaOptions):
             raise SinkError(f"delta sink: {url!r} is not a delta: URL")
         self.path = options.path
-        self.app_id = f"litecdc-{subscription}"
         self._table: DeltaTable | None = None
+
+    @property
+    def app_id(self) -> str:
+        """The Delta app transaction id of this subscription's batch records: per
+        registration (``Sink.registration``), so a subscription re-created under an
+        earlier one's name — on another source, say — does not skip its batches at or
+        below the earlier one's last cid (Delta cannot delete a record)."""
+        base = f"litecdc-{self.subscription}"
+        return f"{base}@{self.registration}" if self.registration else base
 
     # -- set-up -----------------------------------------------------------------------
 
     def prepare(self) -> None:
         try:
-            if DeltaTable.is_deltatable(self.path):
-                table = DeltaTable(self.path)
-                self._add_missing_columns(table)
-            else:
-                table = DeltaTable.create(self.path, self.spec.row_schema(), mode="ignore")
+            if not DeltaTable.is_deltatable(self.path):
+                DeltaTable.create(
+                    self.path, self.spec.row_schema(), mode="ignore", description=self._owner()
+                )
                 log.info("delta sink: created table %s", self.path)
+            table = DeltaTable(self.path)  # ours, or one another writer made meanwhile
+            self._check_owner(table, adopt=True)
+            self._add_missing_columns(table)
         except _ERRORS as exc:
             raise SinkError(f"delta sink: cannot open or create {self.path}: {exc}") from exc
         self._table = table
+
+    def _owner(self) -> str:
+        """The record of whose mirror the table is, kept as the table's description
+        (delta-rs takes no table property of its own name): the subscription, its source
+        table and key."""
+        record = {"subscription": self.subscription, "table": self.spec.name}
+        return json.dumps({OWNER_RECORD: record | {"key": list(self.spec.key)}})
+
+    def _check_owner(self, table: DeltaTable, *, adopt: bool) -> None:
+        """SchemaMismatchError unless the table at the path is this subscription's mirror
+        of its table: two subscriptions must never write one table (the second added its
+        columns to the first's, and the rows mixed). A table without the record (made by
+        an earlier litecdc, or by another writer) is taken when it has no column the
+        source table lacks — and, with ``adopt``, gets the record."""
+        description = table.metadata().description
+        record = _owner_record(description)
+        if record is None:
+            foreign = [
+                f.name
+                for f in table.schema().fields
+                if f.name not in self.spec.column_names and f.name != CID_COLUMN
+            ]
+            if foreign:
+                raise SchemaMismatchError(
+                    f"delta sink: {self.path} has column(s) {', '.join(map(repr, foreign))} "
+                    f"that table {self.spec.name!r} does not have: it mirrors another table; "
+                    "choose another path (or delete that table to mirror into it anew)"
+                )
+            if adopt and not description:
+                table.alter.set_table_description(self._owner())
+                log.info(
+                    "delta sink: %s recorded as the mirror of %s", self.path, self.subscription
+                )
+            return
+        theirs = (record.get("subscription"), record.get("table"), list(record.get("key") or ()))
+        ours = (self.subscription, self.spec.name, list(self.spec.key))
+        if theirs != ours:
+            raise SchemaMismatchError(
+                f"delta sink: {self.path} is the mirror of table {theirs[1]!r} (key "
+                f"{', '.join(map(str, theirs[2]))}) for subscription {theirs[0]!r}, not of "
+                f"table {ours[1]!r} (key {', '.join(ours[2])}) for subscription {ours[0]!r}: "
+                "give each subscription its own path (or delete that table to mirror into "
+                "it anew)"
+            )
 
     def _add_missing_columns(self, table: DeltaTable) -> None:
         existing = {f.name: f for f in table.schema().fields}
@@ -114,10 +176,11 @@ class DeltaSink(Sink):
             return
         source = _conform(rows, self.spec.row_schema())
         try:
+            columns = self._assignments()
             (
                 self._merger(source, None)
-                .when_matched_update_all(predicate=f"s.{CID_COLUMN} > t.{CID_COLUMN}")
-                .when_not_matched_insert_all()
+                .when_matched_update(columns, predicate=f"s.{CID_COLUMN} > t.{CID_COLUMN}")
+                .when_not_matched_insert(columns)
                 .execute()
             )
         except _ERRORS as exc:
@@ -138,17 +201,17 @@ class DeltaSink(Sink):
             if net.upserts.num_rows or net.deletes.num_rows:
                 source = self._merge_source(net.upserts, net.deletes)
                 upsert = f"s.{OP_COLUMN} = '{OP_UPSERT}'"
+                columns = self._assignments()
                 (
                     self._merger(source, commit)
-                    .when_matched_update_all(
-                        predicate=f"{upsert} AND s.{CID_COLUMN} > t.{CID_COLUMN}",
-                        except_cols=[OP_COLUMN],
+                    .when_matched_update(
+                        columns, predicate=f"{upsert} AND s.{CID_COLUMN} > t.{CID_COLUMN}"
                     )
                     .when_matched_delete(
                         predicate=f"s.{OP_COLUMN} = '{OP_DELETE}' "
                         f"AND t.{CID_COLUMN} < s.{CID_COLUMN}"
                     )
-                    .when_not_matched_insert_all(predicate=upsert, except_cols=[OP_COLUMN])
+                    .when_not_matched_insert(columns, predicate=upsert)
                     .execute()
                 )
             if table.version() == before:
@@ -184,6 +247,13 @@ class DeltaSink(Sink):
         columns[OP_COLUMN] = pa.array(ops, pa.string())
         fields = [*schema, pa.field(OP_COLUMN, pa.string(), nullable=False)]
         return pa.table(columns, schema=pa.schema(fields))
+
+    def _assignments(self) -> dict[str, str]:
+        """Every column of the table set from the source row, names quoted on both sides
+        (delta-rs's update_all/insert_all quote them in backticks without escaping: a
+        column named with a backtick broke the MERGE)."""
+        names = [*self.spec.column_names, CID_COLUMN]
+        return {_ident(n): f"s.{_ident(n)}" for n in names}
 
     def _merger(self, source: pa.Table, commit: CommitProperties | None) -> Any:
         on = " AND ".join(f"t.{_ident(k)} = s.{_ident(k)}" for k in self.spec.key)
@@ -223,15 +293,18 @@ class DeltaSink(Sink):
                 f"delta sink: there is no Delta table at {self.path} yet: has `litecdc "
                 "pipeline run` copied this subscription?"
             )
-        table = self._dt()
         try:
+            # as it is: verify neither adds columns nor records an owner
+            table = self._table if self._table is not None else DeltaTable(self.path)
             table.update_incremental()
+            self._check_owner(table, adopt=False)
             # The current version's files, read with pyarrow's own local filesystem: going
             # through to_pyarrow_table (delta-rs's filesystem handler) made the process abort
             # at exit more often than not ("terminate called without an active exception",
             # delta-io/delta-rs#2184). The sink's tables are local, written by MERGE/append
             # without deletion vectors; files from before an added column read it as NULL.
-            files = ds.dataset(table.file_uris(), format="parquet", schema=self.spec.row_schema())
+            paths = [_local_path(uri) for uri in table.file_uris()]
+            files = ds.dataset(paths, format="parquet", schema=self.spec.row_schema())
             rows = files.to_table(columns=self.spec.column_names)
         except _ERRORS as exc:
             raise SinkError(f"delta sink: reading {self.path} failed: {exc}") from exc
@@ -239,6 +312,24 @@ class DeltaSink(Sink):
 
     def close(self) -> None:
         self._table = None
+
+
+def _owner_record(description: str | None) -> dict[str, Any] | None:
+    """The owner record a DeltaSink wrote as the table's description, if it is one."""
+    try:
+        doc = json.loads(description or "")
+    except ValueError:
+        return None
+    record = doc.get(OWNER_RECORD) if isinstance(doc, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def _local_path(uri: str) -> str:
+    """A file of the table as a local path: delta-rs gives them percent-encoded (a space
+    as %20), with or without ``file://``."""
+    if uri.startswith("file://"):
+        uri = urlsplit(uri).path
+    return unquote(uri)
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -24,7 +24,9 @@ Writes: multi-row ``INSERT … ON DUPLICATE KEY UPDATE col = IF(VALUES(cid) > ci
 VALUES(col), col)`` with ``_litecdc_cid`` assigned last (MariaDB evaluates the
 assignments in order, so earlier ones still compare against the stored cid); deletes
 through a temporary staging table (``DELETE t FROM t JOIN staging``). A change batch and
-its ``litecdc_sink_state`` record (per subscription and table) commit together.
+its ``litecdc_sink_state`` record (per subscription and table) commit together. A
+statement that names the mirror or its columns runs without driver arguments (values
+escaped into it): PyMySQL %-formats a query given arguments, its names too.
 
 Example::
 
@@ -238,6 +240,22 @@ class MariaDBSink(Sink):
             raise self._fail("preparing", exc) from exc
         self._staged_for = None
 
+    def forget_progress(self) -> None:
+        """Drop the record an earlier subscription of this name left for this table (the
+        mirror table was kept, so prepare() did not): with it, the new subscription's
+        batches at or below its cid — from another source, say — were skipped."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"DELETE FROM {_q(STATE_TABLE)} WHERE subscription = %s AND table_name = %s",
+                    (self.subscription, self.table_name),
+                )
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("forgetting an earlier subscription's progress in", exc) from exc
+
     def _create_table(self, cur: Any) -> None:
         defs = [self._column_def(c) for c in self.spec.columns]
         defs.append(f"{_q(CID_COLUMN)} BIGINT NOT NULL")
@@ -349,12 +367,18 @@ class MariaDBSink(Sink):
         return True
 
     def _insert_rows(self, cur: Any, head: str, tail: str, width: int, rows: Sequence[Any]) -> None:
-        """Multi-row INSERTs of ``_ROWS_PER_STATEMENT`` rows each."""
+        """Multi-row INSERTs of ``_ROWS_PER_STATEMENT`` rows each.
+
+        The values are escaped by the driver (``mogrify``) on their own and the statement
+        runs without arguments: with arguments PyMySQL %-formats the whole query, the
+        quoted table and column names too (a table named ``x%`` failed, and one named
+        ``x%s`` would have taken a value).
+        """
         one = "(" + ", ".join(["%s"] * width) + ")"
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             part = rows[start : start + _ROWS_PER_STATEMENT]
-            values = ", ".join([one] * len(part))
-            cur.execute(f"{head} VALUES {values}{tail}", [v for r in part for v in r])
+            values = cur.mogrify(", ".join([one] * len(part)), [v for r in part for v in r])
+            cur.execute(f"{head} VALUES {values}{tail}")
 
     def _check_finite(self, rows: pa.Table) -> None:
         """SchemaMismatchError naming the column and key of a ±infinity: MariaDB's DOUBLE
@@ -470,9 +494,9 @@ class MariaDBSink(Sink):
         try:
             with conn.cursor() as cur:
                 deleted = int(
-                    cur.execute(
-                        f"DELETE FROM {_q(self.table_name)} WHERE {_q(CID_COLUMN)} < %s",
-                        (init_cid,),
+                    cur.execute(  # no arguments: see _insert_rows
+                        f"DELETE FROM {_q(self.table_name)} WHERE {_q(CID_COLUMN)} < "
+                        f"{int(init_cid)}"
                     )
                 )
             conn.commit()

@@ -19,6 +19,11 @@ session-private staging tables, then, in the same transaction::
 (COPY + one INSERT … SELECT measured ~3x faster than executemany.) The state row is
 read FOR UPDATE first, so two writers of one subscription cannot both apply a batch.
 
+A statement that names a table or column carries its values as ``sql.Literal`` and is
+executed without parameters: with parameters psycopg reads every ``%`` of the query as
+a placeholder, those inside a quoted identifier too (a table named ``x%`` failed with
+"only '%s', '%b', '%t' are allowed as placeholders").
+
 The primary key is a btree index, whose entry holds at most 2,704 bytes (8 kB pages) of
 a key *after compression* (pglz or lz4): 2,692 bytes of a one-column text or bytea key
 that does not compress, while 100,000 times one letter fits. A row whose entry is
@@ -148,6 +153,12 @@ class PostgresSink(Sink):
     def _state(self) -> sql.Composable:
         return sql.Identifier(self.schema_name, STATE_TABLE)
 
+    def _mine(self) -> sql.Composable:
+        """This subscription's row of the state table, as a condition."""
+        return sql.SQL("subscription = {} AND table_name = {}").format(
+            sql.Literal(self.subscription), sql.Literal(self.table_name)
+        )
+
     # -- set-up -----------------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -167,16 +178,24 @@ class PostgresSink(Sink):
                     self._create_table(conn)
                     # a record left by a dropped table of that name is not this table's
                     conn.execute(
-                        sql.SQL(
-                            "DELETE FROM {} WHERE subscription = %s AND table_name = %s"
-                        ).format(self._state()),
-                        (self.subscription, self.table_name),
+                        sql.SQL("DELETE FROM {} WHERE {}").format(self._state(), self._mine())
                     )
                 else:
                     self._check_and_extend(conn, existing)
         except psycopg.Error as exc:
             raise self._fail("preparing", exc) from exc
         self._staged_for = None
+
+    def forget_progress(self) -> None:
+        """Drop the record an earlier subscription of this name left for this table (the
+        mirror table was kept, so prepare() did not): with it, the new subscription's
+        batches at or below its cid — from another source, say — were skipped."""
+        conn = self._connect()
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(self._state(), self._mine()))
+        except psycopg.Error as exc:
+            raise self._fail("forgetting an earlier subscription's progress in", exc) from exc
 
     def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Create ``?schema=`` when it does not exist, as the table is: a subscription
@@ -289,17 +308,16 @@ class PostgresSink(Sink):
                 conn.execute(
                     sql.SQL(
                         "INSERT INTO {} (subscription, table_name, applied_cid) "
-                        "VALUES (%s, %s, 0) ON CONFLICT (subscription, table_name) DO NOTHING"
-                    ).format(self._state()),
-                    (self.subscription, self.table_name),
+                        "VALUES ({}, {}, 0) ON CONFLICT (subscription, table_name) DO NOTHING"
+                    ).format(
+                        self._state(), sql.Literal(self.subscription), sql.Literal(self.table_name)
+                    )
                 )
                 # the row lock makes check-and-apply atomic against another writer
                 row = conn.execute(
-                    sql.SQL(
-                        "SELECT applied_cid FROM {} WHERE subscription = %s AND table_name = %s "
-                        "FOR UPDATE"
-                    ).format(self._state()),
-                    (self.subscription, self.table_name),
+                    sql.SQL("SELECT applied_cid FROM {} WHERE {} FOR UPDATE").format(
+                        self._state(), self._mine()
+                    )
                 ).fetchone()
                 applied = int(row[0]) if row else 0
                 if batch.end_cid <= applied:
@@ -313,10 +331,9 @@ class PostgresSink(Sink):
                 # a key too long for the index can be deleted: its lookup forms no entry
                 self._delete(conn, net.deletes)
                 conn.execute(
-                    sql.SQL(
-                        "UPDATE {} SET applied_cid = %s WHERE subscription = %s AND table_name = %s"
-                    ).format(self._state()),
-                    (batch.end_cid, self.subscription, self.table_name),
+                    sql.SQL("UPDATE {} SET applied_cid = {} WHERE {}").format(
+                        self._state(), sql.Literal(batch.end_cid), self._mine()
+                    )
                 )
         except psycopg.errors.ProgramLimitExceeded as exc:
             raise self._unstorable(doing, exc, upserts) from exc
@@ -391,18 +408,19 @@ class PostgresSink(Sink):
             total = pc.add(total, pc.binary_length(rows[name]))
         tried = pc.indices_nonzero(pc.fill_null(pc.greater(total, fits), False)).to_pylist()
         names = [*self.spec.column_names, CID_COLUMN]
-        insert = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO NOTHING").format(
-            self._target(),
-            sql.SQL(", ").join(self._ident(n) for n in names),
-            sql.SQL(", ").join(sql.Placeholder() * len(names)),
-            sql.SQL(", ").join(self._ident(k) for k in self.spec.key),
+        insert = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
+            self._target(), sql.SQL(", ").join(self._ident(n) for n in names)
+        )
+        conflict = sql.SQL(" ON CONFLICT ({}) DO NOTHING").format(
+            sql.SQL(", ").join(self._ident(k) for k in self.spec.key)
         )
         refused: list[tuple[int, str]] = []
         with conn.transaction(force_rollback=True):
             for index in tried:
+                values = sql.SQL(", ").join(sql.Literal(rows[n][index].as_py()) for n in names)
                 try:
                     with conn.transaction():
-                        conn.execute(insert, [rows[n][index].as_py() for n in names])
+                        conn.execute(insert + sql.SQL("(") + values + sql.SQL(")") + conflict)
                 except psycopg.errors.ProgramLimitExceeded as exc:
                     refused.append((index, exc.diag.message_primary or str(exc)))
         return refused
@@ -421,9 +439,42 @@ class PostgresSink(Sink):
             for record in zip(*data, strict=True):
                 copy.write_row(record)
 
+    def _nul_rows(self, rows: pa.Table, columns: Iterable[Column]) -> dict[str, pa.Array]:
+        """Per text column of ``columns``: which rows hold a NUL character, where any do."""
+        found = {}
+        for column in columns:
+            if column.arrow != "string":
+                continue
+            nul = pc.fill_null(pc.match_substring(rows[column.name], "\x00"), False)
+            if pc.any(nul).as_py():
+                found[column.name] = nul
+        return found
+
+    def _check_text(self, rows: pa.Table) -> None:
+        """SchemaMismatchError naming the table, column and key of a text value holding a
+        NUL character, before anything is written: PostgreSQL's text cannot store one
+        (COPY failed with 'invalid byte sequence for encoding "UTF8": 0x00', naming
+        neither the column nor the row)."""
+        found = self._nul_rows(rows, self.spec.columns)
+        if not found:
+            return
+        name, nul = next(iter(found.items()))
+        index = pc.index(nul, True).as_py()
+        key = {k: short_value(rows[k][index].as_py()) for k in self.spec.key}
+        count = pc.sum(nul).as_py()
+        more = f" (and {count - 1} more row(s))" if count > 1 else ""
+        raise SchemaMismatchError(
+            f"postgresql sink: {self._where}: column {name!r} of the row of table "
+            f"{self.spec.name} with key {key} holds a NUL character (\\x00), which "
+            f"PostgreSQL's text cannot store{more}: remove it at the source (the "
+            "subscription goes on once that change comes), or keep such values in a BLOB "
+            "column"
+        )
+
     def _upsert(self, conn: psycopg.Connection[Any], rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
+        self._check_text(rows)
         self._copy(conn, _STAGE_UP, rows, self.spec.columns)
         names = [*self.spec.column_names, CID_COLUMN]
         cols = sql.SQL(", ").join(self._ident(n) for n in names)
@@ -448,9 +499,12 @@ class PostgresSink(Sink):
         )
 
     def _delete(self, conn: psycopg.Connection[Any], keys: pa.Table) -> None:
+        key_columns = [self.spec.column(k) for k in self.spec.key]
+        nul = self._nul_rows(keys, key_columns)
+        if nul:  # no such key can be in the mirror (its upsert was refused): nothing to do
+            keys = keys.filter(pc.invert(_either(nul.values())))
         if keys.num_rows == 0:
             return
-        key_columns = [self.spec.column(k) for k in self.spec.key]
         self._copy(conn, _STAGE_DEL, keys, key_columns)
         match = sql.SQL(" AND ").join(
             sql.SQL("t.{0} = d.{0}").format(self._ident(k)) for k in self.spec.key
@@ -471,10 +525,9 @@ class PostgresSink(Sink):
         try:
             with conn.transaction():
                 cur = conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE {} < %s").format(
-                        self._target(), self._ident(CID_COLUMN)
-                    ),
-                    (init_cid,),
+                    sql.SQL("DELETE FROM {} WHERE {} < {}").format(
+                        self._target(), self._ident(CID_COLUMN), sql.Literal(int(init_cid))
+                    )
                 )
                 deleted = cur.rowcount
         except psycopg.Error as exc:
@@ -489,10 +542,7 @@ class PostgresSink(Sink):
         conn = self._connect()
         try:
             row = conn.execute(
-                sql.SQL(
-                    "SELECT applied_cid FROM {} WHERE subscription = %s AND table_name = %s"
-                ).format(self._state()),
-                (self.subscription, self.table_name),
+                sql.SQL("SELECT applied_cid FROM {} WHERE {}").format(self._state(), self._mine())
             ).fetchone()
         except psycopg.errors.UndefinedTable:
             return 0  # prepare() has not run yet: nothing applied
@@ -525,6 +575,15 @@ class PostgresSink(Sink):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _either(masks: Iterable[pa.Array]) -> pa.Array:
+    """The rows any of the masks marks."""
+    found = iter(masks)
+    out = next(found)
+    for mask in found:
+        out = pc.or_(out, mask)
+    return out
 
 
 def _columns_as_python(rows: pa.Table, names: Iterable[str]) -> list[list[Any]]:

@@ -300,6 +300,13 @@ def _parse_delta(url: str, safe: str) -> DeltaOptions:
         raise SinkError(f"sink URL {safe}: missing absolute path (e.g. delta:/data/lake/orders)")
     if path.rstrip("/") == "":
         raise SinkError(f"sink URL {safe}: the table path cannot be the root directory")
+    if "%" in path:
+        # delta-rs decodes %XX in a local path (twice, even from a file:// URL): the table
+        # would go elsewhere ('a%41' is 'aA') or not open at all
+        raise SinkError(
+            f"sink URL {safe}: the Delta table's path {path!r} contains '%', which delta-rs "
+            "reads as a %XX escape: choose a path without '%'"
+        )
     return DeltaOptions(path.rstrip("/"))
 
 
