@@ -443,6 +443,16 @@ def _error_for(response: _Response) -> Exception:
     doc: Any = None
     with contextlib.suppress(ValueError):
         doc = response.json()
+    if response.status == 401:
+        # a litecdc node answers 401 in plain text (rqlite's form), for wrong credentials
+        # and for a missing permission alike: not "is this address a litecdc node?"
+        said = " ".join(response.text.split())[:200]
+        return SourceError(
+            f"source {response.base}: {response.method} {response.path}: the node refused "
+            f"the credentials (401{': ' + said if said else ''}): check the user and password "
+            "(pipeline subscribe --user/--password; the data source's user/password options) "
+            "and that the user has this permission"
+        )
     if isinstance(doc, dict) and "error" in doc:
         message = str(doc["error"])
     else:  # not a litecdc node's answer (every error of the API is JSON with "error")
@@ -459,8 +469,6 @@ def _error_for(response: _Response) -> Exception:
     if status == 410:
         pruned = int(doc.get("pruned_cid", 0)) if isinstance(doc, dict) else 0
         return PositionUnavailableError(text, pruned_cid=pruned)
-    if status == 401:
-        return SourceError(f"{text} (check the user and password options)")
     return SourceError(f"{text} (HTTP {status})")
 
 
