@@ -35,6 +35,9 @@ DEFAULT_TRANSMIT_MAX_RETRIES: int | None = None  # retry forever: nothing is los
 DEFAULT_TRANSMIT_RETRY_POLICY = "linear"
 DEFAULT_TRANSMIT_MIN_BACKOFF = 1.0
 DEFAULT_TRANSMIT_MAX_BACKOFF = 30.0
+#: the shortest wait between two attempts, whatever the backoff settings say: a backoff of
+#: 0 (which rqlite accepts) must not retry a failing endpoint in a loop that burns a core
+MIN_RETRY_WAIT = 0.01
 
 FORMATS = ("rqlite", "debezium")
 RETRY_POLICIES = ("linear", "exponential")
@@ -221,12 +224,13 @@ class CDCConfig:
         return STDOUT if self.endpoint == STDOUT else urlsplit(self.endpoint).scheme.lower()
 
     def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based), as rqlite."""
+        """Seconds to wait after failed attempt number ``attempt`` (1-based), as rqlite, but
+        never less than ``MIN_RETRY_WAIT``."""
         if self.transmit_retry_policy == "exponential":
             delay = self.transmit_min_backoff * (2 ** min(attempt, 62))
         else:
             delay = self.transmit_min_backoff
-        return float(min(delay, self.transmit_max_backoff))
+        return max(MIN_RETRY_WAIT, float(min(delay, self.transmit_max_backoff)))
 
 
 _KEYS = {

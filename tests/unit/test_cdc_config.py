@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from litecdc.cdc.config import CDCConfig, parse_cdc_config, parse_duration
+from litecdc.cdc.config import MIN_RETRY_WAIT, CDCConfig, parse_cdc_config, parse_duration
 from litecdc.errors import ConfigError
 
 SCHEMES = ("http", "https", "stdout")
@@ -68,6 +68,18 @@ def test_nan_durations_are_refused(tmp_path: Path) -> None:
     path.write_text('{"endpoint": "http://x/h", "max_batch_delay": NaN}')
     with pytest.raises(ConfigError, match="max_batch_delay must be at most 24h"):
         parse_cdc_config(str(path), known_schemes=SCHEMES)
+
+
+def test_a_zero_backoff_still_waits_between_attempts() -> None:
+    # rqlite accepts 0; retrying a refused endpoint with no wait at all burned a core
+    for policy in ("linear", "exponential"):
+        config = CDCConfig(
+            endpoint="http://x",
+            transmit_retry_policy=policy,
+            transmit_min_backoff=0.0,
+            transmit_max_backoff=0.0,
+        )
+        assert [config.backoff(n) for n in (1, 2, 30)] == [MIN_RETRY_WAIT] * 3
 
 
 def test_linear_backoff() -> None:
