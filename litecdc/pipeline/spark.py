@@ -49,5 +49,24 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
             "(`make test`/`make run` install it)"
         ) from exc
     spark.sparkContext.setLogLevel("ERROR")
+    _quiet_task_failures(spark)
     register(spark)
     return spark
+
+
+#: Loggers that print a failed task's whole Python and JVM stack (70 lines) to stderr. The
+#: failure also ends the job with an exception that carries the same error, which the
+#: pipeline reports in one line (and stores in the subscription's status): the stack is noise.
+TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+)
+
+
+def _quiet_task_failures(spark: SparkSession) -> None:
+    jvm = getattr(spark.sparkContext, "_jvm", None)
+    if jvm is None:  # not a classic (py4j) session: nothing to configure here
+        return
+    level = jvm.org.apache.logging.log4j.Level.OFF
+    for name in TASK_FAILURE_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)

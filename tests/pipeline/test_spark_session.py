@@ -1,0 +1,61 @@
+"""What ``litecdc.pipeline.spark.spark_session`` prints, seen from outside: Spark's JVM
+writes to the stderr it was started with, so this runs the session in its own process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e.litecdc_node import Node
+from pipeline_proc import execute
+
+#: reads a table whose rows fail in the Spark worker (a TEXT value in an INTEGER column),
+#: with explicit ranges so that the failure happens in a task, not while planning
+FAILING_READ = """
+    import sys
+    from litecdc.pipeline.spark import spark_session
+
+    spark = spark_session("local[2]")
+    df = (
+        spark.read.format("litecdc").option("url", sys.argv[1]).option("table", "w")
+        .option("ranges", "[[null, null, null]]").load()
+    )
+    try:
+        df.collect()
+    except Exception as exc:
+        print("FAILED AS EXPECTED:", str(exc).splitlines()[-1])
+    spark.stop()
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    started = Node(tmp_path / "node").start()
+    yield started
+    started.stop()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_failing_task_does_not_print_spark_stacks(node: Node, tmp_path: Path) -> None:
+    """Before, each failed task printed ~70 lines (the worker's traceback and the JVM's
+    stack, twice over) from Spark's Executor and TaskSetManager loggers, although the
+    job's exception carries the error and the pipeline reports it in one line."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE w(id INTEGER PRIMARY KEY, n INTEGER)",
+                    "INSERT INTO w VALUES (1, 5), (2, 'not a number')"])  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FAILING_READ), node.url],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "FAILED AS EXPECTED:" in done.stdout, done.stdout + done.stderr[-4000:]
+    assert "a TEXT value at key [2]" in done.stdout, done.stdout
+    assert "ERROR Executor" not in done.stderr, done.stderr[-4000:]
+    assert "ERROR TaskSetManager" not in done.stderr, done.stderr[-4000:]
+    assert "\tat org.apache.spark" not in done.stderr, done.stderr[-4000:]
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
