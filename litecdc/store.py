@@ -506,9 +506,12 @@ class Store:
         """(captured changes stored after cid ``after``, the oldest one's cid)."""
         return self.engine.queue_stats(after)
 
-    def backup(self, destination: str | os.PathLike[str]) -> None:
-        """Write a consistent copy of the SQLite file (journal and changes included)."""
-        self.engine.backup(str(destination))
+    def backup(
+        self, destination: str | os.PathLike[str], *, rollback_journal: bool = False
+    ) -> None:
+        """Write a consistent copy of the SQLite file (journal and changes included); with
+        ``rollback_journal``, a DELETE journal mode copy instead of a WAL one."""
+        self.engine.backup(str(destination), rollback_journal=rollback_journal)
 
     def restore_from(self, source: str | os.PathLike[str], *, min_applied_revision: int = 0) -> int:
         """Install a snapshot — another node's ``/db/backup`` of the same cluster — in place

@@ -24,10 +24,13 @@ from litecdc.db.schema import (
     INTERNAL_TABLES,
     NODE_STATE_TABLE,
 )
-from litecdc.errors import DataFileError
+from litecdc.errors import DataFileError, LitecdcError
 
 #: the first 16 bytes of every SQLite database file
 SQLITE_HEADER = b"SQLite format 3\x00"
+#: offset of an SQLite file's "file format write version" and "read version" bytes: "1 for
+#: rollback journalling modes and 2 for WAL journalling mode" (sqlite.org/fileformat2.html)
+FILE_FORMAT_VERSIONS = 18
 
 #: what a file that is not a usable database makes SQLite raise, and what that means
 _UNUSABLE = {
@@ -115,3 +118,21 @@ def stamp_format(conn: apsw.Connection) -> None:
         f"INSERT INTO {NODE_STATE_TABLE}(name, value) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
         (DATA_FORMAT_KEY, DATA_FORMAT),
     )
+
+
+def mark_rollback_journal(path: str) -> None:
+    """Make the backup copy at ``path`` a DELETE (rollback journal) mode database.
+
+    ``path`` is a complete backup with no -wal file beside it, so its journal mode is only
+    these two header bytes; 1, 1 is what ``PRAGMA journal_mode=DELETE`` leaves there.
+    """
+    with open(path, "r+b") as file:
+        file.seek(FILE_FORMAT_VERSIONS)
+        versions = file.read(2)
+        if versions not in (b"\x01\x01", b"\x02\x02"):
+            raise LitecdcError(
+                f"backup: the copy's file format versions are {versions.hex()}, not WAL or "
+                "rollback journal; cannot make a DELETE mode copy"
+            )
+        file.seek(FILE_FORMAT_VERSIONS)
+        file.write(b"\x01\x01")

@@ -26,6 +26,7 @@ from litecdc.db.datafile import (
     SQLITE_HEADER,
     check_existing,
     layout_problem,
+    mark_rollback_journal,
     stamp_format,
     unusable,
 )
@@ -1217,8 +1218,10 @@ class Engine:
         return read_only
 
     # -- backup, dump, load -------------------------------------------------------------------
-    def backup(self, destination: str) -> None:
-        """A consistent copy of the whole database file via SQLite's backup API."""
+    def backup(self, destination: str, *, rollback_journal: bool = False) -> None:
+        """A consistent copy of the whole database file via SQLite's backup API: in WAL
+        mode as the database is, or with ``rollback_journal`` in DELETE mode (rqlite's
+        ``fmt=delete``)."""
         dest = apsw.Connection(destination)
         try:
             with dest.backup("main", self._reader(), "main") as step:
@@ -1226,6 +1229,8 @@ class Engine:
                     step.step(1024)
         finally:
             dest.close()
+        if rollback_journal:
+            mark_rollback_journal(destination)
 
     def restore_from(
         self, source: str, *, check: Callable[[dict[str, int]], None] | None = None

@@ -498,9 +498,7 @@ class _Api:
         )
 
     def _backup_to(self, path: str, compress: bool, delete_mode: bool) -> None:
-        self.store.backup(path)
-        if delete_mode:
-            _mark_rollback_journal(path)
+        self.store.backup(path, rollback_journal=delete_mode)
         if compress:
             packed = path + ".gz"
             with open(path, "rb") as src, gzip.open(packed, "wb") as dst:
@@ -994,29 +992,6 @@ def _boot_problem(cluster: ClusterView) -> str | None:
             "file into a cluster of one node; load it with POST /db/load to the leader"
         )
     return None
-
-
-#: offset of an SQLite file's "file format write version" and "read version" bytes: "1 for
-#: rollback journalling modes and 2 for WAL journalling mode" (sqlite.org/fileformat2.html)
-_FILE_FORMAT_VERSIONS = 18
-
-
-def _mark_rollback_journal(path: str) -> None:
-    """rqlite's ``fmt=delete`` backup: the copy as a DELETE (rollback journal) mode database.
-
-    ``path`` is a complete backup with no -wal file beside it, so its journal mode is only
-    these two header bytes; 1, 1 is what ``PRAGMA journal_mode=DELETE`` leaves there.
-    """
-    with open(path, "r+b") as file:
-        file.seek(_FILE_FORMAT_VERSIONS)
-        versions = file.read(2)
-        if versions not in (b"\x01\x01", b"\x02\x02"):
-            raise LitecdcError(
-                f"backup: the copy's file format versions are {versions.hex()}, not WAL or "
-                "rollback journal; cannot make a DELETE mode copy"
-            )
-        file.seek(_FILE_FORMAT_VERSIONS)
-        file.write(b"\x01\x01")
 
 
 #: serve options whose values are secrets, which /debug/vars does not show
