@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from urllib.parse import quote
 
 import httpx
 from starlette.requests import Request
@@ -71,7 +72,11 @@ class LeaderForwarder:
                 media_type="text/plain; charset=utf-8",
                 headers={"Retry-After": "1"},
             )
-        target = leader.rstrip("/") + request.url.path
+        # the path as the client sent it: the decoded one would lose a %2F (and turn %20
+        # into a space the leader's URL parsing must guess at)
+        raw_path = request.scope.get("raw_path")
+        path = raw_path.decode("latin-1") if raw_path else quote(request.url.path)
+        target = leader.rstrip("/") + path
         if request.url.query:
             target += "?" + request.url.query
         if "redirect" in request.query_params:

@@ -77,6 +77,10 @@ async def test_redirect_parameter_answers_301_to_the_leader(
     r = await follower.post("/db/execute", params={"redirect": ""}, json=["SELECT 1"])
     assert r.status_code == 301
     assert r.headers["location"] == f"{leader.url}/db/execute?redirect="
+    # the path as sent (rqlite matches /db/execute as a prefix): a decoded one lost the %2F
+    r = await follower.post("/db/execute/a%20b%2Fc", params={"redirect": ""}, json=["SELECT 1"])
+    assert r.status_code == 301
+    assert r.headers["location"] == f"{leader.url}/db/execute/a%20b%2Fc?redirect="
 
 
 async def test_no_known_leader_is_503_and_a_forwarded_request_is_not_forwarded_again(
