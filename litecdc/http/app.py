@@ -1231,13 +1231,15 @@ def _rqlite_router(
 
 class _RqliteHeaders:
     """What rqlite's ServeHTTP does before routing: every answer carries the build version
-    (addBuildVersion) and the CORS headers (addAllowHeaders), and ``OPTIONS`` on any path
-    is answered 200 at once (a browser's preflight). It wraps the whole Starlette app, so
-    404s, 500s and relayed answers of the leader carry them too."""
+    (addBuildVersion) and the CORS headers (addAllowHeaders), ``OPTIONS`` on any path is
+    answered 200 at once (a browser's preflight), and the URL parameters of any other
+    request are checked (NewQueryParams: HTTP 400 naming a bad one). It wraps the whole
+    Starlette app, so 404s, 500s and relayed answers of the leader carry the headers too."""
 
     def __init__(self, app: ASGIApp, headers: list[tuple[bytes, bytes]]) -> None:
         self.app = app
         self.headers = headers
+        self._text_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -1252,6 +1254,11 @@ class _RqliteHeaders:
                 }
             )
             await send({"type": "http.response.body", "body": b""})
+            return
+        try:
+            rqlite.check_query_string(scope.get("query_string", b"").decode("utf-8", "replace"))
+        except RequestError as exc:
+            await _text_error(400, str(exc), dict(self._text_headers))(scope, receive, send)
             return
 
         async def send_with_headers(message: Message) -> None:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import parse_qsl
 
 import msgspec
 
@@ -269,16 +270,53 @@ class QueryOptions:
     min_cid: int | None = None
 
 
-def parse_options(params: Mapping[str, str]) -> QueryOptions:
-    """Read rqlite's flags from the URL. Unknown keys are ignored, as rqlite does.
+_INTEGER_PARAMS = ("retries", "trailing_logs")
+_GO_INTEGER_RE = re.compile(r"[-+]?[0-9]+")  # strconv.Atoi: no spaces, no '_'
+_BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})(.{0,2})", re.DOTALL)
 
-    Durations (``timeout``, ``freshness``, ``db_timeout``, ``linearizable_timeout``) must
-    parse as Go durations, else HTTP 400 with Go's message; an unknown ``level`` is weak.
+
+def check_query_string(query_string: str) -> None:
+    """What rqlite 9 checks of every request's URL parameters before it looks at the path
+    (``NewQueryParams`` in its ServeHTTP): RequestError (HTTP 400) naming the problem.
+
+    The first value of a key counts, as in Go. Durations must parse as Go durations;
+    ``retries`` and ``trailing_logs`` as integers; ``freshness_strict`` needs
+    ``freshness``; a ``q`` that is there must not be empty; and the query string must
+    be well formed (Go's url.ParseQuery refuses a bad %-escape).
     """
+    if not query_string:
+        return
+    if bad := _BAD_ESCAPE_RE.search(query_string):
+        raise RequestError(f'invalid URL escape "{bad.group(0)}" in the query string')
+    params: dict[str, str] = {}
+    for key, value in parse_qsl(query_string, keep_blank_values=True):
+        params.setdefault(key, value)
+    check_params(params)
+
+
+def check_params(params: Mapping[str, str]) -> None:
+    """The value checks of :func:`check_query_string`, on parsed parameters."""
+    if "freshness_strict" in params and "freshness" not in params:
+        raise RequestError("freshness_strict requires freshness")
     for key in _DURATION_PARAMS:
         value = params.get(key)
         if value is not None and not _DURATION_RE.fullmatch(value):
             raise RequestError(f'time: invalid duration "{value}" (query parameter {key})')
+    for key in _INTEGER_PARAMS:
+        value = params.get(key)
+        if value is not None and not _GO_INTEGER_RE.fullmatch(value):
+            raise RequestError(f"{key} is not a valid integer: {value!r}")
+    if params.get("q") == "":
+        raise RequestError("query parameter not set: q is empty; give the SQL in it")
+
+
+def parse_options(params: Mapping[str, str]) -> QueryOptions:
+    """Read rqlite's flags from the URL. Unknown keys are ignored, as rqlite does.
+
+    The values are checked first (:func:`check_params`: durations must parse as Go
+    durations, else HTTP 400 with Go's message); an unknown ``level`` is weak.
+    """
+    check_params(params)
     return QueryOptions(
         transaction="transaction" in params,
         timings="timings" in params,

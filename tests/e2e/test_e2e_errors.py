@@ -67,6 +67,46 @@ def test_invalid_duration_parameter(client: httpx.Client) -> None:
     assert ok.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "query", "message"),
+    [
+        ("/status", "timeout=soon", 'time: invalid duration "soon" (query parameter timeout)'),
+        ("/db/backup", "db_timeout=1x", 'time: invalid duration "1x" (query parameter db_timeout)'),
+        ("/readyz", "freshness_strict", "freshness_strict requires freshness"),
+        ("/nodes", "retries=two", "retries is not a valid integer: 'two'"),
+        ("/journal", "trailing_logs=1_0", "trailing_logs is not a valid integer: '1_0'"),
+        ("/db/query", "q=", "query parameter not set: q is empty"),
+        ("/db/execute", "transaction&x=%zz", 'invalid URL escape "%zz" in the query string'),
+        ("/db/execute", "timeout=5s&timeout=%", 'invalid URL escape "%" in the query string'),
+        ("/no/such/path", "timeout=1y", 'time: invalid duration "1y"'),
+    ],
+)
+def test_url_parameters_are_checked_on_every_path_before_anything_runs(
+    client: httpx.Client, path: str, query: str, message: str
+) -> None:
+    """rqlite 9 checks them in ServeHTTP, for every path, before routing: before, only the
+    endpoints that use a parameter looked at it, so /status?timeout=soon was 200."""
+    cid = _last_cid(client)
+    method = "POST" if path == "/db/execute" else "GET"
+    r = client.request(method, f"{path}?{query}", json=["CREATE TABLE urlchecked(a)"])
+    assert r.status_code == 400, r.text
+    assert r.text.startswith(message) and r.text.endswith("\n"), r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.headers["x-rqlite-version"].startswith("litecdc/")  # rqlite's headers too
+    assert "access-control-allow-methods" in r.headers
+    assert _last_cid(client) == cid  # nothing ran
+    # a preflight is answered before the parameters are looked at, as rqlite does
+    assert client.options(f"{path}?{query}").status_code == 200
+
+
+def test_good_url_parameters_pass_the_check(client: httpx.Client) -> None:
+    params = {"timeout": "2s", "freshness": "1m", "freshness_strict": "", "retries": "-3",
+              "trailing_logs": "+7", "x": "%41"}  # fmt: skip
+    assert client.get("/status", params=params).status_code == 200
+    r = client.get("/db/query", params={"q": "SELECT 1", **params})
+    assert r.status_code == 200 and r.json()["results"][0]["values"] == [[1]], r.text
+
+
 def test_unknown_endpoint_and_wrong_method(client: httpx.Client) -> None:
     r = client.get("/db/nothing")
     assert r.status_code == 404
