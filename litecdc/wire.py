@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -64,13 +65,25 @@ def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
+#: what a key value that is not a finite float is written as: JSON has no number for it
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _key_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": "nan" if value != value else ("inf" if value > 0 else "-inf")}
+    return value
+
+
 def encode_key(key: Sequence[Any] | None) -> str:
-    """A key as JSON text: blobs as ``{"base64": "…"}`` so they stay blobs on the way back."""
+    """A key as JSON text (valid JSON): blobs as ``{"base64": "…"}`` so they stay blobs on
+    the way back, ±infinity as ``{"float": "inf"}`` / ``{"float": "-inf"}`` (a REAL key
+    can hold one; JSON has no number for it, and ``null`` would be a NULL key)."""
     if key is None:
         return "null"
-    return json.dumps(
-        [{"base64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in key]
-    )
+    return json.dumps([_key_value(v) for v in key], allow_nan=False)
 
 
 def decode_key(text: str | None, what: str) -> list[Any] | None:
@@ -88,8 +101,14 @@ def decode_key(text: str | None, what: str) -> list[Any] | None:
     out: list[Any] = []
     for v in value:
         if isinstance(v, dict):
+            if set(v) == {"float"} and v["float"] in _NON_FINITE:
+                out.append(_NON_FINITE[v["float"]])
+                continue
             if set(v) != {"base64"} or not isinstance(v["base64"], str):
-                raise RequestError(f'{what}: a blob key value is {{"base64": "…"}}, got {v!r}')
+                raise RequestError(
+                    f'{what}: a blob key value is {{"base64": "…"}} and an infinite one '
+                    f'{{"float": "inf"}} or {{"float": "-inf"}}, got {v!r}'
+                )
             try:
                 out.append(base64.b64decode(v["base64"], validate=True))
             except ValueError:

@@ -10,6 +10,7 @@ Delta Lake and Parquet; small ``page_rows`` make many ranges and rounds.
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from collections.abc import Iterator
@@ -183,6 +184,45 @@ def test_untyped_mixed_type_and_blob_keys_reach_the_sink_every_row(
         (k if isinstance(k, str) else as_text[k], i) for i, k in enumerate(mixed)
     )
     assert mirror(store, node, names["bk"]) == sorted((k, i) for i, k in enumerate(blobs))
+
+
+def test_infinite_real_keys_reach_the_sink_every_row(
+    node: Node, spark: SparkSession, store: MetadataStore, tmp_path: Path
+) -> None:
+    """A REAL key can hold ±infinity. Before, the node sent such a key as JSON null (a
+    NULL key: a range cut there, or paging on from there, meant other rows), and the
+    metadata store refused to record it (not JSON): the subscription failed for good."""
+    keys = [-math.inf, math.inf, *(i / 4 for i in range(-10, 11))]
+    with node.client() as c:
+        execute(c, ["CREATE TABLE fk (k REAL PRIMARY KEY, v INTEGER)"])
+        # as SQL literals: JSON has no infinity to bind
+        execute(c, [f"INSERT INTO fk VALUES({k!r}, {i})".replace("inf", "9e999")
+                    for i, k in enumerate(keys)])  # fmt: skip
+    cases = {
+        "fk-1": {"partitions": 1, "page_rows": 1},  # every key a range's end
+        "fk-2": {"partitions": 3, "page_rows": 2},
+        "fk-3": {"partitions": 2, "page_rows": 50},  # one range ending at +inf
+    }
+    names = {
+        path: subscribe(store, node, "fk", f"delta:{tmp_path / path}", **options)
+        for path, options in cases.items()
+    }
+    server = run(store, spark)
+    assert all(s.last_error is None for s in server.states.values()), server.states
+    expected = sorted((k, i) for i, k in enumerate(keys))
+    for path, name in names.items():
+        assert mirror(store, node, name) == expected, path
+    # ranges were cut at both infinities, recorded as the node sends them
+    bounds = [r.upper_key for r in store.progress(names["fk-1"]).ranges]
+    assert [{"float": "-inf"}] in bounds and [{"float": "inf"}] in bounds, bounds
+    # the change log after it: the infinite rows change and go
+    with node.client() as c:
+        execute(c, ["UPDATE fk SET v = 100 WHERE k = 9e999", "DELETE FROM fk WHERE k = -9e999"])
+    server = run(store, spark)
+    assert all(s.last_error is None for s in server.states.values()), server.states
+    expected = sorted((k, 100 if k == math.inf else i) for i, k in enumerate(keys) if i != 0)
+    for name in names.values():
+        assert mirror(store, node, name) == expected
 
 
 def test_a_blob_in_an_untyped_key_column_is_refused_naming_table_column_and_key(
