@@ -110,7 +110,7 @@ def compare(
     for key, rows in source_rows.items():
         others = sink_rows.get(key, [])
         if not others:
-            add(Difference(list(key), "missing", source=rows[0]))
+            add(Difference(list(key), "missing", source=rows[0], counts=(len(rows), 0)))
         elif len(others) != len(rows):
             add(
                 Difference(
