@@ -253,14 +253,29 @@ class Store:
         self, after: int = 0, limit: int = 1000, after_seq: int | None = None
     ) -> list[RowChange]:
         """Captured row changes after cid ``after`` (after change ``(after, after_seq)``
-        when ``after_seq`` is given, to resume inside a transaction), in (cid, seq) order."""
+        when ``after_seq`` is given, to resume inside a transaction), in (cid, seq) order.
+
+        Raises PositionUnavailableError (HTTP 410) when the change log was pruned past
+        ``after``: an empty or short page would otherwise look like all there was.
+        """
         if limit < 1 or limit > MAX_PAGE:
             raise RequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         if not 0 <= after <= MAX_CID:
             raise RequestError(f"after must be between 0 and {MAX_CID}, got {after}")
         if after_seq is not None and not 0 <= after_seq <= MAX_SEQ:
             raise RequestError(f"after_seq must be between 0 and {MAX_SEQ}, got {after_seq}")
-        return self.engine.changes(after, limit, after_seq)
+        changes = self.engine.changes(after, limit, after_seq)
+        # read after the page: pruning only moves forward, so one that raced it shows here
+        pruned = self.engine.read_consistent(source.pruned_cid)
+        if after < pruned:
+            raise PositionUnavailableError(
+                f"changes after cid {after} are no longer available: the change log was "
+                f"pruned through cid {pruned} (changes the CDC service delivered, or every "
+                "pull subscriber has read, or beyond --retention-cids); read on from "
+                f"after={pruned}",
+                pruned_cid=pruned,
+            )
+        return changes
 
     # -- the pull source (pipeline subscribers): holds, snapshot chunks, change ranges --------
     def route_internal_writes(self, writer: Callable[[str], int]) -> None:

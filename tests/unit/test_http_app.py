@@ -52,6 +52,37 @@ def test_store_errors_map_to_their_status(
     )
 
 
+def test_changes_pruned_past_the_asked_cid_are_410_not_an_empty_page(tmp_path: Path) -> None:
+    """Before, /cdc/changes?after=0 on a node whose change log was pruned (the CDC service
+    delivered it, subscribers read it, or the retention cap) answered what was left, or
+    an empty page, as if that were every change there was."""
+    store = Store(NodeConfig(data_dir=tmp_path / "node", retention_cids=3))
+    try:
+        with TestClient(create_app(store, store.config)) as http:
+            http.post("/db/execute", json=["CREATE TABLE p (a)"])
+            for i in range(6):
+                http.post("/db/execute", json=[f"INSERT INTO p VALUES({i})"])
+            assert len(http.get("/cdc/changes", params={"limit": 100}).json()["changes"]) == 6
+            store.prune_changes()
+            pruned = store.subscribers().pruned_cid
+            assert pruned > 3
+            for after in (0, pruned - 1):
+                r = http.get("/cdc/changes", params={"after": after, "limit": 100})
+                assert r.status_code == 410, r.text
+                assert r.json()["error"] == (
+                    f"changes after cid {after} are no longer available: the change log was "
+                    f"pruned through cid {pruned} (changes the CDC service delivered, or every "
+                    "pull subscriber has read, or beyond --retention-cids); read on from "
+                    f"after={pruned}"
+                )
+            r = http.get("/cdc/changes", params={"after": pruned, "limit": 100})
+            assert r.status_code == 200
+            kept = [c["after"]["a"] for c in r.json()["changes"]]
+            assert kept and kept == list(range(6))[-len(kept) :]
+    finally:
+        store.close()
+
+
 def test_unexpected_errors_are_500_with_the_reason(
     http: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
