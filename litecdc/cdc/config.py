@@ -264,6 +264,37 @@ _RQLITE_FALSE_KEYS = {
 #: an HTTP header name (RFC 9110 token)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TLS_KEYS = {"ca_cert_file", "cert_file", "key_file", "insecure_skip_verify", "server_name"}
+#: rqlite's JSON config spells the tls object's keys so (cdc/json_config.go)
+_RQLITE_TLS_ALIASES = {
+    "client_cert": "cert_file",
+    "client_key": "key_file",
+    "ca_cert": "ca_cert_file",
+    "skip_verify": "insecure_skip_verify",
+}
+
+
+def _rqlite_tls_spellings(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with rqlite's other TLS spellings in litecdc's: the TLS keys at the top
+    level (as one rqlite version's cdc/config.go reads them) moved into ``tls``, and the
+    ``tls`` object's ``client_cert``/``client_key``/``ca_cert``/``skip_verify``
+    (cdc/json_config.go) renamed. The same setting given twice is refused."""
+    top = [k for k in doc if k in _TLS_KEYS]
+    tls = doc.get("tls")
+    if not top and not (isinstance(tls, dict) and set(tls) & set(_RQLITE_TLS_ALIASES)):
+        return doc
+    if tls is not None and not isinstance(tls, dict):
+        raise ConfigError("cdc config: tls must be an object")
+    merged: dict[str, Any] = {}
+    for key, value in (tls or {}).items():
+        name = _RQLITE_TLS_ALIASES.get(key, key)
+        if name in merged:
+            raise ConfigError(f"cdc config: tls.{name} is given twice (as tls.{key} too)")
+        merged[name] = value
+    for key in top:
+        if key in merged:
+            raise ConfigError(f"cdc config: {key} is given twice (at the top level and in tls)")
+        merged[key] = doc[key]
+    return {**{k: v for k, v in doc.items() if k not in top}, "tls": merged}
 
 
 def parse_cdc_config(
@@ -300,10 +331,12 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
     for key, refusal in _RQLITE_FALSE_KEYS.items():
         if key in doc and _typed(doc, key, bool):
             raise ConfigError(f"cdc config: {refusal}")
-    unknown = sorted(set(doc) - _KEYS - set(_RQLITE_FALSE_KEYS))
+    doc = _rqlite_tls_spellings(doc)
+    known = _KEYS | set(_RQLITE_FALSE_KEYS)
+    unknown = sorted(set(doc) - known)
     if unknown:
         raise ConfigError(
-            f"cdc config: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(_KEYS))})"
+            f"cdc config: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(known))})"
         )
     endpoint = doc.get("endpoint")
     if not isinstance(endpoint, str) or not endpoint:

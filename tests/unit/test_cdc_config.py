@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes.certs import make_certs
 
 from litecdc.cdc.config import MIN_RETRY_WAIT, CDCConfig, parse_cdc_config, parse_duration
 from litecdc.errors import ConfigError
@@ -364,3 +365,43 @@ def test_tls_settings_for_an_endpoint_without_tls_are_refused(
     # an empty section sets nothing, so nothing would be ignored
     empty = {"endpoint": endpoint, "tls": {"ca_cert_file": None}}
     assert parse_cdc_config(_file(tmp_path, empty), known_schemes=SCHEMES).endpoint == endpoint
+
+
+# --- rqlite's other TLS spellings ---------------------------------------------------------
+
+
+def test_rqlites_tls_spellings_are_taken(tmp_path: Path) -> None:
+    """rqlite versions spell TLS settings two other ways: its JSON config's tls object
+    (client_cert, client_key, ca_cert, skip_verify) and the keys at the top level. Both
+    were refused as unknown keys, though docs/cdc.md says an rqlite file works unchanged."""
+    certs = make_certs(tmp_path / "certs")
+    files = {"ca": certs.ca_cert, "cert": certs.client_cert, "key": certs.client_key}
+    ours = {"ca_cert_file": str(files["ca"]), "cert_file": str(files["cert"]),
+            "key_file": str(files["key"]), "insecure_skip_verify": True}  # fmt: skip
+    json_config = {"ca_cert": str(files["ca"]), "client_cert": str(files["cert"]),
+                   "client_key": str(files["key"]), "skip_verify": True}  # fmt: skip
+    expected = parse_cdc_config(
+        _file(tmp_path, {"endpoint": "https://x/h", "tls": ours}), known_schemes=SCHEMES
+    ).tls
+    assert expected is not None and expected.insecure_skip_verify
+    for doc in (
+        {"endpoint": "https://x/h", "tls": json_config},
+        {"endpoint": "https://x/h", **ours, "server_name": None},
+    ):
+        assert parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES).tls == expected
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"tls": {"ca_cert": "a", "ca_cert_file": "b"}}, "tls.ca_cert_file is given twice"),
+        ({"server_name": "x", "tls": {"server_name": "y"}}, "server_name is given twice"),
+        ({"cert_file": "x", "tls": "yes"}, "tls must be an object"),
+        ({"serviceid": "x"}, "known keys: .*high_watermarking_disabled.*log_only"),
+    ],
+)
+def test_tls_given_twice_or_unknown_keys_are_refused(
+    tmp_path: Path, doc: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_cdc_config(_file(tmp_path, {"endpoint": "https://x/h", **doc}), known_schemes=SCHEMES)
