@@ -285,7 +285,8 @@ def _rqlite_tls_spellings(doc: dict[str, Any]) -> dict[str, Any]:
     if tls is not None and not isinstance(tls, dict):
         raise ConfigError("cdc config: tls must be an object")
     merged: dict[str, Any] = {}
-    for key, value in (tls or {}).items():
+    given: dict[str, Any] = tls or {}
+    for key, value in given.items():
         name = _RQLITE_TLS_ALIASES.get(key, key)
         if name in merged:
             raise ConfigError(f"cdc config: tls.{name} is given twice (as tls.{key} too)")
