@@ -91,7 +91,7 @@ def pipeline() -> None:
     "--sink",
     required=True,
     help="Where to mirror it: delta:/path, postgresql://…, mysql://…, nats://…, amqp://…, "
-    "http(s)://… (webhook). See docs/pipeline.md.",
+    "http(s)://… (webhook), or parquet:/path (a change log). See docs/pipeline.md.",
 )
 @click.option("--owner", default="default", show_default=True, help="The server that runs it.")
 @click.option("--partitions", default=2, show_default=True, help="Snapshot key ranges.")
@@ -281,14 +281,15 @@ def unsubscribe(meta: str | None, name: str, force: bool) -> None:
             click.echo(f"subscription {name} removed; its hold on the source is released")
         elif force:
             click.echo(
-                f"subscription {name} removed; its hold on the source is NOT released "
+                f"subscription {name} removed; a hold it has on the source is NOT released "
                 f"({problem}): the node drops it once it falls behind its retention cap"
             )
         else:
             click.echo(
-                f"subscription {name} marked for removal; its hold could not be released now "
-                f"({problem}): the owning `pipeline run` releases it when it can, or use "
-                "--force to remove it anyway"
+                f"subscription {name} marked for removal; the source could not be asked to "
+                f"release its hold ({problem}) — it has one once a `pipeline run` registered "
+                "it: the owning `pipeline run` releases it when it can, or use --force to "
+                "remove it anyway"
             )
 
 
