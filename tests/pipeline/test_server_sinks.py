@@ -9,12 +9,14 @@ sinks and MariaDB.
 - a MariaDB key too long for its column, or a PostgreSQL key too long for its index, stops
   the subscription with an error naming it, until the row is deleted at the source — then
   it goes on;
-- a subscription re-created under its name loses no NATS message to de-duplication;
+- a subscription re-created under its name loses no NATS message to de-duplication, nor
+  a RabbitMQ message or a webhook to a consumer that de-duplicates;
 - ``verify`` counts a row a Delta mirror holds twice as a difference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.compute as pc
 import pytest
 from e2e.litecdc_node import Node
+from fakes.webhook_receiver import WebhookReceiver
 from pipeline_proc import execute
 from sink_contract import incompressible, nats_raw_messages, rabbitmq_messages
 
@@ -297,6 +300,58 @@ def test_subscription_recreated_under_its_name_loses_no_nats_message_to_deduplic
         {i.rsplit(":", 1)[0] for i, _ in found[2:]},
     )
     assert len(old) == len(new) == 1 and old != new  # one registration each
+
+
+@pytest.mark.parametrize("kind", ["rabbitmq", "webhook"])
+def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_consumer(
+    kind: str,
+    spark: SparkSession,
+    store: MetadataStore,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    """QA: RabbitMQ's message_id was cid-seq-op, the webhook's webhook-id
+    SUBSCRIPTION-AFTER-END-PART (a snapshot chunk's SUBSCRIPTION-<its first row's id>): a
+    subscription re-created under its name on another source with the same history (so
+    the same cids) sent the old one's ids again, and a consumer de-duplicating on them, as
+    it should, dropped every message of the new one as one it already had."""
+    with contextlib.ExitStack() as stack:
+        if kind == "rabbitmq":
+            base, queue = request.getfixturevalue("rabbitmq_url"), f"q{tag()}"
+            url = f"{base}?queue={queue}"
+        else:
+            receiver = stack.enter_context(WebhookReceiver())
+            url = receiver.url
+        for site in ("old", "new"):
+            node = Node(tmp_path / site / "data").start()
+            try:
+                with node.client() as c:
+                    execute(c, ["CREATE TABLE orders(id INTEGER PRIMARY KEY, site TEXT)"])
+                    execute(c, [["INSERT INTO orders VALUES(?, ?)", 1, site]])
+                control.subscribe(store, name="orders", sources=node.url, table="orders", sink=url)
+                assert run(store, spark).states["orders"].last_error is None
+                with node.client() as c:
+                    execute(c, [["INSERT INTO orders VALUES(?, ?)", 2, site]])
+                assert run(store, spark).states["orders"].last_error is None
+                assert control.unsubscribe(store, "orders") is None
+            finally:
+                node.stop()
+        if kind == "rabbitmq":
+            sent = rabbitmq_messages(base, queue)
+        else:  # one message per request, its events inside
+            sent = [(str(r.header("webhook-id")), r.json_body) for r in receiver.accepted]
+    seen: set[str] = set()
+    kept: list[dict[str, Any]] = []  # what the consumer keeps: the first of each id
+    for msg_id, doc in sent:
+        if msg_id not in seen:
+            seen.add(msg_id)
+            kept.extend(doc.get("events", []) if kind == "webhook" else [doc])
+    assert [(d["op"], d["row"]["id"], d["row"]["site"]) for d in kept] == [
+        ("snapshot", 1, "old"),
+        ("upsert", 2, "old"),
+        ("snapshot", 1, "new"),
+        ("upsert", 2, "new"),
+    ]
 
 
 def test_verify_counts_a_row_the_delta_mirror_holds_twice_as_a_difference(

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import json
+import logging
+import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,7 +58,13 @@ from litecdc.pipeline.sinks.registry import (
     scrub_password,
 )
 from litecdc.pipeline.sinks.webhook import WebhookSink
-from litecdc.pipeline.tables import Column, TableSpec
+from litecdc.pipeline.tables import (
+    CID_COLUMN,
+    OP_COLUMN,
+    SEQ_COLUMN,
+    Column,
+    TableSpec,
+)
 
 MIRRORS = ["delta", "postgresql", "mariadb"]
 
@@ -595,21 +606,31 @@ class LogTarget:
     receiver: WebhookReceiver | None = None
 
 
-def nats_messages(server: str, stream: str, sub: str = "sub") -> list[Message]:
-    """The stream's messages with their de-duplication ids (``Nats-Msg-Id`` without the
-    ``<subscription>:`` prefix, which every one must carry)."""
-    found = nats_raw_messages(server, stream)
+def unscoped(found: list[Message], sub: str = "sub") -> list[Message]:
+    """Messages with their de-duplication ids as the sink made them, without the
+    ``<subscription>:`` prefix every one must carry (a sink used on its own has no
+    registration to add)."""
     for msg_id, _ in found:
         assert msg_id.startswith(f"{sub}:"), msg_id
     return [(msg_id[len(sub) + 1 :], doc) for msg_id, doc in found]
 
 
-def webhook_messages(receiver: WebhookReceiver) -> list[Message]:
+def nats_messages(server: str, stream: str, sub: str = "sub") -> list[Message]:
+    """The stream's messages with their ``Nats-Msg-Id`` (``unscoped``)."""
+    return unscoped(nats_raw_messages(server, stream), sub)
+
+
+def webhook_raw_messages(receiver: WebhookReceiver) -> list[Message]:
+    """The events the receiver accepted, with their ``id`` as sent."""
     out: list[Message] = []
     for doc in receiver.batches:
         for event in doc.get("events", []):
             out.append((event.pop("id"), event))
     return out
+
+
+def webhook_messages(receiver: WebhookReceiver, sub: str = "sub") -> list[Message]:
+    return unscoped(webhook_raw_messages(receiver), sub)
 
 
 @pytest.fixture(params=LOGS)
@@ -624,7 +645,8 @@ def log_target(request: pytest.FixtureRequest) -> Iterator[LogTarget]:
     elif kind == "rabbitmq":
         base = request.getfixturevalue("rabbitmq_url")
         queue = f"q{tag}"
-        yield LogTarget(kind, f"{base}?queue={queue}", lambda: rabbitmq_messages(base, queue))
+        url = f"{base}?queue={queue}"
+        yield LogTarget(kind, url, lambda: unscoped(rabbitmq_messages(base, queue)))
     else:
         with WebhookReceiver() as receiver:
             yield LogTarget(kind, receiver.url, lambda: webhook_messages(receiver), receiver)
@@ -832,6 +854,342 @@ def test_webhook_signs_with_the_secret(opened: list[Sink]) -> None:
         ]
 
 
+@pytest.mark.parametrize("kind", ["rabbitmq", "webhook"])
+def test_message_ids_differ_between_registrations_of_a_subscription_name(
+    kind: str, request: pytest.FixtureRequest, opened: list[Sink]
+) -> None:
+    """QA: RabbitMQ's message_id was cid-seq-op, the webhook's ids SUBSCRIPTION-… and
+    cid-seq-op: a subscription re-created under its name (here on another source with the
+    same history, so the same cids) sent the old one's ids again, and a consumer
+    de-duplicating on them dropped its rows as ones it had. Now both are scoped as NATS's
+    (SUBSCRIPTION:REGISTRATION:ID), and a retry within one registration keeps its ids."""
+    sources = {"r1": SourceSim(SPEC), "r2": SourceSim(SPEC)}
+    for registration, src in sources.items():
+        src.commit(("upsert", {**sample_row(1), "name": registration}))
+    with contextlib.ExitStack() as stack:
+        if kind == "rabbitmq":
+            base, queue = request.getfixturevalue("rabbitmq_url"), f"q{uuid.uuid4().hex[:10]}"
+            url = f"{base}?queue={queue}"
+        else:
+            receiver = stack.enter_context(WebhookReceiver())
+            url = receiver.url
+        for registration in ("r1", "r2", "r2"):  # r2 again: a crash, all of it again
+            sink = open_tracked(opened, url, SPEC, sub="reused")
+            sink.registration = registration
+            src = sources[registration]
+            sink.write_snapshot(src.chunk(0, 100, 1))
+            assert sink.write_changes(*batch(src, 0, 1, sub="reused")) is True
+        if kind == "rabbitmq":
+            sent = rabbitmq_messages(base, queue)
+        else:
+            sent = webhook_raw_messages(receiver)
+            webhook_ids = [r.header("webhook-id") for r in receiver.requests]
+    snapshot = snapshot_message_id(SPEC.name, 1, {"id": 1})
+    rounds = ("r1", "r2", "r2")
+    assert [(i, doc["op"], doc["row"]["name"]) for i, doc in sent] == [
+        (f"reused:{r}:{msg_id}", op, r)
+        for r in rounds
+        for msg_id, op in ((snapshot, "snapshot"), ("1-0-upsert", "upsert"))
+    ]
+    if kind == "webhook":  # the batches' ids: a snapshot chunk's, a change batch's
+        assert webhook_ids == [
+            f"reused:{r}:{batch_id}" for r in rounds for batch_id in (f"{snapshot}-1", "0-1-1")
+        ]
+
+
+def test_rabbitmq_message_id_of_a_subscription_with_a_long_name_fits_amqp(
+    rabbitmq_url: str, opened: list[Sink]
+) -> None:
+    """AMQP's message_id holds 255 bytes: scoped by a name of 200 characters (the most a
+    subscription's has), a snapshot row's id at a large cid passed it and pika refused
+    every publish (ShortStringTooLong). A name over 100 characters is cut, a hash of it
+    kept: two names alike in their first 100 characters still get ids of their own."""
+    queue = f"q{uuid.uuid4().hex[:10]}"
+    cid = 2**62
+    snapshot = pa.Table.from_pylist([{**sample_row(1), CID_COLUMN: cid}], schema=SPEC.row_schema())
+    change = {CID_COLUMN: cid, SEQ_COLUMN: 0, OP_COLUMN: "upsert", **sample_row(1)}
+    events = pa.Table.from_pylist([change], schema=SPEC.change_schema())
+    for sub in ("s" * 200, "s" * 199 + "t"):
+        sink = open_tracked(opened, f"{rabbitmq_url}?queue={queue}", SPEC, sub=sub)
+        sink.registration = "5d41402abc4b"
+        sink.write_snapshot(snapshot)
+        assert sink.write_changes(events, ChangeBatch(sub, 0, cid)) is True
+    ids = [msg_id for msg_id, _ in rabbitmq_messages(rabbitmq_url, queue)]
+    assert len(ids) == len(set(ids)) == 4
+    assert all(len(i) <= 255 and i.startswith("s" * 100 + "~") for i in ids), ids
+    assert ids[1].endswith(f":5d41402abc4b:{message_id(cid, 0, 'upsert')}")
+
+
+# -- the webhook against receivers that misbehave ----------------------------------------
+
+Answer = Iterator[bytes | float]  # bytes to send, or seconds to wait first
+
+
+class ScriptedReceiver:
+    """A real HTTP/1.1 server on 127.0.0.1 whose answers a test writes byte by byte.
+
+    It reads each request whole (head, then a Content-Length body), records it, and sends
+    what ``answer(body)`` yields — bytes, or seconds to wait before the next (a trickle);
+    then it closes the connection. Leaving the ``with`` block ends every answer.
+    """
+
+    def __init__(self, answer: Callable[[bytes], Answer]) -> None:
+        self._answer = answer
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/hook"
+        self.bodies: list[bytes] = []
+        self._stopping = threading.Event()
+        self._connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def __enter__(self) -> ScriptedReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        self._listener.close()
+        for conn in self._connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._connections.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            found = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            length = int(found.group(1)) if found else 0
+            while len(body) < length:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+            self.bodies.append(body)
+            for piece in self._answer(body):
+                if isinstance(piece, float):
+                    if self._stopping.wait(piece):
+                        return
+                else:
+                    conn.sendall(piece)
+
+
+def bounded(call: Callable[[], object], release: Callable[[], None]) -> tuple[object, float]:
+    """What ``call()`` returned or raised, and the seconds it took. A call still running
+    after 60 s fails the test (``release()`` then ends it: a receiver holding it)."""
+    outcome: list[object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # the caller looks at it
+            outcome.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(60)
+    took = time.monotonic() - started
+    if thread.is_alive():
+        release()
+        thread.join(60)
+        pytest.fail(f"still running after {took:.0f} s")
+    return outcome[0], took
+
+
+def test_webhook_timeout_bounds_the_whole_request(opened: list[Sink]) -> None:
+    """QA (as in the CDC service's sink): httpx's timeouts bound each network operation,
+    so a receiver trickling its answer a byte at a time held a request for its whole
+    length — here 4 KiB at 0.1 s a byte, 7 minutes with litecdc_timeout=1. Now the
+    request ends at litecdc_timeout: a trickled status line and headers are a timeout
+    (retried), a trickled body after a 2xx is a delivered batch (the status says so)."""
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    src.commit(("upsert", sample_row(2)))
+
+    def trickled_head(_body: bytes) -> Answer:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 4096:
+            yield bytes([byte])
+            yield 0.1
+
+    with ScriptedReceiver(trickled_head) as slow_head:
+        url = f"{slow_head.url}?litecdc_timeout=1&litecdc_retries=2"
+        sink = open_tracked(opened, url, SPEC)
+        assert isinstance(sink, WebhookSink)
+        sink.sleep = lambda _seconds: None
+        error, took = bounded(lambda: sink.write_changes(*batch(src, 0, 1)), slow_head.__exit__)
+    assert isinstance(error, SinkError), error
+    assert "after 2 attempt(s) (timed out: no complete answer within litecdc_timeout (1s))" in (
+        str(error)
+    )
+    assert took < 10 and len(slow_head.bodies) == 2
+
+    with WebhookReceiver() as slow_body:
+        slow_body.trickle_seconds = 0.1  # status and headers at once, then 4 KiB
+        sink = open_tracked(opened, f"{slow_body.url}?litecdc_timeout=1", SPEC)
+
+        def release() -> None:
+            slow_body.trickle_seconds = 0
+
+        applied, took = bounded(lambda: sink.write_changes(*batch(src, 0, 2)), release)
+        assert applied is True and took < 10
+        assert len(slow_body.requests) == 1
+
+
+def test_webhook_reads_no_more_of_an_answer_than_it_needs(opened: list[Sink]) -> None:
+    """QA: the sink read every answer's body whole, into memory: a receiver answering 200
+    with an endless body (quickly enough that no read timed out) held the batch for
+    ever, its memory growing. The status says the batch is taken: at most 64 KiB of the
+    body is read."""
+
+    def endless(_body: bytes) -> Answer:
+        yield b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        while True:
+            yield b"4000\r\n" + b"x" * 0x4000 + b"\r\n"
+            yield 0.05
+
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    with ScriptedReceiver(endless) as receiver:
+        sink = open_tracked(opened, f"{receiver.url}?litecdc_timeout=60", SPEC)
+        applied, took = bounded(lambda: sink.write_changes(*batch(src, 0, 1)), receiver.__exit__)
+    assert applied is True and took < 10  # long before the 60 s deadline
+    assert len(receiver.bodies) == 1
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "https://hooks.example/v2/orders?token=t0ken",
+        # httpx parses a redirect's Location even when it does not follow it: this one
+        # raised idna's IDNAError, no httpx error, out of the sink and its retries
+        "http://xn--zz/hook",
+    ],
+)
+def test_webhook_redirect_is_refused_at_once_naming_where_it_leads(
+    location: str, opened: list[Sink]
+) -> None:
+    """QA: a 3xx was retried as if the endpoint were down, then reported as 'cannot
+    deliver … (HTTP 308): check the endpoint is up'. Redirects are not followed (the
+    batch and its signature would go elsewhere): the error names the new address."""
+
+    def redirect(_body: bytes) -> Answer:
+        yield (
+            f"HTTP/1.1 308 Permanent Redirect\r\nLocation: {location}\r\n"
+            "Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ).encode()
+
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    with ScriptedReceiver(redirect) as receiver:
+        sink = open_tracked(opened, f"{receiver.url}?litecdc_retries=3", SPEC)
+        assert isinstance(sink, WebhookSink)
+        sink.sleep = lambda _seconds: None
+        with pytest.raises(SinkError) as info:
+            sink.write_changes(*batch(src, 0, 1))
+    assert len(receiver.bodies) == 1
+    assert f"answered HTTP 308, a redirect to {mask_url(location)}: " in str(info.value)
+    assert "give the sink the URL the endpoint redirects to" in str(info.value)
+    assert "t0ken" not in str(info.value)
+
+
+def test_webhook_answer_that_is_not_http_is_retried_then_a_sink_error(
+    opened: list[Sink],
+) -> None:
+    def garbage(_body: bytes) -> Answer:
+        yield b"this is not http\r\n\r\n"
+
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    with ScriptedReceiver(garbage) as receiver:
+        sink = open_tracked(opened, f"{receiver.url}?litecdc_retries=2", SPEC)
+        assert isinstance(sink, WebhookSink)
+        sink.sleep = lambda _seconds: None
+        with pytest.raises(SinkError, match=r"after 2 attempt.*RemoteProtocolError: illegal"):
+            sink.write_changes(*batch(src, 0, 1))
+    assert len(receiver.bodies) == 2
+
+
+def test_webhook_splits_a_batch_a_receiver_would_refuse_as_too_large(
+    opened: list[Sink],
+) -> None:
+    """QA: a batch went as one body of up to 10,000 events, several MB; a receiver behind
+    nginx (client_max_body_size 1m by default) refused it with 413, a SinkError on every
+    retry of the subscription, for ever. Bodies are now at most 1,000,000 bytes."""
+    limit = 1024 * 1024
+
+    def nginx_like(body: bytes) -> Answer:
+        status = b"413 Request Entity Too Large" if len(body) > limit else b"200 OK"
+        yield b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+    src = SourceSim(SPEC)
+    rows = [{**sample_row(i), "name": f"{i:04}" * 250, "data": None} for i in range(1, 3001)]
+    src.commit(*[("upsert", row) for row in rows])
+    with ScriptedReceiver(nginx_like) as receiver:
+        sink = open_tracked(opened, receiver.url, SPEC)
+        assert sink.write_changes(*batch(src, 0, 1)) is True
+    docs = [json.loads(body) for body in receiver.bodies]
+    assert len(docs) > 3 and all(len(body) <= 1_000_000 for body in receiver.bodies)
+    assert [(d["part"], d["parts"]) for d in docs] == [
+        (n, len(docs)) for n in range(1, len(docs) + 1)
+    ]
+    events = [event for d in docs for event in d["events"]]
+    assert [e["key"]["id"] for e in events] == list(range(1, 3001))
+
+
+def test_webhook_credentials_reach_the_endpoint_but_no_log_or_error(
+    opened: list[Sink], caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA (as in the CDC service's sink): httpx logs each request's URL, credentials
+    included (``HTTP Request: POST http://app:s3cret@…``). They are sent as basic auth
+    now, outside the URL; errors and warnings show the URL masked."""
+    caplog.set_level(logging.DEBUG)
+    secret = "whsec_" + base64.b64encode(b"k" * 24).decode()
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)))
+    src.commit(("delete", (1,)))
+    with WebhookReceiver() as receiver:
+        url = receiver.url.replace("//", "//app:s3cret@", 1)
+        sink = open_tracked(opened, f"{url}?token=t0ken&litecdc_secret={secret}", SPEC)
+        assert isinstance(sink, WebhookSink)
+        sink.sleep = lambda _seconds: None
+        receiver.fail_next(1, 503)  # a retry: a warning naming the URL
+        assert sink.write_changes(*batch(src, 0, 1)) is True
+        assert receiver.requests[-1].header("authorization") == (
+            "Basic " + base64.b64encode(b"app:s3cret").decode()
+        )
+        assert receiver.requests[-1].path == "/hook?token=t0ken"
+        assert verify_standard_webhook(
+            secret, receiver.requests[-1].headers, receiver.requests[-1].body
+        )
+        receiver.fail_next(1, 401)
+        with pytest.raises(SinkError) as refused:
+            sink.write_changes(*batch(src, 1, 2))
+    with pytest.raises(SinkError) as unreachable:  # the receiver is gone
+        sink.write_changes(*batch(src, 1, 2))
+    assert "HTTP Request: POST" in caplog.text  # (httpx's lines were captured)
+    assert "retry 1/4" in caplog.text
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("litecdc"))
+    assert "app:***@" in ours and "t0ken" not in ours
+    for text in (caplog.text, str(refused.value), str(unreachable.value)):
+        assert "s3cret" not in text
+        assert "whsec_" not in text
+    for text in (str(refused.value), str(unreachable.value)):
+        assert "app:***@" in text and "t0ken" not in text
+
+
 # -- URLs and unreachable servers -------------------------------------------------------
 
 
@@ -971,6 +1329,9 @@ def test_delta_path_that_cannot_hold_a_table(tmp_path: Path) -> None:
         ("http://127.0.0.1/hook?litecdc_retries=0", "litecdc_retries"),
         ("http://127.0.0.1/hook?litecdc_secret=short", "litecdc_secret"),
         ("https://127.0.0.1/hook?litecdc_bogus=1", "unknown query parameter"),
+        # what httpx refuses to send to (it raised at every attempt, no httpx error)
+        ("http://xn--zz/hook", "Invalid A-label"),
+        ("http://u:pw@127.0.0.1/ho\x00ok", "non-printable ASCII character"),
     ],
 )
 def test_bad_sink_url_is_refused_without_connecting(url: str, problem: str) -> None:

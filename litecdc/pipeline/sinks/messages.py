@@ -17,7 +17,8 @@ untyped column out as Python's ``repr``), and what the node's own JSON source AP
 
 Each message has a stable id for de-duplication: ``message_id(cid, seq, op)`` for a
 change event, ``snapshot_message_id`` for a snapshot row (the table and key hashed in,
-as one chunk's rows share a cid).
+as one chunk's rows share a cid). What a sink sends is that id scoped by ``scoped_id``:
+``<subscription>:<registration>:<id>``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,20 @@ def snapshot_message_id(table: str, cid: int, key: dict[str, Any]) -> str:
         json.dumps([table, key], sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()[:24]
     return f"{cid}-snapshot-{digest}"
+
+
+def scoped_id(subscription: str, registration: str, msg_id: str) -> str:
+    """The id a message sink sends for ``msg_id`` (an event's, a snapshot row's, a webhook
+    batch's): ``<subscription>:<registration>:<msg_id>`` (``<subscription>:<msg_id>`` for
+    a sink used on its own, without a registration). Consumers de-duplicate on it, over
+    every subscription sending to one destination: the subscription's name keeps two
+    sources' equal cids apart, its registration (``Sink.registration``, see
+    ``registration_id``) a subscription re-created under an earlier one's name — on
+    another source, or a source rebuilt, whose cids are the same again. Both stay the
+    same on every retry of a batch, in this process or the next."""
+    if registration:
+        return f"{subscription}:{registration}:{msg_id}"
+    return f"{subscription}:{msg_id}"
 
 
 def _records(rows: pa.Table, names: list[str]) -> Iterator[dict[str, Any]]:

@@ -5,11 +5,20 @@ default exchange; ``?exchange=NAME`` publishes to that exchange (a durable topic
 is declared if missing) with routing key ``litecdc.<table>.<op>``; every message is
 mandatory, so one no queue takes (none bound yet) fails the batch instead of vanishing.
 Neither: queue ``litecdc.<table>``. Bodies are the event JSON (``litecdc.pipeline.sinks.messages``),
-``message_id`` = ``message_id(cid, seq, op)`` (snapshot rows: ``snapshot_message_id``),
-delivery mode 2 (persistent), content type application/json.
+delivery mode 2 (persistent), content type application/json, ``message_id`` =
+``<subscription>:<registration>:`` + ``message_id(cid, seq, op)`` (snapshot rows:
+``snapshot_message_id``), as NATS's ``Nats-Msg-Id`` (``messages.scoped_id``). AMQP holds
+at most 255 bytes there, and a subscription's name has up to 200 characters: a name of
+more than ``MAX_NAME_IN_ID`` is written as its first 100 characters, ``~`` and 16 hex
+digits of its SHA-256 (``~`` is in no name: no other name is written the same).
 
 At-least-once: a batch counts as applied once the broker confirmed every message; a
-retried batch is published again and consumers de-duplicate on ``message_id``.
+retried batch is published again and consumers de-duplicate on ``message_id``. RabbitMQ
+keeps no ids itself, so what the scope protects is the consumer's record of ids it saw:
+the subscription's name keeps sources publishing into one exchange or queue apart, its
+registration (``Sink.registration``, set by the server) a subscription re-created under
+an earlier one's name — on another source, or a source rebuilt, the cids are the same
+again, and a consumer would drop the new rows as ones it already had.
 ``applied_cid`` is what this process has delivered (0 after a restart: the pipeline
 resumes from its own progress record).
 
@@ -21,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import socket
 import ssl
@@ -39,11 +49,16 @@ from pika.exceptions import AuthenticationError
 
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
-from litecdc.pipeline.sinks.messages import encode, event_messages, snapshot_messages
+from litecdc.pipeline.sinks.messages import encode, event_messages, scoped_id, snapshot_messages
 from litecdc.pipeline.sinks.registry import AmqpOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
+
+#: the longest subscription name written whole in a message_id, an AMQP short string of
+#: at most 255 bytes: with the registration and the longest id (a snapshot row's at a
+#: 19-digit cid, 53 bytes) it stays within
+MAX_NAME_IN_ID = 100
 
 
 class RabbitMQSink(Sink):
@@ -167,7 +182,7 @@ class RabbitMQSink(Sink):
                     key,
                     encode(doc),
                     pika.BasicProperties(
-                        message_id=msg_id,
+                        message_id=self.message_id(msg_id),
                         delivery_mode=pika.DeliveryMode.Persistent,
                         content_type="application/json",
                     ),
@@ -190,6 +205,14 @@ class RabbitMQSink(Sink):
         except pika.exceptions.AMQPError as exc:
             self.close()
             raise self._fail(doing, exc) from exc
+
+    def message_id(self, msg_id: str) -> str:
+        """The AMQP ``message_id`` of the message ``msg_id`` (module docstring)."""
+        name = self.subscription
+        if len(name) > MAX_NAME_IN_ID:
+            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+            name = f"{name[:MAX_NAME_IN_ID]}~{digest}"
+        return scoped_id(name, self.registration, msg_id)
 
     def write_snapshot(self, rows: pa.Table) -> None:
         if rows.num_rows:

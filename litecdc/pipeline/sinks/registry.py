@@ -15,8 +15,9 @@ Defaults: ``table`` = the source table's name, ``schema`` = ``public``, ``stream
 ``LITECDC``, ``subject`` = ``litecdc`` (messages go to ``<subject>.<table>``), queue =
 ``litecdc.<table>`` when neither exchange nor queue is given. Webhook URLs keep their own
 query string; only parameters starting with ``litecdc_`` are litecdc's
-(``litecdc_secret``: Standard Webhooks HMAC secret, ``litecdc_timeout``: seconds per
-request, default 10, ``litecdc_retries``: attempts per batch, default 5).
+(``litecdc_secret``: Standard Webhooks HMAC secret, ``litecdc_timeout``: seconds one
+request may take, all of it, default 10, ``litecdc_retries``: attempts per POST, default
+5).
 
 ``parse_sink_url`` validates a URL without connecting (``pipeline subscribe`` refuses a
 bad sink up front); ``open_sink`` builds the sink and prepares its destination.
@@ -106,10 +107,10 @@ class AmqpOptions:
 
 @dataclass(frozen=True)
 class WebhookOptions:
-    url: str  # the endpoint, without litecdc_ parameters
+    url: str  # the endpoint, without litecdc_ parameters (credentials included)
     secret: str | None = field(repr=False)
-    timeout: float
-    retries: int
+    timeout: float  # seconds one request may take, all of it (connect, send, answer)
+    retries: int  # attempts per POST, the first included
 
 
 SinkOptions = DeltaOptions | SqlOptions | NatsOptions | AmqpOptions | WebhookOptions
@@ -427,6 +428,13 @@ def _parse_webhook(url: str, safe: str) -> WebhookOptions:
     endpoint = urlunsplit(
         (parts.scheme, parts.netloc, parts.path or "/", urlencode(theirs), parts.fragment)
     )
+    import httpx
+
+    try:  # what the sink will send to: refused here, not at every attempt to send
+        httpx.Request("POST", endpoint)
+    except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors
+        detail = scrub_url_password(str(exc), url).rstrip(".")
+        raise SinkError(f"sink URL {safe}: {detail}: check the host and path") from None
     return WebhookOptions(
         url=endpoint,
         secret=secret,
