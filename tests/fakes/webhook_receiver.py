@@ -8,7 +8,8 @@ share of requests with 503 (deterministically, from a seeded ``random.Random``),
 fail the next N requests, to sleep before answering (to outlast a client's
 timeout), to trickle its answer (status and headers at once, then the body one byte
 every ``trickle_seconds``: each read completes, so only a limit on the whole request
-ends it), to close connections without answering, or to answer 202/204 instead of
+ends it; with ``trickle_head`` the status line and headers go a byte at a time too), to
+close connections without answering, or to answer 202/204 instead of
 200. With ``tls=make_certs(...)`` it serves HTTPS, and with
 ``require_client_cert=True`` it demands a client certificate signed by that CA.
 
@@ -64,6 +65,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -371,6 +373,15 @@ class _Handler(BaseHTTPRequestHandler):
         if trickle:
             payload = payload.ljust(TRICKLE_BODY_BYTES)
         try:
+            if trickle and owner.trickle_head:
+                head = (
+                    f"{self.protocol_version} {status} {HTTPStatus(status).phrase}\r\n"
+                    "Content-Type: application/json\r\n"
+                    f"Content-Length: {len(payload)}\r\n\r\n"
+                ).encode()
+                self.wfile.write(self._trickle(head + payload))
+                self.wfile.flush()
+                return
             self.send_response(status)
             if status not in (204, 304):
                 self.send_header("Content-Type", "application/json")
@@ -466,6 +477,8 @@ class WebhookReceiver:
         self._delay_seconds = 0.0
         #: seconds between the bytes of an answer's body; 0 sends it at once
         self.trickle_seconds = 0.0
+        #: trickle the status line and headers too (no status arrives for a long time)
+        self.trickle_head = False
         self.drop_connections = drop_connections
         self.status_code = status_code
         self.fail_share = fail_share

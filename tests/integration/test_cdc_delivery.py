@@ -672,6 +672,7 @@ def test_transmit_timeout_bounds_the_whole_request(
     """An endpoint answering a body byte every 2 s kept one request alive 59 s with
     transmit_timeout 3s: httpx's timeouts are per read, and each byte restarts it (QA)."""
     receiver.trickle_seconds = 0.1  # well inside the per-read limit
+    receiver.trickle_head = True  # the status line too: no answer within the timeout
     node = started(receiver.url, transmit_timeout="300ms")
     node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
     cids = write_rows(node, 1)
@@ -683,9 +684,26 @@ def test_transmit_timeout_bounds_the_whole_request(
     assert node.cdc is not None and node.cdc.status()["dropped_events"] == 0
 
 
+def test_a_2xx_status_delivers_however_slow_its_body(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    """The status says whether the endpoint took the batch. Before, a 200 whose body
+    trickled in was cut at transmit_timeout and retried, again and again: the endpoint
+    got the batch every time and the queue never moved."""
+    receiver.trickle_seconds = 0.1  # status and headers at once, then 4 KiB slowly
+    node = started(receiver.url, transmit_timeout="300ms")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 3)
+    wait_delivered(receiver, expected_for(cids))
+    status = wait_status(node, lambda s: s["sent_batches"] >= 1)
+    assert status["failed_requests"] == 0, status
+    receiver.trickle_seconds = 0.0
+
+
 def test_stop_ends_a_stalled_request(tmp_path: Path, receiver: WebhookReceiver) -> None:
     """SIGTERM during a stalled request used to wait for it (11.7 s, QA)."""
     receiver.trickle_seconds = 0.1
+    receiver.trickle_head = True  # no status yet when the service stops
     node = make_node(tmp_path, receiver.url, transmit_timeout="1h")
     node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
     write_rows(node, 1)

@@ -52,7 +52,7 @@ from nats.js.kv import KeyValue
 
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
-from litecdc.pipeline.sinks.messages import encode, event_messages, snapshot_messages
+from litecdc.pipeline.sinks.messages import encode, event_messages, scoped_id, snapshot_messages
 from litecdc.pipeline.sinks.registry import (
     NatsOptions,
     mask_url,
@@ -192,7 +192,9 @@ class NatsSink(Sink):
                         self.subject,
                         encode(doc),
                         stream=self.options.stream,
-                        headers={"Nats-Msg-Id": self.dedup_id(msg_id)},
+                        headers={
+                            "Nats-Msg-Id": scoped_id(self.subscription, self.registration, msg_id)
+                        },
                     )
                 )
             )
@@ -201,15 +203,6 @@ class NatsSink(Sink):
                 await drain()
         await drain()
         return count
-
-    def dedup_id(self, msg_id: str) -> str:
-        """The ``Nats-Msg-Id`` of the message ``msg_id``. JetStream de-duplicates per
-        stream, over its duplicate window: the subscription's name keeps two sources'
-        equal cid-seq-op ids apart, its registration an earlier subscription's of the same
-        name (its ids would drop ours for 2 minutes)."""
-        if self.registration:
-            return f"{self.subscription}:{self.registration}:{msg_id}"
-        return f"{self.subscription}:{msg_id}"
 
     def write_snapshot(self, rows: pa.Table) -> None:
         if rows.num_rows == 0:

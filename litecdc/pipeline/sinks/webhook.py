@@ -29,15 +29,14 @@ With ``litecdc_secret`` every request carries a Standard Webhooks signature.
 
 Requests: ``litecdc_timeout`` bounds one request whole — connecting, sending, waiting for
 and reading the answer. httpx's timeouts bound each network operation only, so a receiver
-answering a byte at a time would hold a request for ever; here a timer shuts the
-request's socket down at its deadline (as the CDC service's webhook sink does,
-``litecdc.cdc.sinks``). Credentials in the URL are sent as basic auth and kept out of the
-URL httpx handles (and logs); errors and this module's logs show the URL masked
-(``mask_url``).
+answering a byte at a time would hold a request for ever; ``litecdc.webhook_client``
+(shared with the CDC service's webhook sink) shuts the request's socket down at its
+deadline. Credentials in the URL are sent as basic auth and kept out of the URL httpx
+handles (and logs); errors and this module's logs show the URL masked (``mask_url``).
 
 Answers: the status decides. 2xx: delivered (the body is not needed: up to
-``MAX_ANSWER_BYTES`` of it is read, so that the connection serves the next request, and
-a longer or slower one is cut). 408, 429, 5xx and failures of any kind — a refused or
+``webhook_client.MAX_ANSWER_BYTES`` of it is read, so that the connection serves the next
+request, and a longer or slower one is cut). 408, 429, 5xx and failures of any kind — a refused or
 dropped connection, the deadline, an answer that is not HTTP — are retried, with
 exponential backoff, up to ``litecdc_retries`` attempts in all. A redirect (3xx) or any
 other 4xx is a SinkError at once: redirects are not followed (the batch and its signature
@@ -53,10 +52,7 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +71,7 @@ from litecdc.pipeline.sinks.registry import (
     scrub_url_password,
 )
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
+from litecdc.webhook_client import RequestExpired, WebhookClient
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -82,29 +79,10 @@ USER_AGENT = "litecdc-pipeline/0.1"
 MAX_EVENTS_PER_POST = 10_000
 #: the largest body of one POST, unless a single event is larger (under nginx's 1 MiB)
 MAX_BODY_BYTES = 1_000_000
-#: how much of an answer's body is read (to reuse the connection); the rest is cut
-MAX_ANSWER_BYTES = 64 * 1024
 BACKOFF_BASE = 0.2  # seconds; doubled per attempt
 BACKOFF_CAP = 10.0
 
-#: httpcore's trace events that hand over a new connection's network stream
-_NEW_STREAM_EVENTS = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 _Message = tuple[str, dict[str, Any]]  # (unscoped id, event document)
-
-
-class _Redirected(Exception):
-    """A 3xx answer, raised by the response hook (httpx parses a redirect's Location, and
-    fails on one it cannot, even when it does not follow it)."""
-
-    def __init__(self, status: int, location: str | None) -> None:
-        super().__init__(status, location)
-        self.status = status
-        self.location = location
-
-
-def _refuse_redirects(response: httpx.Response) -> None:
-    if 300 <= response.status_code < 400:
-        raise _Redirected(response.status_code, response.headers.get("location"))
 
 
 class WebhookSink(Sink):
@@ -122,26 +100,12 @@ class WebhookSink(Sink):
             from litecdc.cdc.signing import decode_secret
 
             self._key = decode_secret(options.secret)
-        # credentials in the URL become basic auth and leave the URL, which httpx logs
-        endpoint = httpx.URL(options.url)
-        auth = httpx.BasicAuth(endpoint.username, endpoint.password) if endpoint.userinfo else None
-        self._endpoint = endpoint.copy_with(userinfo=b"") if endpoint.userinfo else endpoint
-        self._lock = threading.Lock()
-        #: network streams of the client's connections (closed ones are pruned)
-        self._streams: list[Any] = []
-        self._request = 0  # number of the latest request
-        self._in_flight = False
-        self._expired = False  # the request in flight passed its deadline
-        self._client = httpx.Client(
-            auth=auth,
-            # each network operation's own limit; the connect phase, which has no socket
-            # to shut down yet, ends by this too
+        # URL credentials go as basic auth, out of the URL httpx logs (webhook_client)
+        self._client = WebhookClient(
+            options.url,
             timeout=options.timeout,
             headers={"Content-Type": "application/json", "User-Agent": USER_AGENT},
-            follow_redirects=False,
-            event_hooks={"response": [_refuse_redirects]},
         )
-        self._extensions: dict[str, Any] = {"trace": self._trace}
         self._applied = 0
         self.sleep = time.sleep  # tests may speed the backoff up
 
@@ -162,12 +126,13 @@ class WebhookSink(Sink):
 
                 headers = signature_headers(self._key, webhook_id, int(time.time()), body)
             try:
-                status = self._attempt(body, headers)
-            except _Redirected as exc:
-                raise self._redirect_error(exc.status, exc.location) from None
+                answer = self._client.post(body, headers)
             except Exception as exc:  # every failure of a send is the batch's to retry
                 last = self._failure(exc)
             else:
+                status = answer.status
+                if 300 <= status < 400:
+                    raise self._redirect_error(status, answer.location)
                 if 200 <= status < 300:
                     return
                 if 400 <= status < 500 and status not in (408, 429):
@@ -193,31 +158,9 @@ class WebhookSink(Sink):
             f"({last}): check the endpoint is up"
         )
 
-    def _attempt(self, body: bytes, headers: dict[str, str]) -> int:
-        """POST once, within ``litecdc_timeout`` all of it; the answer's status."""
-        with self._lock:
-            self._request += 1
-            request = self._request
-            self._in_flight, self._expired = True, False
-        watchdog = threading.Timer(self.options.timeout, self._expire, args=(request,))
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            with self._client.stream(
-                "POST", self._endpoint, content=body, headers=headers, extensions=self._extensions
-            ) as response:
-                _read_some(response)
-                return response.status_code
-        finally:
-            watchdog.cancel()
-            with self._lock:
-                self._in_flight = False
-
     def _failure(self, exc: Exception) -> str:
         """What went wrong in one attempt, in a few words, without the URL's password."""
-        with self._lock:
-            expired = self._expired
-        if expired:
+        if isinstance(exc, RequestExpired):
             return (
                 f"timed out: no complete answer within litecdc_timeout ({self.options.timeout:g}s)"
             )
@@ -235,30 +178,6 @@ class WebhookSink(Sink):
             "redirects are not followed (the batch and its signature would go to another "
             "address): give the sink the URL the endpoint redirects to"
         )
-
-    # -- the deadline -------------------------------------------------------------------
-
-    def _trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook: note each new connection's stream, TCP then TLS."""
-        if event not in _NEW_STREAM_EVENTS or info.get("return_value") is None:
-            return
-        stream = info["return_value"]
-        with self._lock:
-            self._streams = [s for s in self._streams if _open_socket(s) is not None]
-            self._streams.append(stream)
-            late = self._expired  # connected after the deadline
-        if late:
-            _shut_down(stream)
-
-    def _expire(self, request: int) -> None:
-        """The watchdog: request number ``request`` reached its deadline. Shut down every
-        connection's socket — the only busy one is the request's; idle ones are
-        reconnected — so the read or write blocked on it returns at once."""
-        with self._lock:  # held throughout: the next request cannot start meanwhile
-            if self._in_flight and request == self._request:
-                self._expired = True
-                for stream in self._streams:
-                    _shut_down(stream)
 
     # -- documents ----------------------------------------------------------------------
 
@@ -342,35 +261,3 @@ def _groups(events: list[bytes], room: int) -> list[list[bytes]]:
         size += len(event) + (1 if len(group) else 0)
         group.append(event)
     return groups
-
-
-def _read_some(response: httpx.Response) -> None:
-    """Read up to MAX_ANSWER_BYTES of the answer's body, so that a short one leaves the
-    connection to the next request. The status alone says whether the batch was taken:
-    a longer body, or one cut by the deadline, is dropped with its connection."""
-    received = 0
-    try:
-        for chunk in response.iter_raw():
-            received += len(chunk)
-            if received >= MAX_ANSWER_BYTES:
-                return
-    except Exception as exc:  # whatever broke the body, the status was answered
-        log.debug("webhook sink: answer's body cut: %s: %s", type(exc).__name__, exc)
-
-
-def _open_socket(stream: Any) -> socket.socket | None:
-    sock = stream.get_extra_info("socket")
-    if not isinstance(sock, socket.socket) or sock.fileno() == -1:
-        return None  # closed, or handed over to its TLS stream
-    return sock
-
-
-def _shut_down(stream: Any) -> None:
-    """Shut the stream's socket down for both directions: a recv or send blocked on it in
-    another thread returns at once (closing the descriptor would not wake it)."""
-    sock = _open_socket(stream)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            # the plain socket's method: SSLSocket.shutdown would also drop its SSL
-            # object under the thread reading through it
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
