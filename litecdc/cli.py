@@ -109,8 +109,9 @@ def cli() -> None:
     "--etcd",
     "etcd",
     envvar="LITECDC_ETCD",
-    default="",
-    help="Cluster mode: etcd endpoints, host:port[,host:port…]. Default: standalone.",
+    default=None,
+    help="Cluster mode: etcd endpoints, host:port[,host:port…]. Default: standalone (a data "
+    "directory that belongs to a cluster is refused without it).",
 )
 @click.option(
     "--cluster",
@@ -205,7 +206,7 @@ def serve(
     synchronous: str,
     max_body_bytes: str,
     foreign_keys: bool,
-    etcd: str,
+    etcd: str | None,
     cluster: str,
     etcd_ca_cert: str | None,
     etcd_cert: str | None,
@@ -249,7 +250,7 @@ def serve(
             http_allow_origin=http_allow_origin,
             max_body_bytes=max_body,
             foreign_keys=foreign_keys,
-            etcd_endpoints=tuple(e.strip() for e in etcd.split(",") if e.strip()),
+            etcd_endpoints=_etcd_endpoints(etcd),
             cluster=cluster,
             etcd_ca_cert=Path(etcd_ca_cert) if etcd_ca_cert else None,
             etcd_cert=Path(etcd_cert) if etcd_cert else None,
@@ -324,6 +325,21 @@ def _add_pipeline() -> None:
 
 
 _add_pipeline()
+
+
+def _etcd_endpoints(text: str | None) -> tuple[str, ...]:
+    """--etcd's endpoints; () when the option is not given. A given value naming no
+    endpoint (``--etcd ''``, ``--etcd "$ETCD"`` with ETCD unset, ``--etcd ,``) is refused:
+    it would start a cluster member standalone (cluster QA: its data forked)."""
+    if text is None:
+        return ()
+    endpoints = tuple(e.strip() for e in text.split(","))
+    if not all(endpoints):
+        raise ConfigError(
+            f"--etcd {text!r} names an empty endpoint: give host:port[,host:port…], or leave "
+            "--etcd out to run standalone"
+        )
+    return endpoints
 
 
 def _integer(option: str, text: str) -> int:

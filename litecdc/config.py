@@ -96,7 +96,7 @@ class NodeConfig:
                 f"synchronous must be one of {', '.join(SYNCHRONOUS_LEVELS)}, "
                 f"got {self.synchronous!r}"
             )
-        host, port = split_host_port(self.http_addr)
+        host, port = split_host_port(self.http_addr, "--http-addr")
         if not self.node_id:
             object.__setattr__(self, "node_id", f"{host}:{port}")
         if (self.http_cert is None) != (self.http_key is None):
@@ -114,7 +114,7 @@ class NodeConfig:
         else:
             _check_advertise_url(self.advertise_url)
         for endpoint in self.etcd_endpoints:
-            split_host_port(endpoint.split("://", 1)[-1])
+            split_host_port(endpoint.split("://", 1)[-1], "--etcd")
         if self.clustered and port == 0:
             # the node id and advertised URL would say port 0, and other nodes would
             # forward there (cluster QA); the port is chosen only when the socket is bound
@@ -150,6 +150,12 @@ class NodeConfig:
             )
         if (self.etcd_cert is None) != (self.etcd_key is None):
             raise ConfigError("--etcd-cert and --etcd-key must be given together")
+        # checked here, before the data directory is touched (cluster QA: refused starts
+        # left a new db.sqlite and lock file behind)
+        if (self.etcd_user is None) != (self.etcd_password is None):
+            raise ConfigError("--etcd-user and --etcd-password must be given together")
+        if (self.node_user is None) != (self.node_password is None):
+            raise ConfigError("--node-user and --node-password must be given together")
         for name, path in (
             ("etcd-ca-cert", self.etcd_ca_cert),
             ("etcd-cert", self.etcd_cert),
@@ -186,14 +192,16 @@ class NodeConfig:
         return split_host_port(self.http_addr)[1]
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    """Split "host:port" (IPv6 as "[::1]:4001"), with a clear error for anything else."""
+def split_host_port(address: str, option: str = "") -> tuple[str, int]:
+    """Split "host:port" (IPv6 as "[::1]:4001"), with a clear error for anything else
+    (naming ``option``, the setting it came from, when given)."""
+    what = f"{option}: " if option else ""
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise ConfigError(f"address must look like host:port, got {address!r}")
+        raise ConfigError(f"{what}address must look like host:port, got {address!r}")
     port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ConfigError(f"port must be between 0 and 65535, got {port}")
+        raise ConfigError(f"{what}port must be between 0 and 65535, got {port}")
     return host.strip("[]"), port
 
 

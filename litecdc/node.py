@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,14 @@ class Node:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
+        # what needs no data is checked before the data directory is touched (cluster QA:
+        # refused starts left a new db.sqlite and lock file behind)
+        if config.auth_file is not None:
+            from litecdc.http.auth import CredentialStore
+
+            CredentialStore.from_file(config.auth_file)  # the HTTP API reads it again
+        if not config.clustered:
+            _refuse_a_cluster_member(Path(config.data_dir))
         self.store = Store(config)
         self.cluster: ClusterNode | None = None
         self.cdc: CDCService | None = None
@@ -37,9 +46,14 @@ class Node:
             leadership: Leadership
             if config.clustered:
                 unclaimed = _check_cluster_claim(Path(config.data_dir), config.cluster)
-                cluster = self.cluster = _cluster_node(config, self.store, unclaimed)
-                if unclaimed:  # only once the cluster accepted the node (its settings…)
-                    _record_cluster(Path(config.data_dir), config.cluster)
+                # tied to the cluster only once the cluster accepted the node (its settings,
+                # id and data), and before it applies anything
+                admitted = (
+                    (lambda: _record_cluster(Path(config.data_dir), config.cluster))
+                    if unclaimed
+                    else None
+                )
+                cluster = self.cluster = _cluster_node(config, self.store, unclaimed, admitted)
                 self.store.route_writes(
                     lambda statements, transaction: cluster.execute(
                         statements, transaction=transaction
@@ -108,6 +122,23 @@ def _check_cluster_claim(data_dir: Path, cluster: str) -> bool:
     return False
 
 
+def _refuse_a_cluster_member(data_dir: Path) -> None:
+    """A cluster member's directory started without --etcd ran standalone and took writes
+    the cluster never saw (cluster QA: its data forked). Detaching it is deliberate: delete
+    DATA_DIR/cluster (see docs/cluster.md)."""
+    path = data_dir / CLUSTER_FILE
+    try:
+        recorded = path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    raise ConfigError(
+        f"data directory {data_dir} belongs to cluster {recorded!r} (see {path}): start it "
+        f"with --etcd and --cluster {recorded}; to run it standalone instead, detach it for "
+        f"good by deleting {path} (its data then goes its own way and cannot rejoin the "
+        "cluster)"
+    )
+
+
 def _record_cluster(data_dir: Path, cluster: str) -> None:
     """Tie the data directory to ``cluster`` (see _check_cluster_claim)."""
     path = data_dir / CLUSTER_FILE
@@ -120,7 +151,12 @@ def _record_cluster(data_dir: Path, cluster: str) -> None:
     temporary.replace(path)
 
 
-def _cluster_node(config: NodeConfig, store: Store, new_member: bool) -> ClusterNode:
+def _cluster_node(
+    config: NodeConfig,
+    store: Store,
+    new_member: bool,
+    admitted: Callable[[], None] | None,
+) -> ClusterNode:
     from litecdc.cluster import ClusterNode, EtcdSettings
     from litecdc.cluster.snapshot import SnapshotSettings
 
@@ -148,4 +184,5 @@ def _cluster_node(config: NodeConfig, store: Store, new_member: bool) -> Cluster
         config.lease_ttl,
         snapshots=snapshots,
         new_member=new_member,
+        admitted=admitted,
     )

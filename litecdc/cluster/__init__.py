@@ -35,6 +35,7 @@ from litecdc.cluster.etcd import (
 from litecdc.cluster.log import (
     ApplyLoop,
     ApplyStalledError,
+    DivergedError,
     LogAppender,
     LogWriteOutcome,
     Submission,
@@ -67,6 +68,7 @@ __all__ = [
     "Compaction",
     "Compare",
     "Delete",
+    "DivergedError",
     "Election",
     "EtcdAuthError",
     "EtcdClient",

@@ -14,6 +14,7 @@ own; when a keepalive fails, the lease has expired, or the key is gone, it steps
 passes (the last successful refresh's send time + TTL), even if the keepalive thread is
 still waiting. Followers watch the key and campaign as soon as it is deleted; they also
 re-read it every ``ttl`` seconds, so a watch hung on a paused etcd member is noticed.
+A node that must not lead (``may_campaign`` returns why) follows but does not campaign.
 
 Usage::
 
@@ -41,6 +42,7 @@ from litecdc.cluster.etcd import (
     ClusterError,
     Compare,
     EtcdClient,
+    EtcdUnavailableError,
     Get,
     KeyValue,
     Put,
@@ -93,7 +95,10 @@ class Election:
         *,
         ttl: int = DEFAULT_TTL,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
+        may_campaign: Callable[[], str | None] | None = None,
     ) -> None:
+        """``may_campaign()`` returns why this node must not lead right now (None: it may);
+        while it says so the node does not campaign (it still follows the leader)."""
         if ttl < 2:
             raise ConfigError("election: the lease TTL must be at least 2 seconds (etcd's minimum)")
         if not cluster or "/" in cluster:
@@ -106,6 +111,9 @@ class Election:
         self.address = address
         self.ttl = ttl
         self.retry_interval = retry_interval
+        self._may_campaign = may_campaign
+        #: why the node last held back from campaigning (logged once per reason)
+        self._held_back: str | None = None
         self.key = leader_key(cluster)
         self._value = json.dumps({"id": node_id, "address": address}).encode()
 
@@ -251,7 +259,9 @@ class Election:
                 self._last_contact = time.monotonic()
                 if not current.kvs:
                     self._observe(None)
-                    if self._campaign():
+                    if self._holds_back():
+                        self._stop.wait(self.retry_interval)
+                    elif self._campaign():
                         self._lead()
                 else:
                     self._follow(current.kvs[0], current.revision)
@@ -265,11 +275,22 @@ class Election:
                 # request is not that: the leader's lease outlives it.
                 if time.monotonic() - self._last_contact > 2 * self.ttl:
                     self._observe(None)
-                log.info("election %s: %s; retrying", self.key, exc)
+                # an unreachable etcd is logged by the client, a line every few seconds
+                level = logging.DEBUG if isinstance(exc, EtcdUnavailableError) else logging.INFO
+                log.log(level, "election %s: %s; retrying", self.key, exc)
                 self._stop.wait(self.retry_interval)
             except Exception:
                 log.exception("election %s failed; retrying", self.key)
                 self._stop.wait(self.retry_interval)
+
+    def _holds_back(self) -> bool:
+        """Whether the node must not campaign now (``may_campaign`` says why)."""
+        reason = self._may_campaign() if self._may_campaign is not None else None
+        if reason is not None and reason != self._held_back:
+            log.warning("%s does not campaign for leader of %s: %s", self.node_id,
+                        self.cluster, reason)  # fmt: skip
+        self._held_back = reason
+        return reason is not None
 
     def _campaign(self) -> bool:
         """Try to create the leader key; True if this node won."""

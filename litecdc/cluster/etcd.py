@@ -313,11 +313,20 @@ def _read_file(path: Path | str | None) -> bytes | None:
         raise ConfigError(f"etcd: read {path}: {exc.strerror}") from exc
 
 
+#: seconds between the lines saying an etcd member still does not answer
+DOWN_LOG_INTERVAL = 10.0
+
+
 class _Endpoint:
     def __init__(self, address: str, channel: grpc.Channel) -> None:
         self.address = address
         self.channel = channel
         self.failed_at: float | None = None
+        #: since when the member has not answered (None while it answers), the last line
+        #: logged about it and the failures not logged since
+        self.down_since: float | None = None
+        self.logged_at = 0.0
+        self.unlogged = 0
 
 
 class EtcdClient:
@@ -382,12 +391,49 @@ class EtcdClient:
             return chosen
 
     def _failed(self, endpoint: _Endpoint, reason: str) -> None:
+        """A request to ``endpoint`` got no answer. Logged once when the member goes
+        down, then one line per DOWN_LOG_INTERVAL while it stays down (every thread of a
+        node retries it: a dead etcd made ~11 lines a second, cluster QA)."""
+        now = time.monotonic()
         with self._lock:
-            if endpoint.failed_at is None:
+            if endpoint.down_since is None:
+                endpoint.down_since, endpoint.logged_at, endpoint.unlogged = now, now, 0
                 log.warning("etcd member %s failed: %s", endpoint.address, reason)
-            endpoint.failed_at = time.monotonic()
+            elif now - endpoint.logged_at >= DOWN_LOG_INTERVAL:
+                log.warning(
+                    "etcd member %s still does not answer after %.0f s (%d more failed "
+                    "requests): %s; requests keep retrying it",
+                    endpoint.address, now - endpoint.down_since, endpoint.unlogged + 1, reason,
+                )  # fmt: skip
+                endpoint.logged_at, endpoint.unlogged = now, 0
+            else:
+                endpoint.unlogged += 1
+            endpoint.failed_at = now
             if self._current is endpoint:
                 self._current = None
+
+    def _answered(self, endpoint: _Endpoint) -> None:
+        """``endpoint`` answered a request: it is up (again)."""
+        if endpoint.down_since is None:
+            return
+        with self._lock:
+            if endpoint.down_since is None:
+                return
+            log.info("etcd member %s answers again (after %.0f s)", endpoint.address,
+                     time.monotonic() - endpoint.down_since)  # fmt: skip
+            endpoint.down_since = None
+
+    def unreachable(self) -> str | None:
+        """Why etcd does not answer this client, when no listed member has answered its
+        latest request (e.g. "etcd at 127.0.0.1:2379 has not answered for 12 s"); None
+        while one does."""
+        with self._lock:
+            down = [e.down_since for e in self._endpoints]
+            if not down or any(since is None for since in down):
+                return None
+            since = max(d for d in down if d is not None)
+        addresses = ", ".join(e.address for e in self._endpoints)
+        return f"etcd at {addresses} has not answered for {time.monotonic() - since:.0f} s"
 
     @property
     def current_endpoint(self) -> str | None:
@@ -457,7 +503,9 @@ class EtcdClient:
             try:
                 if self.settings.user is not None and self._token is None:
                     self._authenticate(endpoint)
-                return call(endpoint, timeout or self.settings.request_timeout)
+                result = call(endpoint, timeout or self.settings.request_timeout)
+                self._answered(endpoint)
+                return result
             except grpc.RpcError as exc:
                 if (
                     self.settings.user is not None
@@ -467,7 +515,9 @@ class EtcdClient:
                     self._token, reauthenticated = None, True  # etcd restarted: log in again
                     continue
                 error = self._convert(what, endpoint, exc)
-                if isinstance(error, EtcdUnavailableError) and attempt + 1 < attempts:
+                if not isinstance(error, EtcdUnavailableError):
+                    self._answered(endpoint)  # with an error, but it answered
+                elif attempt + 1 < attempts:
                     continue
                 raise error from exc
             except EtcdUnavailableError:
@@ -505,9 +555,11 @@ class EtcdClient:
         limit: int = 0,
         revision: int = 0,
         keys_only: bool = False,
+        descending: bool = False,
         timeout: float | None = None,
     ) -> RangeResult:
-        """Read ``key`` (or every key under it with ``prefix``), sorted by key.
+        """Read ``key`` (or every key under it with ``prefix``), sorted by key (from the
+        last one with ``descending``: ``limit=1`` reads the last key).
 
         ``revision`` reads the store as it was then (CompactedError if compacted).
         """
@@ -516,7 +568,9 @@ class EtcdClient:
         )
         if prefix:
             request.range_end = _prefix_end(key.encode())
-            request.sort_order = etcdrpc.RangeRequest.ASCEND
+            request.sort_order = (
+                etcdrpc.RangeRequest.DESCEND if descending else etcdrpc.RangeRequest.ASCEND
+            )
 
         def call(endpoint: _Endpoint, t: float) -> RangeResult:
             response = etcdrpc.KVStub(endpoint.channel).Range(

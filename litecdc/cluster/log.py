@@ -383,6 +383,12 @@ class LogAppender:
         self._step_down(reason)
 
 
+def _level_of(exc: ClusterError) -> int:
+    """How loudly to log a failed etcd request: an unreachable etcd is logged by the
+    client already (a line every few seconds, not one per request of every thread)."""
+    return logging.DEBUG if isinstance(exc, EtcdUnavailableError) else logging.INFO
+
+
 def _cid_of(key: str, prefix: str) -> int:
     return int(key[len(prefix) :])
 
@@ -399,6 +405,20 @@ def _fail(submissions: list[Submission], error: Exception) -> None:
 class ApplyStalledError(ClusterError):
     """The apply loop met an entry it cannot apply (a gap, a corrupt entry, a diverged
     journal); it retries, and reports the reason in the node's status meanwhile."""
+
+
+class DivergedError(ApplyStalledError):
+    """This node's journal is not a prefix of the cluster's log: it holds a cid whose
+    log entry it did not apply (written while the data directory ran standalone, say), or
+    cids the log never had. Only new data fixes that (a fresh data directory)."""
+
+
+#: what a diverged node's errors add: what it means and what to do
+DIVERGED_ADVICE = (
+    "this database did not come from this cluster's log (was the data directory written "
+    "to while running standalone?): the node neither leads nor is ready; to rejoin, start "
+    "it on a new, empty --data-dir (it copies the cluster's data)"
+)
 
 
 @dataclass(slots=True)
@@ -426,7 +446,10 @@ class ApplyLoop:
         quiet_interval: float = DEFAULT_QUIET_INTERVAL,
         stall_retry_interval: float = DEFAULT_STALL_RETRY_INTERVAL,
         restore: Callable[[int], int] | None = None,
+        on_stalled: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_stalled(reason)`` is called (on the apply thread) whenever the loop stops
+        on an entry it cannot apply: a leader must not go on leading then."""
         self.client = client
         self.journal = journal
         self.cluster = cluster
@@ -451,6 +474,14 @@ class ApplyLoop:
         self._watch: Watch | None = None
         #: the reason the loop cannot apply right now (None while healthy)
         self.last_error: str | None = None
+        #: why the loop stopped on an entry it cannot apply (a gap, an unreadable entry, a
+        #: failing apply, a diverged journal); None once it applies an entry again
+        self.stalled: str | None = None
+        #: why this node's journal is not a prefix of the log; it stays (only a snapshot
+        #: installed over the data clears it)
+        self.diverged: str | None = None
+        self._on_stalled = on_stalled
+        self._position_checked = False
         #: the log was compacted past this node's position: it needs a snapshot
         self.needs_snapshot = False
         #: entries applied, and entries skipped because the journal already had them
@@ -554,9 +585,14 @@ class ApplyLoop:
             # one revision, and a restart may have come between two of them.
             start = max(self.applied_revision(), self._watch_from, 1)
             try:
+                if not self._position_checked:
+                    # before applying anything: a journal ahead of the log, or holding a
+                    # cid the log has another entry for, is never caught by the watch
+                    self.check_position()
+                    self._position_checked = True
                 watch = self.client.watch(self.prefix, prefix=True, start_revision=start)
             except ClusterError as exc:
-                self._error(f"cannot watch the log: {exc}", logging.INFO)
+                self._error(f"cannot watch the log: {exc}", _level_of(exc))
                 self._stop.wait(self.retry_interval)
                 continue
             with self._watch_lock:
@@ -566,14 +602,14 @@ class ApplyLoop:
             except CompactedError as exc:
                 self._catch_up(exc)
             except ApplyStalledError as exc:
-                self._error(str(exc), logging.ERROR)
+                self._stall(str(exc), diverged=isinstance(exc, DivergedError))
                 self._stop.wait(self.stall_retry_interval)
             except ClusterError as exc:  # the stream broke: watch again from the last entry
-                self._error(f"log watch: {exc}; watching again", logging.INFO)
+                self._error(f"log watch: {exc}; watching again", _level_of(exc))
                 self._stop.wait(self.retry_interval)
             except Exception as exc:  # SQLite failure…: retry from the last applied entry
                 log.exception("applying the log failed")
-                self._error(f"applying the log failed: {exc}", logging.DEBUG)
+                self._stall(f"applying the log failed: {exc}", level=logging.DEBUG)
                 self._stop.wait(self.stall_retry_interval)
             finally:
                 with self._watch_lock:
@@ -589,6 +625,10 @@ class ApplyLoop:
         from the revision after it. Otherwise the entries are gone: install a snapshot from
         a peer (``restore``) and watch from its applied revision.
         """
+        if self.diverged is not None:  # reading on would apply the log over data not its own
+            self._stall(self.diverged, diverged=True)
+            self._stop.wait(self.stall_retry_interval)
+            return
         try:
             first = self.client.range(self.prefix, prefix=True, limit=1, keys_only=True)
             if not first.kvs or _cid_of(first.kvs[0].key, self.prefix) <= (
@@ -612,7 +652,7 @@ class ApplyLoop:
             self._error(f"{message}; installing a snapshot", logging.WARNING)
             revision = self._restore(required)
         except ApplyStalledError as exc:
-            self._error(str(exc), logging.ERROR)
+            self._stall(str(exc), diverged=isinstance(exc, DivergedError))
             self._stop.wait(self.stall_retry_interval)
             return
         except LitecdcError as exc:
@@ -629,7 +669,9 @@ class ApplyLoop:
             self._watch_from = 0
             self.snapshots_installed += 1
             self._changed.notify_all()
+        # the data is the peers' now: whatever this node's own journal held is gone
         self.last_error, self.needs_snapshot = None, False
+        self.stalled = self.diverged = None
         log.info("installed a snapshot at revision %d (cid %d); watching the log from there",
                  revision, self.journal.last_cid())  # fmt: skip
 
@@ -659,6 +701,58 @@ class ApplyLoop:
         self.last_error = message
         log.log(level, "%s", message)
 
+    def _stall(self, message: str, *, diverged: bool = False, level: int = logging.ERROR) -> None:
+        """The loop cannot apply the next entry: say so, and tell the node (a leader steps
+        down: it could append entries but never apply, let alone acknowledge, them)."""
+        # the same reason again (the loop retries every few seconds) is not news
+        repeated = message == self.stalled
+        self.stalled = message
+        if diverged:
+            self.diverged = message
+        self._error(message, logging.DEBUG if repeated else level)
+        if self._on_stalled is not None:
+            try:
+                self._on_stalled(message)
+            except Exception:
+                log.exception("apply loop stall listener failed")
+
+    def check_position(self) -> str | None:
+        """Whether this node's journal is a prefix of the log, as far as the log's keys
+        tell: returns why not (and marks the loop diverged), or None.
+
+        Diverged: the log's entry for the journal's last cid is newer than the revision
+        this node applied (this journal's entry for that cid came from elsewhere), or the
+        log ends before the journal does (this journal has cids the log never had). A log
+        with no keys at all says nothing (a founder's own data, or a log not written yet).
+        """
+        if self.diverged is not None:
+            return self.diverged
+        last = self.journal.last_cid()
+        # read after the cid, from the database: the revision stored with the cid's entry
+        # (the in-memory one is updated a moment after the journal's last cid)
+        applied = self.journal.applied_revision()
+        kv = self.client.get(log_key(self.cluster, last))
+        problem = None
+        if kv is not None:
+            if kv.mod_revision > applied:
+                problem = (
+                    f"the journal already has cid {last}, but the log's entry for it (revision "
+                    f"{kv.mod_revision}) is newer than this node's applied revision {applied}"
+                )
+        else:
+            tail = self.client.range(
+                self.prefix, prefix=True, limit=1, keys_only=True, descending=True
+            ).kvs
+            if tail and _cid_of(tail[0].key, self.prefix) < last:
+                problem = (
+                    f"the journal has cids up to {last}, but the cluster's log ends at cid "
+                    f"{_cid_of(tail[0].key, self.prefix)}"
+                )
+        if problem is None:
+            return None
+        self._stall(f"{problem}: {DIVERGED_ADVICE}", diverged=True)
+        return self.diverged
+
     def _follow(self, watch: Watch) -> None:
         quiet_since = time.monotonic()
         asked = False
@@ -682,6 +776,8 @@ class ApplyLoop:
     def _apply_batch(self, kvs: list[KeyValue]) -> None:
         """Apply one watch response's entries in ONE SQLite transaction (one fsync on this
         node for a whole group commit); anything unusual goes entry by entry."""
+        if kvs and self.diverged is not None:
+            raise DivergedError(self.diverged)  # nothing goes on top of data not the log's
         ready = [(kv, entry) for kv in kvs if (entry := self._checked(kv)) is not None]
         if len(ready) < 2:
             for kv, entry in ready:
@@ -701,6 +797,8 @@ class ApplyLoop:
             self._applied(kv, entry, outcome)
 
     def _apply(self, kv: KeyValue) -> None:
+        if self.diverged is not None:
+            raise DivergedError(self.diverged)
         entry = self._checked(kv)
         if entry is not None:
             self._apply_one(kv, entry)
@@ -717,10 +815,10 @@ class ApplyLoop:
         applied_revision = self.applied_revision()
         if cid <= self.journal.last_cid():
             if kv.mod_revision > applied_revision:
-                raise ApplyStalledError(
+                raise DivergedError(
                     f"the journal already has cid {cid}, but the log's entry for it (revision "
                     f"{kv.mod_revision}) is newer than this node's applied revision "
-                    f"{applied_revision}: this database did not come from this cluster's log"
+                    f"{applied_revision}: {DIVERGED_ADVICE}"
                 )
             self.skipped += 1
             return None
@@ -745,6 +843,7 @@ class ApplyLoop:
 
     def _applied(self, kv: KeyValue, entry: LogEntry, outcome: WriteOutcome) -> None:
         cid = entry.cid
+        self.stalled = None
         with self._changed:
             self._revision = kv.mod_revision
             self.applied += 1

@@ -16,12 +16,15 @@ group commit guarded by the leader key's create_revision → the :class:`ApplyLo
 runs on every node, applies it here → the caller gets the results of that apply. A
 follower's ``execute`` raises :class:`~litecdc.errors.NotLeaderError` naming the leader.
 
-Leadership: the node's journal is in FOLLOWER mode unless it leads. On winning the
-election it waits until it has applied every entry already in the log (no key for the
-cid after its last one), then forgets stale cid allocations, switches to LEADER mode and
-opens the appender. On losing it, writes not yet sent fail with NotLeaderError at once
-and the journal goes back to FOLLOWER mode. Entries already sent are decided by their
-guard; if they made it into the log they are applied like any other.
+Leadership: the node's journal is in FOLLOWER mode unless it leads. A node whose apply
+loop is stalled or diverged (its journal not a prefix of the log), or that needs a
+snapshot, does not campaign, and steps down if it leads (:meth:`ClusterNode.why_not_lead`).
+On winning the election it waits until it has applied every entry already in the log (the
+log's last cid is its own, and that entry is the one it applied), then forgets stale cid
+allocations, switches to LEADER mode and opens the appender. On losing it, writes not
+yet sent fail with NotLeaderError at once and the journal goes back to FOLLOWER mode.
+Entries already sent are decided by their guard; if they made it into the log they are
+applied like any other.
 
 ``is_leader``, ``add_listener`` and ``write_internal`` make a ClusterNode the CDC
 service's ``Leadership``: it is the leader only once it can write.
@@ -76,6 +79,8 @@ DEFAULT_CATCH_UP_TIMEOUT = 30.0
 DEFAULT_MEMBER_INTERVAL = 2.0
 #: default TTL of the member record's lease, seconds
 DEFAULT_MEMBER_TTL = 10
+#: seconds between the lines a node logs while it waits for etcd to answer at start-up
+WAIT_LOG_INTERVAL = 10.0
 
 
 def members_prefix(cluster: str) -> str:
@@ -163,9 +168,15 @@ class ClusterNode:
         member_ttl: int = DEFAULT_MEMBER_TTL,
         snapshots: SnapshotSettings | None = None,
         new_member: bool = False,
+        admitted: Callable[[], None] | None = None,
     ) -> None:
         """``new_member``: the data directory belongs to no cluster yet (see
-        _refuse_data_from_elsewhere)."""
+        _refuse_data_from_elsewhere). ``admitted()`` is called once the cluster accepted
+        the node (its id, settings and data were checked in etcd), before it applies
+        anything or registers: ``litecdc serve`` ties the data directory to the cluster then.
+
+        The checks need etcd: while no member answers, the constructor waits (and logs
+        what for); it never starts unchecked. ConfigError when the cluster refuses it."""
         if not cluster_name or "/" in cluster_name:
             raise ConfigError(f"cluster: invalid cluster name {cluster_name!r}")
         if not node_id or "/" in node_id:
@@ -180,14 +191,25 @@ class ClusterNode:
         self.member_interval = member_interval
         self.member_ttl = max(member_ttl, 2)
         self.client = EtcdClient(etcd_settings)
-        self.election = Election(self.client, cluster_name, node_id, address, ttl=lease_ttl)
+        self.election = Election(
+            self.client,
+            cluster_name,
+            node_id,
+            address,
+            ttl=lease_ttl,
+            may_campaign=self.why_not_lead,
+        )
         self.snapshot_settings = snapshots or SnapshotSettings()
         self._stop = threading.Event()
         self.snapshots = SnapshotInstaller(
             store, self.members, node_id, self.snapshot_settings, stopped=self._stop.is_set
         )
         self.apply_loop = ApplyLoop(
-            self.client, self.journal, cluster_name, restore=self._install_snapshot
+            self.client,
+            self.journal,
+            cluster_name,
+            restore=self._install_snapshot,
+            on_stalled=self._on_apply_stalled,
         )
         self.compactor = LogCompactor(
             self.client,
@@ -214,10 +236,9 @@ class ClusterNode:
         self.last_error: str | None = None
 
         try:
-            self._refuse_a_taken_node_id()
-            founder = self._check_shared_settings()
-            if new_member and not founder:
-                self._refuse_data_from_elsewhere()
+            self._until_etcd_answers(lambda: self._check_admission(new_member))
+            if admitted is not None:
+                admitted()
         except BaseException:
             self.client.close()
             raise
@@ -312,7 +333,13 @@ class ClusterNode:
         leader = self.leader()
         detail = f" ({reason})" if reason else ""
         if leader is None or leader[0] == self.node_id:
-            what = "is becoming the leader" if leader else "knows no leader right now"
+            # cluster QA: a leader just resumed from SIGSTOP answered "it is becoming the
+            # leader …; no leader is known": its key may be another's by now
+            what = (
+                "holds the leader key but does not lead yet, or no longer"
+                if leader
+                else "knows no leader right now"
+            )
             return NotLeaderError(
                 f"node {self.node_id} is not the leader: it {what}{detail}; try again shortly"
             )
@@ -378,12 +405,37 @@ class ClusterNode:
                     if (
                         self.client.get(log_key(self.cluster, self.journal.last_cid() + 1)) is None
                         and not self._behind_compaction()
+                        and self.apply_problem() is None
                     ):
                         return True
                 except ClusterError:
                     pass
             time.sleep(0.05)
         return False
+
+    def apply_problem(self) -> str | None:
+        """Why this node's apply loop cannot keep its data the cluster's: its database
+        diverged from the log, or the loop stopped on an entry it cannot apply. None while
+        it applies (it may lag)."""
+        return self.apply_loop.diverged or self.apply_loop.stalled
+
+    def why_not_lead(self) -> str | None:
+        """Why this node must not lead (it does not campaign, and steps down): a stalled
+        or diverged apply loop (a leader that cannot apply the log appends entries it never
+        acknowledges, and serves reads that miss them), or a position the log was compacted
+        past. None when it may lead."""
+        problem = self.apply_problem()
+        if problem is not None:
+            return f"its apply loop is stalled: {problem}"
+        if self.apply_loop.needs_snapshot:
+            return "the log was compacted past this node's position: it needs a snapshot"
+        return None
+
+    def _on_apply_stalled(self, reason: str) -> None:
+        """The apply loop stopped on an entry (apply thread): a leader steps down at once."""
+        if self.election.is_leader():
+            self.election.step_down(f"its apply loop is stalled: {reason}")
+        self._wake.set()
 
     def _on_election(self, leading: bool) -> None:
         """Election listener (runs on the election's thread: must not block)."""
@@ -427,8 +479,21 @@ class ClusterNode:
                         "snapshot before it can lead"
                     )
                     return
-                if self.client.get(log_key(self.cluster, last + 1)) is None:
-                    break  # no entry after ours: caught up (only this fenced leader appends now)
+                # Caught up once the log's last cid is this journal's (only this fenced
+                # leader appends now) — and the journal's entries are the log's: a journal
+                # written elsewhere can hold as many cids as the log (cluster QA: such a
+                # node led, served its own rows and acknowledged no write).
+                tail = self._log_tail()
+                problem = self.why_not_lead()
+                if problem is None and (tail is None or tail <= last):
+                    self.apply_loop.check_position()
+                    problem = self.why_not_lead()
+                    if problem is None:
+                        break
+                if problem is not None:
+                    self.last_error = problem
+                    self.election.step_down(problem)
+                    return
             except ClusterError as exc:
                 log.info("new leader %s: reading the log tail failed: %s", self.node_id, exc)
             if time.monotonic() >= deadline:
@@ -444,7 +509,7 @@ class ClusterNode:
             if (
                 self.election.fence_revision != fence
                 or self._stop.is_set()
-                or self.apply_loop.needs_snapshot
+                or self.why_not_lead() is not None
             ):
                 return
             self.journal.forget_allocations()
@@ -453,6 +518,12 @@ class ClusterNode:
             self._accepting = True
         log.info("%s accepts writes as leader of %s from cid %d", self.node_id, self.cluster,
                  self.journal.last_cid() + 1)  # fmt: skip
+
+    def _log_tail(self) -> int | None:
+        """The log's last cid (None while it has no entry)."""
+        prefix = log_prefix(self.cluster)
+        last = self.client.range(prefix, prefix=True, limit=1, keys_only=True, descending=True).kvs
+        return int(last[0].key[len(prefix) :]) if last else None
 
     def _behind_compaction(self) -> bool:
         """Whether the log's first entry is past the cid after this node's last one: the
@@ -504,8 +575,15 @@ class ClusterNode:
             "applied_cid": self.journal.last_cid(),
             "applied_revision": self.apply_loop.applied_revision(),
             "needs_snapshot": self.apply_loop.needs_snapshot,
+            #: why the apply loop cannot keep this node's data the cluster's (None: it can)
+            "apply_error": self.apply_problem(),
+            #: why etcd does not answer this node (None while it does)
+            "etcd_error": self.client.unreachable(),
             "last_error": (
-                self.apply_loop.last_error or self.last_error or self.compactor.last_error
+                self.apply_problem()
+                or self.apply_loop.last_error
+                or self.last_error
+                or self.compactor.last_error
             ),
             "log": {
                 "entries_applied": self.apply_loop.applied,
@@ -590,11 +668,50 @@ class ClusterNode:
             )
         raise NotFoundError(f"node {node_id!r} is not a member of this cluster")
 
+    def _check_admission(self, new_member: bool) -> None:
+        """The start-up checks (ConfigError when one fails); EtcdUnavailableError while
+        etcd cannot tell."""
+        self._refuse_a_taken_node_id()
+        founder = self._check_shared_settings()
+        if new_member and not founder:
+            self._refuse_data_from_elsewhere()
+
+    def _until_etcd_answers(self, check: Callable[[], None]) -> None:
+        """Run ``check`` until etcd answers it. Cluster QA: the checks were skipped when
+        etcd was down at a node's first start — and never ran again, since the directory
+        then counted as a member's: a node with another --fk joined, and a standalone
+        directory's data joined and later led. Errors other than "unreachable" (refused
+        credentials…) are raised."""
+        endpoints = ", ".join(self.client.settings.endpoints)
+        waiting_since: float | None = None
+        logged = 0.0
+        while True:
+            try:
+                check()
+            except EtcdUnavailableError as exc:
+                now = time.monotonic()
+                if waiting_since is None:
+                    waiting_since = now
+                if now - logged >= WAIT_LOG_INTERVAL:
+                    logged = now
+                    log.warning(
+                        "cluster %s: etcd at %s does not answer (%s); waiting for it "
+                        "(%.0f s so far): node %s checks its node id, the cluster's settings "
+                        "and its data with etcd before it applies anything or joins",
+                        self.cluster, endpoints, exc, now - waiting_since, self.node_id,
+                    )  # fmt: skip
+                time.sleep(1.0)
+                continue
+            if waiting_since is not None:
+                log.info("cluster %s: etcd answers; node %s passed its start-up checks",
+                         self.cluster, self.node_id)  # fmt: skip
+            return
+
     def _check_shared_settings(self) -> bool:
         """Settings that must be the same on every node, recorded in etcd by the first
         node to start (its id too, as ``founder``); a node started with another value is
-        refused. Returns whether this node founded the cluster (True when etcd cannot
-        tell: the checks wait for the next start).
+        refused. Returns whether this node founded the cluster. EtcdUnavailableError when
+        etcd does not answer (the caller waits: "unreachable" is not "founder").
 
         * ``--fk``: every node applies the same SQL; with foreign keys enforced on some
           nodes only, a write the leader commits can fail (and be recorded empty) on a
@@ -609,16 +726,20 @@ class ClusterNode:
         }
         key = settings_key(self.cluster)
         first = json.dumps({**mine, "founder": self.node_id}).encode()
-        try:
-            result = self.client.txn([Compare.absent(key)], [Put(key, first)], [Get(key)])
-        except ClusterError:
-            return True  # etcd unreachable: checked the next time this node starts
+        # sent again after a timeout, the txn finds this node's own record: founder still
+        result = self.client.txn([Compare.absent(key)], [Put(key, first)], [Get(key)])
         if result.succeeded or not result.ranges or not result.ranges[0]:
             return True
         try:
             recorded = json.loads(result.ranges[0][0].value)
-        except ValueError:
-            return True
+            if not isinstance(recorded, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            raise ConfigError(
+                f"cluster {self.cluster!r}: the etcd key {key} holds unreadable settings "
+                f"({exc}); stop every node and delete it (the next node to start records "
+                "its own)"
+            ) from None
         for name, value in mine.items():
             if name in recorded and recorded[name] != value:
                 option = {"foreign_keys": "--fk", "webhook": "--cdc-config"}[name]
@@ -644,11 +765,8 @@ class ClusterNode:
         tables = self.store.engine.user_table_count()
         if last_cid <= 1 and not tables:
             return
-        try:
-            if self.client.get(self._joined_key) is not None:
-                return  # a member before (its directory untied: it predates DATA_DIR/cluster)
-        except ClusterError:
-            return  # etcd unreachable: checked the next time this node starts
+        if self.client.get(self._joined_key) is not None:
+            return  # a member before (its directory untied: it predates DATA_DIR/cluster)
         raise ConfigError(
             f"data directory {self.store.config.data_dir} already holds data (journal up to "
             f"cid {last_cid}, {tables} table(s)) that did not come from cluster "
@@ -665,20 +783,14 @@ class ClusterNode:
         node that crashed is only waiting for its lease to end (etcd may extend that after
         its own restart), and this node's record replaces it."""
         address_of = _member_address
-        try:
-            kv = self.client.get(self._member_key)
-        except ClusterError:
-            return  # etcd unreachable: the node starts and retries, as always
+        kv = self.client.get(self._member_key)
         if kv is None or address_of(kv) in (None, self.address):
             return
         first = kv.mod_revision
         deadline = time.monotonic() + 2 * self.member_interval + 1
         while time.monotonic() < deadline:
             time.sleep(min(self.member_interval / 4, 0.5))
-            try:
-                kv = self.client.get(self._member_key)
-            except ClusterError:
-                return
+            kv = self.client.get(self._member_key)
             if kv is None or address_of(kv) in (None, self.address):
                 return
             if kv.mod_revision != first:
@@ -725,7 +837,9 @@ class ClusterNode:
             except LeaseNotFoundError:
                 lease, wait = 0, 0.0
             except ClusterError as exc:
-                log.info("member record of %s: %s", self.node_id, exc)
+                # an unreachable etcd is logged by the client, a line every few seconds
+                level = logging.DEBUG if isinstance(exc, EtcdUnavailableError) else logging.INFO
+                log.log(level, "member record of %s: %s", self.node_id, exc)
                 wait = min(self.member_interval, 0.5)
         if lease:
             try:

@@ -662,11 +662,26 @@ class _Api:
         if self.cluster is None:
             return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
         leader = self.cluster.leader()
-        if leader is None:
+        status = self.cluster.status()
+        apply_error = status.get("apply_error")
+        if apply_error:
+            # its apply loop stopped (a database that did not come from the log, an entry
+            # it cannot apply): its data is not the cluster's and will not become it
+            leader_line = "[+]leader ok" if leader is not None else "[-]leader not ok"
             return Response(
-                "[+]node ok\n[-]leader not ok\n[+]store ok", status_code=503, media_type=_TEXT
+                f"[+]node ok\n{leader_line}\n[-]store not ok: {apply_error}",
+                status_code=503,
+                media_type=_TEXT,
             )
-        if self.cluster.status().get("needs_snapshot"):
+        if leader is None:
+            etcd_error = status.get("etcd_error")
+            why = f": {etcd_error}" if etcd_error else ""
+            return Response(
+                f"[+]node ok\n[-]leader not ok{why}\n[+]store ok",
+                status_code=503,
+                media_type=_TEXT,
+            )
+        if status.get("needs_snapshot"):
             # the log no longer holds what this node misses and no snapshot could be
             # installed yet (e.g. refused by its peers): it cannot serve current data
             return Response(

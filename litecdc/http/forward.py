@@ -62,7 +62,7 @@ class LeaderForwarder:
             message = str(error)
             if leader:
                 message += "; the request was forwarded once"
-            elif "no leader" not in message:
+            elif "no leader" not in message and "holds the leader key" not in message:
                 message += "; no leader is known"
             if "try again" not in message:
                 message += ", try again shortly"

@@ -22,11 +22,31 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         ((), "error: --data-dir is required (or set LITECDC_DATA_DIR)"),
         (
             ("--data-dir", "{d}", "--http-addr", "nohost"),
-            "error: address must look like host:port, got 'nohost'",
+            "error: --http-addr: address must look like host:port, got 'nohost'",
         ),
         (
             ("--data-dir", "{d}", "--http-addr", "127.0.0.1:99999"),
-            "error: port must be between 0 and 65535, got 99999",
+            "error: --http-addr: port must be between 0 and 65535, got 99999",
+        ),
+        (
+            ("--data-dir", "{d}", "--etcd", "foo"),
+            "error: --etcd: address must look like host:port, got 'foo'",
+        ),
+        (
+            ("--data-dir", "{d}", "--etcd", "127.0.0.1:99999"),
+            "error: --etcd: port must be between 0 and 65535, got 99999",
+        ),
+        # an empty --etcd (say --etcd "$ETCD" with ETCD unset) started a cluster member
+        # standalone, and its data forked (cluster QA)
+        (
+            ("--data-dir", "{d}", "--etcd", ""),
+            "error: --etcd '' names an empty endpoint: give host:port[,host:port…], or leave "
+            "--etcd out to run standalone",
+        ),
+        (
+            ("--data-dir", "{d}", "--etcd", ","),
+            "error: --etcd ',' names an empty endpoint: give host:port[,host:port…], or leave "
+            "--etcd out to run standalone",
         ),
         (
             ("--data-dir", "{d}", "--synchronous", "sometimes"),
@@ -57,6 +77,39 @@ def test_config_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> N
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == message.format(d=d) + "\n"
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--etcd", "127.0.0.1:2379", "--etcd-user", "u"),
+            "error: --etcd-user and --etcd-password must be given together",
+        ),
+        (
+            ("--etcd", "127.0.0.1:2379", "--node-user", "u"),
+            "error: --node-user and --node-password must be given together",
+        ),
+        (
+            ("--auth", "{t}/auth.json"),
+            "error: --auth: {t}/auth.json, entry 1 (a): unknown permission(s) nope; known: "
+            "all, backup, execute, join, join-read-only, leader-ops, load, query, ready, "
+            "remove, snapshot, status, ui",
+        ),
+    ],
+)
+def test_refused_starts_leave_no_data_directory_behind(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """Refused starts created DATA_DIR/db.sqlite and litecdc.lock before they were
+    refused (cluster QA): what needs no data is checked first."""
+    t = str(tmp_path)
+    (tmp_path / "auth.json").write_text('[{"username": "a", "password": "b", "perms": ["nope"]}]')
+    data_dir = tmp_path / "data"
+    proc = _serve("--data-dir", str(data_dir), *(a.format(t=t) for a in args))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == message.format(t=t) + "\n"
+    assert not data_dir.exists()
 
 
 def test_help_documents_serve() -> None:

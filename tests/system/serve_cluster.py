@@ -82,3 +82,29 @@ def start_nodes(base: Path, etcd_endpoint: str, cluster: str, *extra: str) -> li
             node.stop()
         raise
     return started
+
+
+class AnsweringNode(Node):
+    """A Node whose ``start()`` returns once its API answers ``/readyz`` at all, 503 too
+    (``Node.start`` waits for a ready node): for nodes a test expects not to be ready."""
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"litecdc exited with {self.proc.returncode}: {self.log()}")
+            try:
+                httpx.get(f"{self.url}/readyz", verify=self.verify, timeout=1.0)
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"litecdc did not answer: {self.log()}")
+
+    @classmethod
+    def like(cls, node: Node) -> AnsweringNode:
+        """The same node (data directory, options, port) as ``node``, which is stopped."""
+        assert node.proc is None
+        return cls(node.data_dir, *node.extra, https=node.scheme == "https", verify=node.verify,
+                   port=node.port)  # fmt: skip
