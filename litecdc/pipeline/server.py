@@ -245,8 +245,11 @@ class PipelineServer:
             s.name: s
             for s in self.meta.list_subscriptions(owner=self.owner, include_cancelled=True)
         }
-        for name in list(self._running):
-            if name not in owned:
+        for name, running in list(self._running.items()):
+            # gone, or removed and added again under its name between two rounds (another
+            # sink, another registration): the connections and state are the old one's
+            current = owned.get(name)
+            if current is None or not _same_subscription(running.subscription, current):
                 self._forget(name)
         for name, sub in owned.items():
             if self._stop.is_set():
@@ -337,6 +340,7 @@ class PipelineServer:
     def _forget(self, name: str) -> None:
         self._forget_connections(name)
         self.states.pop(name, None)
+        self._cleared.discard(name)
 
     def _failed(self, state: SubscriptionState, exc: Exception) -> None:
         state.failures += 1
@@ -798,6 +802,12 @@ class PipelineServer:
             "subscription %s: source added column(s) %s; the sink follows",
             running.subscription.name, ", ".join(c.name for c in added),
         )  # fmt: skip
+
+
+def _same_subscription(a: Subscription, b: Subscription) -> bool:
+    """Whether ``a`` and ``b`` are one subscription: the same definition, added at the
+    same moment (one re-created under the name has its own ``created_at``)."""
+    return a.created_at == b.created_at and a.same_definition(b)
 
 
 def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:

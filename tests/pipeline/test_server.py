@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from deltalake import DeltaTable
 from e2e.litecdc_node import Node, free_port
 from pipeline_proc import execute
 
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 from litecdc.pipeline.server import GIVE_UP_FAILURES, PipelineServer
+from litecdc.pipeline.verify import verify
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,5 +122,52 @@ def test_an_error_raised_in_a_spark_worker_is_recorded_as_its_one_line(
         assert report.failure is not None and report.failure[0] == error
         failing = [line for line in report.describe().splitlines() if "FAILING" in line]
         assert len(failing) == 1 and failing[0].endswith(error), report.describe()
+    finally:
+        store.close()
+
+
+@pytest.mark.spark
+def test_a_subscription_recreated_under_its_name_between_rounds_gets_its_new_sink(
+    node: Node, tmp_path: Path, spark: SparkSession
+) -> None:
+    """Pipeline QA: `unsubscribe r` then `subscribe r --sink B` while a `pipeline run` was
+    running: the run kept its cached connections, registered and snapshotted the new
+    subscription into the OLD sink A and applied its changes there; status said caught
+    up, verify failed (B did not exist)."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE rs(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO rs VALUES(?, ?)", i, f"v{i}"] for i in range(10)])
+    old_lake, new_lake = tmp_path / "old", tmp_path / "new"
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(store, name="r", sources=node.url, table="rs", sink=f"delta:{old_lake}")
+        server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+
+        def rounds_until_caught_up() -> None:  # as `pipeline run` does, without closing
+            with node.client() as c:
+                head = int(c.get("/status").json()["store"]["last_cid"])
+            for _ in range(500):
+                server.run_round()
+                state = server.states["r"]
+                assert state.last_error is None, state.last_error
+                if state.stage == "incremental" and state.applied_cid >= head:
+                    return
+            raise AssertionError(f"not caught up: {server.states['r']}")
+
+        try:
+            rounds_until_caught_up()
+            assert control.unsubscribe(store, "r") is None
+            control.subscribe(
+                store, name="r", sources=node.url, table="rs", sink=f"delta:{new_lake}"
+            )
+            with node.client() as c:
+                execute(c, ["INSERT INTO rs VALUES(100, 'after')", "DELETE FROM rs WHERE id = 0"])
+            rounds_until_caught_up()  # the same server, its connections still open
+        finally:
+            server.close()
+        report = verify(store.get_subscription("r"))
+        assert report.ok and report.sink_rows == 10, report.differences
+        old_rows = DeltaTable(str(old_lake)).to_pyarrow_table()
+        assert sorted(old_rows["id"].to_pylist()) == list(range(10))  # left as it was
     finally:
         store.close()
