@@ -476,8 +476,11 @@ class Store:
             )
         )
 
-    def source_position(self, table: str, after: int, max_events: int) -> tuple[int, int, int]:
-        """(end cid, events, head) of the next batch of at most ``max_events`` events."""
+    def source_position(
+        self, table: str, after: int, max_events: int
+    ) -> tuple[int, int, int, int | None]:
+        """(end cid, events, head, first event's cid or None) of the next batch of at most
+        ``max_events`` events."""
         self._check_cid_range(after, None, max_events)
         return self.engine.read_consistent(
             lambda conn: source.change_position(

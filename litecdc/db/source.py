@@ -586,10 +586,11 @@ def _walk_changes(
 
 def change_position(
     conn: apsw.Connection, table: SourceTable, after: int, max_events: int
-) -> tuple[int, int, int]:
-    """(end cid, events, head) of the next batch of at most ``max_events`` events."""
-    _, events, end, head = _walk_changes(conn, table, after, None, max_events)
-    return end, events, head
+) -> tuple[int, int, int, int | None]:
+    """(end cid, events, head, cid of the first event or None) of the next batch of at
+    most ``max_events`` events."""
+    rows, events, end, head = _walk_changes(conn, table, after, None, max_events)
+    return end, events, head, (rows[0][0] if rows else None)
 
 
 def read_table_changes(

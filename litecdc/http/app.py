@@ -925,11 +925,12 @@ class _Api:
         name = request.path_params["table"]
         after = _int_param(params, "after", 0, minimum=0, maximum=MAX_CID)
         max_events = _int_param(params, "max_events", SOURCE_PAGE_DEFAULT, minimum=1)
-        end, events, head = await to_thread.run_sync(
+        end, events, head, first = await to_thread.run_sync(
             lambda: self.store.source_position(name, after, max_events)
         )
         return _json(
-            {"end_cid": end, "events": events, "last_cid": head}, pretty="pretty" in params
+            {"end_cid": end, "events": events, "last_cid": head, "first_cid": first},
+            pretty="pretty" in params,
         )
 
 

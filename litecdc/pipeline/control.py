@@ -256,9 +256,11 @@ def _lag_seconds(client: SourceClient, table: str, applied: int) -> float:
     """How old the oldest change of ``table`` the sink has not applied is (0 when none:
     commits of other tables, or the node's own entries, are no lag)."""
     pending = client.position(table, after=applied, max_events=1)
-    if pending.events == 0:
+    if pending.events == 0 or pending.first_cid is None:
         return 0.0
-    committed = client.commit_time_ms(pending.end_cid - 1)  # that transaction's commit
+    # the commit of the table's first pending change (the batch may end far later: at
+    # the head, when no other change of the table follows)
+    committed = client.commit_time_ms(pending.first_cid - 1)
     return 0.0 if committed is None else max(time.time() - committed / 1000, 0.0)
 
 

@@ -123,6 +123,7 @@ class Position:
     end_cid: int  # where a batch of at most max_events (whole transactions) would end
     events: int
     last_cid: int
+    first_cid: int | None = None  # the cid of the batch's first event (None: no events)
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -306,7 +307,13 @@ class SourceClient:
             f"/cdc/tables/{_seg(table)}/position",
             params={"after": after, "max_events": max_events},
         )
-        return Position(int(doc["end_cid"]), int(doc["events"]), int(doc["last_cid"]))
+        first = doc.get("first_cid")
+        return Position(
+            int(doc["end_cid"]),
+            int(doc["events"]),
+            int(doc["last_cid"]),
+            int(first) if first is not None else None,
+        )
 
     def commit_time_ms(self, after: int) -> int | None:
         """When the first commit with changes after cid ``after`` was made (the leader's

@@ -830,6 +830,7 @@ def test_changes_keep_transactions_whole_and_respect_until_and_table(
                     "end_cid": int(meta(p)["litecdc.end_cid"]),
                     "events": p.num_rows,
                     "last_cid": last,
+                    "first_cid": p.column("_litecdc_cid")[0].as_py() if p.num_rows else None,
                 }, (start, max_events)
 
 
