@@ -347,9 +347,9 @@ class PipelineServer:
         error = worker_error(exc)
         if error is not exc:  # Spark's multi-line wrapping: the whole of it for debugging
             log.debug("subscription %s: %s", state.name, exc)
-        state.last_error = (
-            str(error) if isinstance(error, LitecdcError) else f"{type(error).__name__}: {error}"
-        )
+        text = str(error) if isinstance(error, LitecdcError) else f"{type(error).__name__}: {error}"
+        # one line in the log and in `status` (libpq's messages, for one, span two)
+        state.last_error = " ".join(part.strip() for part in text.splitlines() if part.strip())
         delay = min(self.retry_delay * 2 ** min(state.failures - 1, 6), RETRY_MAX_DELAY)
         state.retry_at = time.monotonic() + delay
         log.warning("subscription %s: %s (retrying in %.1fs)", state.name, state.last_error, delay)

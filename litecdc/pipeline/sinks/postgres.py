@@ -134,7 +134,9 @@ class PostgresSink(Sink):
         return self._conn
 
     def _scrub(self, exc: BaseException) -> str:
-        return scrub_password(str(exc).strip(), self.options.password, self.options.user)
+        # one line: libpq's messages span several ("…Connection refused\n\tIs the server…")
+        text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        return scrub_password(text, self.options.password, self.options.user)
 
     def _fail(self, doing: str, exc: psycopg.Error) -> SinkError:
         if isinstance(exc, psycopg.errors.DataError):
