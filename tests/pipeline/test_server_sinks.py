@@ -106,14 +106,62 @@ def test_column_with_a_default_added_while_stopped_is_copied_again_to_message_si
     assert by_key(sent()) == [("snapshot", {"id": i, "a": f"a{i}"}) for i in (1, 2, 3)]
 
     with node.client() as c:  # while no server runs
+        execute(c, [f"DELETE FROM {table} WHERE id = 2"])
         execute(c, [f"ALTER TABLE {table} ADD COLUMN c TEXT DEFAULT 'dflt'"])
         execute(c, [[f"INSERT INTO {table}(id, a) VALUES(?, ?)", 4, "a4"]])
     assert run(store, spark).states[table].last_error is None
-    # every row again, with the value SQLite gave it (row 4 came after: in the new snapshot)
-    assert by_key(sent()) == [
-        ("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 2, 3, 4)
+    docs = sent()
+    # first the changes it had not had: the new snapshot cannot tell a consumer about the
+    # row deleted meanwhile (pipeline QA: such deletes were lost, consumers kept the rows)
+    assert [(d["op"], d["row"]["id"]) for d in docs[:2]] == [("delete", 2), ("upsert", 4)]
+    # then every row again, with the value SQLite gave it
+    assert by_key(docs[2:]) == [
+        ("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 3, 4)
     ]
     assert [c["name"] for c in (store.mirrored_spec(table) or {})["columns"]] == ["id", "a", "c"]
+
+
+@pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
+def test_column_with_a_default_added_while_running_sends_the_pending_changes_first(
+    node: Node,
+    spark: SparkSession,
+    store: MetadataStore,
+    request: pytest.FixtureRequest,
+    kind: str,
+) -> None:
+    """Pipeline QA: the re-copy started at once, skipping the changes not sent yet: a row
+    deleted before the column came got no delete message, and consumers kept it."""
+    table = f"dflr_{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2, 3)])
+    url, sent = message_sink(kind, request)
+    control.subscribe(store, name=table, sources=node.url, table=table, sink=url)
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+
+    def rounds_until_caught_up() -> None:  # as a running `pipeline run`
+        with node.client() as c:
+            head = int(c.get("/status").json()["store"]["last_cid"])
+        for _ in range(500):
+            server.run_round()
+            state = server.states[table]
+            assert state.last_error is None, state.last_error
+            if state.stage == "incremental" and state.applied_cid >= head:
+                return
+        raise AssertionError(f"not caught up: {server.states[table]}")
+
+    try:
+        rounds_until_caught_up()
+        assert by_key(sent()) == [("snapshot", {"id": i, "a": f"a{i}"}) for i in (1, 2, 3)]
+        with node.client() as c:
+            execute(c, [f"DELETE FROM {table} WHERE id = 2"])
+            execute(c, [f"ALTER TABLE {table} ADD COLUMN c TEXT DEFAULT 'dflt'"])
+        rounds_until_caught_up()
+    finally:
+        server.close()
+    docs = sent()
+    assert [(d["op"], d["row"]["id"]) for d in docs[:1]] == [("delete", 2)]
+    assert by_key(docs[1:]) == [("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 3)]
 
 
 def test_new_subscription_reusing_a_name_does_not_skip_changes_to_nats(
