@@ -853,6 +853,13 @@ def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
     old = {c.name: c.arrow for c in mirrored.columns}
     changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
     dropped = [n for n in old if n not in spec.column_names]
+    # SQLite adds a column at the end only: the mirrored columns stay a prefix, in order.
+    # A name out of its place was dropped or renamed and added again (the mirror would
+    # keep the old values under it)
+    prefix = spec.column_names[: len(mirrored.columns)]
+    moved = [n for n, was in zip(prefix, mirrored.column_names, strict=False) if n != was]
+    if not dropped:
+        dropped = [n for n in mirrored.column_names if n in moved or n not in prefix]
     if changed or dropped or spec.key != mirrored.key:
         raise SchemaMismatchError(
             f"table {spec.name} changed at the source in a way the sink cannot follow "

@@ -4,6 +4,7 @@ of waiting forever; the others keep running."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -172,3 +173,30 @@ def test_a_subscription_recreated_under_its_name_between_rounds_gets_its_new_sin
         assert sorted(old_rows["id"].to_pylist()) == list(range(10))  # left as it was
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("now", "named"),
+    [
+        (("id", "s_old", "s"), "['s']"),  # RENAME s TO s_old, then ADD s
+        (("id", "b", "a"), "['a', 'b']"),  # DROP a, then ADD a
+        (("id", "b"), "['a']"),
+    ],
+)
+def test_a_column_dropped_or_renamed_and_added_again_is_not_followed(
+    now: tuple[str, ...], named: str
+) -> None:
+    """Pipeline QA: RENAME s TO s_old then ADD s passed the check (compared by name): the
+    mirror kept the old values in s and s_old stayed empty. SQLite adds a column at the
+    end only, so the mirrored columns must still lead, in their order."""
+    from litecdc.errors import SchemaMismatchError
+    from litecdc.pipeline.server import _check_followable
+    from litecdc.pipeline.tables import Column, TableSpec
+
+    def spec(*names: str) -> TableSpec:
+        return TableSpec("t", tuple(Column(n, "TEXT", "string") for n in names), ("id",))
+
+    mirrored = spec("id", "a", "b") if "b" in now else spec("id", "s")
+    with pytest.raises(SchemaMismatchError, match=re.escape(f"dropped or renamed: {named}")):
+        _check_followable(mirrored, spec(*now))
+    _check_followable(mirrored, spec(*mirrored.column_names, "added"))  # still followed
