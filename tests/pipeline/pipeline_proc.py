@@ -13,12 +13,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from e2e.litecdc_node import Node
 
 from litecdc.pipeline.metadata import MetadataStore, Progress
+
+if TYPE_CHECKING:
+    from litecdc.pipeline.server import PipelineServer
 
 #: one `pipeline run --until-caught-up` may take this long (Spark start-up is ~8 s here)
 RUN_TIMEOUT = 240.0
@@ -168,6 +171,21 @@ def execute(
     errors = [x["error"] for x in results if "error" in x]
     assert not errors, errors[:5]
     return results
+
+
+def rounds_until_caught_up(server: PipelineServer, node: Node, name: str) -> None:
+    """``server.run_round()`` until subscription ``name`` has applied every change
+    committed at ``node`` now, failing on its first error — as a `pipeline run` that keeps
+    running does (``run()`` closes the server's connections when it returns)."""
+    with node.client() as c:
+        head = int(c.get("/status").json()["store"]["last_cid"])
+    for _ in range(500):
+        server.run_round()
+        state = server.states[name]
+        assert state.last_error is None, state.last_error
+        if state.stage == "incremental" and state.applied_cid >= head:
+            return
+    raise AssertionError(f"not caught up: {server.states[name]}")
 
 
 def scalar(client: httpx.Client, sql: str) -> Any:

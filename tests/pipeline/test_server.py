@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 from deltalake import DeltaTable
 from e2e.litecdc_node import Node, free_port
-from pipeline_proc import execute
+from pipeline_proc import execute, rounds_until_caught_up
 
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
@@ -144,27 +144,15 @@ def test_a_subscription_recreated_under_its_name_between_rounds_gets_its_new_sin
     try:
         control.subscribe(store, name="r", sources=node.url, table="rs", sink=f"delta:{old_lake}")
         server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
-
-        def rounds_until_caught_up() -> None:  # as `pipeline run` does, without closing
-            with node.client() as c:
-                head = int(c.get("/status").json()["store"]["last_cid"])
-            for _ in range(500):
-                server.run_round()
-                state = server.states["r"]
-                assert state.last_error is None, state.last_error
-                if state.stage == "incremental" and state.applied_cid >= head:
-                    return
-            raise AssertionError(f"not caught up: {server.states['r']}")
-
         try:
-            rounds_until_caught_up()
+            rounds_until_caught_up(server, node, "r")
             assert control.unsubscribe(store, "r") is None
             control.subscribe(
                 store, name="r", sources=node.url, table="rs", sink=f"delta:{new_lake}"
             )
             with node.client() as c:
                 execute(c, ["INSERT INTO rs VALUES(100, 'after')", "DELETE FROM rs WHERE id = 0"])
-            rounds_until_caught_up()  # the same server, its connections still open
+            rounds_until_caught_up(server, node, "r")  # the same server, its connections open
         finally:
             server.close()
         report = verify(store.get_subscription("r"))

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pytest
 from e2e.litecdc_node import Node
 from fakes.webhook_receiver import WebhookReceiver
-from pipeline_proc import execute
+from pipeline_proc import execute, rounds_until_caught_up
 from sink_contract import incompressible, nats_raw_messages, rabbitmq_messages
 
 from litecdc.pipeline import control
@@ -138,25 +138,13 @@ def test_column_with_a_default_added_while_running_sends_the_pending_changes_fir
     url, sent = message_sink(kind, request)
     control.subscribe(store, name=table, sources=node.url, table=table, sink=url)
     server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
-
-    def rounds_until_caught_up() -> None:  # as a running `pipeline run`
-        with node.client() as c:
-            head = int(c.get("/status").json()["store"]["last_cid"])
-        for _ in range(500):
-            server.run_round()
-            state = server.states[table]
-            assert state.last_error is None, state.last_error
-            if state.stage == "incremental" and state.applied_cid >= head:
-                return
-        raise AssertionError(f"not caught up: {server.states[table]}")
-
     try:
-        rounds_until_caught_up()
+        rounds_until_caught_up(server, node, table)
         assert by_key(sent()) == [("snapshot", {"id": i, "a": f"a{i}"}) for i in (1, 2, 3)]
         with node.client() as c:
             execute(c, [f"DELETE FROM {table} WHERE id = 2"])
             execute(c, [f"ALTER TABLE {table} ADD COLUMN c TEXT DEFAULT 'dflt'"])
-        rounds_until_caught_up()
+        rounds_until_caught_up(server, node, table)
     finally:
         server.close()
     docs = sent()
@@ -313,44 +301,7 @@ def test_postgresql_key_too_long_for_its_index_stops_the_subscription_until_the_
     )  # fmt: skip
 
 
-def test_subscription_recreated_under_its_name_loses_no_nats_message_to_deduplication(
-    spark: SparkSession, store: MetadataStore, nats_url: str, tmp_path: Path
-) -> None:
-    """QA: NATS message ids were SUBSCRIPTION:cid-seq-op, and JetStream drops a message
-    whose id it saw in the last 2 minutes: a subscription re-created under its name on
-    another source with the same history (so the same cids) had every message dropped as a
-    duplicate of the old subscription's, and its consumers saw none of its rows."""
-    name = tag()
-    url = f"{nats_url}?stream=S{name}&subject=t{name}"
-    for site in ("old", "new"):
-        node = Node(tmp_path / site / "data").start()
-        try:
-            with node.client() as c:
-                execute(c, ["CREATE TABLE orders(id INTEGER PRIMARY KEY, site TEXT)"])
-                execute(c, [["INSERT INTO orders VALUES(?, ?)", 1, site]])
-            control.subscribe(store, name="orders", sources=node.url, table="orders", sink=url)
-            assert run(store, spark).states["orders"].last_error is None
-            with node.client() as c:
-                execute(c, [["INSERT INTO orders VALUES(?, ?)", 2, site]])
-            assert run(store, spark).states["orders"].last_error is None
-            assert control.unsubscribe(store, "orders") is None
-        finally:
-            node.stop()
-    found = nats_raw_messages(nats_url, f"S{name}")
-    assert [(d["op"], d["row"]["id"], d["row"]["site"]) for _, d in found] == [
-        ("snapshot", 1, "old"),
-        ("upsert", 2, "old"),
-        ("snapshot", 1, "new"),
-        ("upsert", 2, "new"),
-    ]
-    old, new = (
-        {i.rsplit(":", 1)[0] for i, _ in found[:2]},
-        {i.rsplit(":", 1)[0] for i, _ in found[2:]},
-    )
-    assert len(old) == len(new) == 1 and old != new  # one registration each
-
-
-@pytest.mark.parametrize("kind", ["rabbitmq", "webhook"])
+@pytest.mark.parametrize("kind", ["nats", "rabbitmq", "webhook"])
 def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_consumer(
     kind: str,
     spark: SparkSession,
@@ -358,13 +309,16 @@ def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
-    """QA: RabbitMQ's message_id was cid-seq-op, the webhook's webhook-id
-    SUBSCRIPTION-AFTER-END-PART (a snapshot chunk's SUBSCRIPTION-<its first row's id>): a
-    subscription re-created under its name on another source with the same history (so
-    the same cids) sent the old one's ids again, and a consumer de-duplicating on them, as
-    it should, dropped every message of the new one as one it already had."""
+    """QA: message ids were SUBSCRIPTION:cid-seq-op (NATS), cid-seq-op (RabbitMQ's
+    message_id) and SUBSCRIPTION-AFTER-END-PART (the webhook's webhook-id): a subscription
+    re-created under its name on another source with the same history (so the same cids)
+    sent the old one's ids again, and JetStream — or a consumer de-duplicating on them, as
+    it should — dropped every message of the new one as one it already had."""
     with contextlib.ExitStack() as stack:
-        if kind == "rabbitmq":
+        if kind == "nats":
+            server, stream = request.getfixturevalue("nats_url"), f"S{tag()}"
+            url = f"{server}?stream={stream}&subject=t{stream}"
+        elif kind == "rabbitmq":
             base, queue = request.getfixturevalue("rabbitmq_url"), f"q{tag()}"
             url = f"{base}?queue={queue}"
         else:
@@ -384,7 +338,9 @@ def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_
                 assert control.unsubscribe(store, "orders") is None
             finally:
                 node.stop()
-        if kind == "rabbitmq":
+        if kind == "nats":  # what JetStream kept (it de-duplicates itself)
+            sent = nats_raw_messages(server, stream)
+        elif kind == "rabbitmq":
             sent = rabbitmq_messages(base, queue)
         else:  # one message per request, its events inside
             sent = [(str(r.header("webhook-id")), r.json_body) for r in receiver.accepted]
@@ -400,6 +356,9 @@ def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_
         ("snapshot", 1, "new"),
         ("upsert", 2, "new"),
     ]
+    if kind != "webhook":  # SUBSCRIPTION:REGISTRATION:ID, one registration each
+        old, new = ({i.rsplit(":", 1)[0] for i, _ in half} for half in (sent[:2], sent[2:]))
+        assert len(old) == len(new) == 1 and old != new
 
 
 def test_verify_counts_a_row_the_delta_mirror_holds_twice_as_a_difference(
