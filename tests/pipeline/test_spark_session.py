@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,6 @@ FAILING_READ = """
         print("FAILED AS EXPECTED:", str(exc).splitlines()[-1])
     spark.stop()
 """
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    started = Node(tmp_path / "node").start()
-    yield started
-    started.stop()
 
 
 @pytest.mark.spark

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e.litecdc_node import Node
 from etcd_cluster import ETCD_BINARY, EtcdCluster
+from serve_cluster import start_nodes
 
 from litecdc.cluster import EtcdClient, EtcdSettings
 
@@ -45,3 +47,12 @@ def client(etcd: EtcdCluster) -> Iterator[EtcdClient]:
 def cluster_name() -> str:
     """A cluster name (and key prefix) no other test uses."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
+    """Three ``litecdc serve --etcd`` nodes of a fresh cluster on the module's etcd."""
+    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
+    yield started
+    for node in started:
+        node.stop()

@@ -12,24 +12,14 @@ since the fork) passed the new leader's "nothing after my last cid" test outrigh
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e.litecdc_node import Node
-from etcd_cluster import EtcdCluster
-from serve_cluster import AnsweringNode, cluster_status, start_nodes
+from serve_cluster import AnsweringNode, cluster_status
 from serve_cluster import leader as _leader
 from serve_cluster import wait as _wait
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
-    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
-    yield started
-    for node in started:
-        node.stop()
 
 
 def _values(node: Node, **params: Any) -> list[Any]:

@@ -4,28 +4,18 @@ pipeline carries on through the survivors and the mirror is still exact."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e.litecdc_node import Node
-from etcd_cluster import EtcdCluster
 from pipeline.pipeline_proc import PipelineCLI, execute
 from serve_cluster import leader as find_leader
-from serve_cluster import start_nodes, wait
+from serve_cluster import wait
 
 from litecdc.pipeline.metadata import sqlite_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
-    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
-    yield started
-    for node in started:
-        node.stop()
 
 
 def _head(node: Node) -> int:

@@ -7,7 +7,6 @@ write lost; the killed node restarts and catches up.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,6 @@ def _status(node: Node) -> dict[str, Any]:
     with node.client() as c:
         doc: dict[str, Any] = c.get("/status").json()
         return doc
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
-    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
-    yield started
-    for node in started:
-        node.stop()
 
 
 def test_three_nodes_one_database(nodes: list[Node]) -> None:

@@ -7,26 +7,13 @@ by any node once it has applied the cid asked for.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc
-import pytest
 from e2e.litecdc_node import Node
-from etcd_cluster import EtcdCluster
 from serve_cluster import leader as _leader
-from serve_cluster import start_nodes
 from serve_cluster import wait as _wait
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, etcd: EtcdCluster, cluster_name: str) -> Iterator[list[Node]]:
-    started = start_nodes(tmp_path, etcd.endpoints[0], cluster_name)
-    yield started
-    for node in started:
-        node.stop()
 
 
 def _subscriptions(node: Node) -> dict[str, Any]:
