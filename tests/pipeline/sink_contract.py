@@ -200,3 +200,22 @@ def rabbitmq_messages(url: str, queue: str) -> list[Message]:
             out.append((props.message_id, json.loads(body)))
     finally:
         conn.close()
+
+
+def consume(docs: Iterable[Mapping[str, Any]]) -> dict[Key, Row]:
+    """A table rebuilt from a message sink's documents as docs/pipeline.md tells a
+    consumer to: 'snapshot' and 'upsert' set the key's row, 'delete' removes it, and
+    'snapshot_done' drops every row whose last message has a cid below the message's."""
+    rows: dict[Key, tuple[int, Row]] = {}
+    for doc in docs:
+        op, cid = doc["op"], int(doc["cid"])
+        if op == "snapshot_done":
+            rows = {k: (c, row) for k, (c, row) in rows.items() if c >= cid}
+            continue
+        key = tuple(doc["key"].values())
+        if op == "delete":
+            rows.pop(key, None)
+        else:
+            assert op in ("snapshot", "upsert"), doc
+            rows[key] = (cid, doc["row"])
+    return {k: row for k, (_, row) in rows.items()}

@@ -17,6 +17,7 @@ sinks and MariaDB.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ import pytest
 from e2e.litecdc_node import Node
 from fakes.webhook_receiver import WebhookReceiver
 from pipeline_proc import execute, rounds_until_caught_up
-from sink_contract import incompressible, nats_raw_messages, rabbitmq_messages
+from sink_contract import consume, incompressible, nats_raw_messages, rabbitmq_messages
 
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
@@ -82,7 +83,14 @@ def message_sink(kind: str, request: pytest.FixtureRequest) -> tuple[str, Docs]:
 
 
 def by_key(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    return sorted(((d["op"], d["row"]) for d in docs), key=lambda x: (x[1]["id"], x[0]))
+    """(op, row) of the row messages, by key (a snapshot's end carries no row)."""
+    rows = ((d["op"], d["row"]) for d in docs if d["op"] != "snapshot_done")
+    return sorted(rows, key=lambda x: (x[1]["id"], x[0]))
+
+
+def snapshot_ends(docs: list[dict[str, Any]]) -> list[int]:
+    """The cids of the 'snapshot_done' messages among ``docs``."""
+    return [d["cid"] for d in docs if d["op"] == "snapshot_done"]
 
 
 @pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
@@ -103,7 +111,9 @@ def test_column_with_a_default_added_while_stopped_is_copied_again_to_message_si
     url, sent = message_sink(kind, request)
     control.subscribe(store, name=table, sources=node.url, table=table, sink=url)
     assert run(store, spark).states[table].last_error is None
-    assert by_key(sent()) == [("snapshot", {"id": i, "a": f"a{i}"}) for i in (1, 2, 3)]
+    first = sent()
+    assert by_key(first) == [("snapshot", {"id": i, "a": f"a{i}"}) for i in (1, 2, 3)]
+    assert first[-1]["op"] == "snapshot_done"
 
     with node.client() as c:  # while no server runs
         execute(c, [f"DELETE FROM {table} WHERE id = 2"])
@@ -114,10 +124,12 @@ def test_column_with_a_default_added_while_stopped_is_copied_again_to_message_si
     # first the changes it had not had: the new snapshot cannot tell a consumer about the
     # row deleted meanwhile (pipeline QA: such deletes were lost, consumers kept the rows)
     assert [(d["op"], d["row"]["id"]) for d in docs[:2]] == [("delete", 2), ("upsert", 4)]
-    # then every row again, with the value SQLite gave it
+    # then every row again, with the value SQLite gave it, and the end of that snapshot
     assert by_key(docs[2:]) == [
         ("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 3, 4)
     ]
+    assert docs[-1]["op"] == "snapshot_done" and snapshot_ends(docs) == [docs[-1]["cid"]]
+    assert consume(first + docs) == {(i,): {"id": i, "a": f"a{i}", "c": "dflt"} for i in (1, 3, 4)}
     assert [c["name"] for c in (store.mirrored_spec(table) or {})["columns"]] == ["id", "a", "c"]
 
 
@@ -150,6 +162,56 @@ def test_column_with_a_default_added_while_running_sends_the_pending_changes_fir
     docs = sent()
     assert [(d["op"], d["row"]["id"]) for d in docs[:1]] == [("delete", 2)]
     assert by_key(docs[1:]) == [("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 3)]
+    assert docs[-1]["op"] == "snapshot_done"
+
+
+@pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
+def test_consumer_drops_rows_deleted_while_the_position_expired_at_the_snapshot_done_message(
+    spark: SparkSession,
+    store: MetadataStore,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    """Pipeline QA: once the node pruned past a subscription (its retention cap), the
+    deletes it had not sent were gone; the re-snapshot re-sent the rows left, and a NATS
+    or RabbitMQ consumer could not tell which of its rows were not among them (no end of
+    the snapshot was sent). Now 'snapshot_done' says: rows not re-sent are gone."""
+    table = f"exp_{tag()}"
+    capped = Node(tmp_path / "capped", "--retention-cids", "3").start()
+    try:
+        with capped.client() as c:
+            execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+            execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2, 3)])
+        url, sent = message_sink(kind, request)
+        control.subscribe(store, name=table, sources=capped.url, table=table, sink=url)
+        assert run(store, spark).states[table].last_error is None
+        first = sent()
+        assert consume(first) == {(i,): {"id": i, "a": f"a{i}"} for i in (1, 2, 3)}
+
+        # while no pipeline runs: a delete, then more commits than the node keeps
+        with capped.client() as c:
+            execute(c, [f"DELETE FROM {table} WHERE id = 2"])
+            for i in range(4, 10):
+                execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"]])
+        applied = store.progress(table).last_log_index or 0
+        with SourceClient([capped.url]) as client:
+            deadline = time.monotonic() + 30
+            while True:  # the node's keeper expires the hold, then prunes past it
+                holds = client.subscriptions()
+                hold = holds.get(table)
+                if hold is not None and hold.expired and holds.pruned_cid > applied:
+                    break
+                assert time.monotonic() < deadline, holds
+                time.sleep(0.2)
+        assert run(store, spark).states[table].last_error is None
+        docs = first + sent()
+        assert docs[-1]["op"] == "snapshot_done"
+        assert [d["key"] for d in docs if d["op"] == "delete"] == []  # it was pruned
+        expected = {(i,): {"id": i, "a": f"a{i}"} for i in (1, 3, 4, 5, 6, 7, 8, 9)}
+        assert consume(docs) == expected
+    finally:
+        capped.stop()
 
 
 def test_new_subscription_reusing_a_name_does_not_skip_changes_to_nats(
@@ -180,7 +242,7 @@ def test_new_subscription_reusing_a_name_does_not_skip_changes_to_nats(
         execute(c, [f"DELETE FROM {table} WHERE id = 1"])
     assert run(store, spark).states["reused"].last_error is None
     docs = [doc for _, doc in nats_raw_messages(nats_url, f"S{name}")]
-    assert [(d["op"], d["key"]) for d in docs if d["op"] != "snapshot"] == [
+    assert [(d["op"], d["key"]) for d in docs if d["op"] not in ("snapshot", "snapshot_done")] == [
         ("upsert", {"id": 3}),
         ("delete", {"id": 1}),
     ]
@@ -347,7 +409,7 @@ def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_
     seen: set[str] = set()
     kept: list[dict[str, Any]] = []  # what the consumer keeps: the first of each id
     for msg_id, doc in sent:
-        if msg_id not in seen:
+        if msg_id not in seen and doc.get("kind", doc.get("op")) != "snapshot_done":
             seen.add(msg_id)
             kept.extend(doc.get("events", []) if kind == "webhook" else [doc])
     assert [(d["op"], d["row"]["id"], d["row"]["site"]) for d in kept] == [
@@ -357,7 +419,8 @@ def test_subscription_recreated_under_its_name_loses_nothing_to_a_deduplicating_
         ("upsert", 2, "new"),
     ]
     if kind != "webhook":  # SUBSCRIPTION:REGISTRATION:ID, one registration each
-        old, new = ({i.rsplit(":", 1)[0] for i, _ in half} for half in (sent[:2], sent[2:]))
+        # per site: its snapshot row, the snapshot's end and its upsert
+        old, new = ({i.rsplit(":", 1)[0] for i, _ in half} for half in (sent[:3], sent[3:]))
         assert len(old) == len(new) == 1 and old != new
 
 

@@ -698,6 +698,57 @@ def test_log_sink_snapshot_rows(log_target: LogTarget, opened: list[Sink]) -> No
     assert len({msg_id for msg_id, _ in got}) == 5
 
 
+@pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
+def test_message_sink_ends_a_snapshot_with_a_snapshot_done_message(
+    kind: str, request: pytest.FixtureRequest, opened: list[Sink]
+) -> None:
+    """A consumer of NATS or RabbitMQ had no word of a snapshot's end (the webhook has
+    'snapshot_done'): after a re-snapshot it could not tell which rows it held were gone
+    at the source, their deletes pruned before the re-snapshot (pipeline QA)."""
+    tag = uuid.uuid4().hex[:10]
+    read: Callable[[], list[Message]]
+    if kind == "nats":
+        server = request.getfixturevalue("nats_url")
+        url = f"{server}?stream=S{tag}&subject=t{tag}"
+
+        def read() -> list[Message]:
+            return nats_messages(server, f"S{tag}")
+    else:
+        # an exchange with a queue bound as the docs say (litecdc.<table>.#): the marker's
+        # routing key litecdc.<table>.snapshot_done reaches it
+        base, exchange = request.getfixturevalue("rabbitmq_url"), f"x{tag}"
+        url = f"{base}?exchange={exchange}"
+        conn = pika.BlockingConnection(pika.URLParameters(base))
+        try:
+            channel = conn.channel()
+            channel.exchange_declare(exchange, "topic", durable=True)
+            channel.queue_declare(f"q{tag}", durable=True)
+            channel.queue_bind(f"q{tag}", exchange, routing_key=f"litecdc.{SPEC.name}.#")
+        finally:
+            conn.close()
+
+        def read() -> list[Message]:
+            return unscoped(rabbitmq_messages(base, f"q{tag}"))
+
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 4)])
+    init = src.cid
+    sink = open_tracked(opened, url, SPEC)
+    sink.write_snapshot(src.chunk(0, 100, init))
+    assert sink.finish_snapshot(init) == 0  # nothing swept: the consumer does it
+    got = read()
+    assert [doc["op"] for _, doc in got] == ["snapshot"] * 3 + ["snapshot_done"]
+    done = {"table": SPEC.name, "op": "snapshot_done", "cid": init}
+    assert got[-1] == (f"{init}-snapshot-done", {**done, "seq": None, "key": None, "row": None})
+    # a retried end (a crash before it was recorded) carries the same id
+    sink.finish_snapshot(init)
+    again = read()
+    if kind == "nats":  # JetStream drops the duplicate itself
+        assert again == got
+    else:
+        assert again == [got[-1]]
+
+
 def test_log_sink_writes_infinity_as_an_untyped_column_carries_it(
     log_target: LogTarget, opened: list[Sink]
 ) -> None:

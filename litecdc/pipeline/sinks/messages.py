@@ -8,12 +8,18 @@ One event::
 ``op`` is 'upsert' (``row`` = the row after the change), 'delete' (``row`` = the row
 before) or 'snapshot' (a row of a snapshot chunk read at ``cid``; ``seq`` is null). An
 update of the key is a 'delete' of the old key then an 'upsert' of the new one, with the
-same cid and seq. Blobs are base64 strings, NULL is null, integers are exact 64-bit JSON
-numbers (a JavaScript consumer needs a big-int aware parser above 2^53). JSON has no
-infinities: ±infinity in a REAL column is the string "inf" / "-inf" — the text an
-untyped column holding the same number arrives as (the node writes a number in an
-untyped column out as Python's ``repr``), and what the node's own JSON source API
-(``format=json``) shows; ``float(value)`` reads it back in Python.
+same cid and seq. A (re-)snapshot ends with one 'snapshot_done' message (``cid`` = the
+snapshot's initial cid; ``seq``, ``key`` and ``row`` null): every row of the table the
+snapshot had is sent by then with a cid at or above it, so a row whose last message
+has a lower cid is gone at the source — its delete may never come (the node pruned it
+before a re-snapshot), and this is how a consumer learns it.
+
+Blobs are base64 strings, NULL is null, integers are exact 64-bit JSON numbers (a
+JavaScript consumer needs a big-int aware parser above 2^53). JSON has no infinities:
+±infinity in a REAL column is the string "inf" / "-inf" — the text an untyped column
+holding the same number arrives as (the node writes a number in an untyped column out
+as Python's ``repr``), and what the node's own JSON source API (``format=json``) shows;
+``float(value)`` reads it back in Python.
 
 Each message has a stable id for de-duplication: ``message_id(cid, seq, op)`` for a
 change event, ``snapshot_message_id`` for a snapshot row (the table and key hashed in,
@@ -36,6 +42,7 @@ from litecdc.pipeline.sinks.base import message_id
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, SEQ_COLUMN, TableSpec
 
 OP_SNAPSHOT = "snapshot"
+OP_SNAPSHOT_DONE = "snapshot_done"
 
 
 #: how ±infinity is written (SQLite has no NaN): as ``repr`` writes it, like the node
@@ -103,6 +110,19 @@ def snapshot_messages(rows: pa.Table, spec: TableSpec) -> Iterator[tuple[str, di
         doc = {"table": spec.name, "op": OP_SNAPSHOT, "cid": cid, "seq": None, "key": key}
         doc["row"] = row
         yield snapshot_message_id(spec.name, cid, key), doc
+
+
+def snapshot_done_message(spec: TableSpec, init_cid: int) -> tuple[str, dict[str, Any]]:
+    """(message id, document) of the message ending a snapshot begun at ``init_cid``."""
+    doc = {
+        "table": spec.name,
+        "op": OP_SNAPSHOT_DONE,
+        "cid": init_cid,
+        "seq": None,
+        "key": None,
+        "row": None,
+    }
+    return f"{init_cid}-snapshot-done", doc
 
 
 def encode(doc: dict[str, Any]) -> bytes:

@@ -5,8 +5,9 @@ subject cannot hold become '_') in stream ``?stream=`` (default ``LITECDC``), cr
 if missing with subjects ``<subject>.>``. The body is the event's JSON
 (``litecdc.pipeline.sinks.messages``); header ``Nats-Msg-Id`` =
 ``<subscription>:<registration>:`` + ``message_id(cid, seq, op)`` (snapshot rows:
-``snapshot_message_id``), so JetStream drops a replayed publish within the stream's
-duplicate window (2 minutes by default). The subscription's name keeps sources
+``snapshot_message_id``; the end of a snapshot: ``<init_cid>-snapshot-done``), so
+JetStream drops a replayed publish within the stream's duplicate window (2 minutes by
+default). The subscription's name keeps sources
 publishing into one stream apart; its registration (``Sink.registration``, set by the
 server: ``registration_id``) keeps a subscription re-created under an earlier one's name
 apart from it — the earlier one's ids would otherwise drop its messages for 2 minutes.
@@ -52,7 +53,13 @@ from nats.js.kv import KeyValue
 
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
-from litecdc.pipeline.sinks.messages import encode, event_messages, scoped_id, snapshot_messages
+from litecdc.pipeline.sinks.messages import (
+    encode,
+    event_messages,
+    scoped_id,
+    snapshot_done_message,
+    snapshot_messages,
+)
 from litecdc.pipeline.sinks.registry import (
     NatsOptions,
     mask_url,
@@ -235,8 +242,11 @@ class NatsSink(Sink):
         self._run(forget(), "forgetting an earlier subscription's progress")
 
     def finish_snapshot(self, init_cid: int) -> int:
-        """A log keeps no rows to sweep: nothing to delete (consumers see op 'snapshot'
-        rows with their cid and can drop older rows themselves)."""
+        """A log keeps no rows to sweep: consumers get a 'snapshot_done' message and drop
+        the rows whose last message is older (``messages`` module)."""
+        js, _ = self._ready()
+        marker = [snapshot_done_message(self.spec, init_cid)]
+        self._run(self._publish_all(js, marker), "publishing the end of the snapshot")
         return 0
 
     def applied_cid(self) -> int:

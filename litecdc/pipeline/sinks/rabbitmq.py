@@ -2,15 +2,17 @@
 
 ``?queue=NAME`` publishes to that durable queue (declared if missing) through the
 default exchange; ``?exchange=NAME`` publishes to that exchange (a durable topic exchange
-is declared if missing) with routing key ``litecdc.<table>.<op>``; every message is
+is declared if missing) with routing key ``litecdc.<table>.<op>`` (op ``upsert``,
+``delete``, ``snapshot`` or ``snapshot_done``); every message is
 mandatory, so one no queue takes (none bound yet) fails the batch instead of vanishing.
 Neither: queue ``litecdc.<table>``. Bodies are the event JSON (``litecdc.pipeline.sinks.messages``),
 delivery mode 2 (persistent), content type application/json, ``message_id`` =
 ``<subscription>:<registration>:`` + ``message_id(cid, seq, op)`` (snapshot rows:
-``snapshot_message_id``), as NATS's ``Nats-Msg-Id`` (``messages.scoped_id``). AMQP holds
-at most 255 bytes there, and a subscription's name has up to 200 characters: a name of
-more than ``MAX_NAME_IN_ID`` is written as its first 100 characters, ``~`` and 16 hex
-digits of its SHA-256 (``~`` is in no name: no other name is written the same).
+``snapshot_message_id``; the end of a snapshot: ``<init_cid>-snapshot-done``), as
+NATS's ``Nats-Msg-Id`` (``messages.scoped_id``). AMQP holds at most 255 bytes there,
+and a subscription's name has up to 200 characters: a name of more than
+``MAX_NAME_IN_ID`` is written as its first 100 characters, ``~`` and 16 hex digits of
+its SHA-256 (``~`` is in no name: no other name is written the same).
 
 At-least-once: a batch counts as applied once the broker confirmed every message; a
 retried batch is published again and consumers de-duplicate on ``message_id``. RabbitMQ
@@ -49,7 +51,13 @@ from pika.exceptions import AuthenticationError
 
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
-from litecdc.pipeline.sinks.messages import encode, event_messages, scoped_id, snapshot_messages
+from litecdc.pipeline.sinks.messages import (
+    encode,
+    event_messages,
+    scoped_id,
+    snapshot_done_message,
+    snapshot_messages,
+)
 from litecdc.pipeline.sinks.registry import AmqpOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
@@ -229,7 +237,11 @@ class RabbitMQSink(Sink):
         return True
 
     def finish_snapshot(self, init_cid: int) -> int:
-        return 0  # a log keeps no rows to sweep
+        """A log keeps no rows to sweep: consumers get a 'snapshot_done' message and drop
+        the rows whose last message is older (``messages`` module)."""
+        marker = [snapshot_done_message(self.spec, init_cid)]
+        self._publish(marker, "publishing the end of the snapshot")
+        return 0
 
     def applied_cid(self) -> int:
         return self._applied
