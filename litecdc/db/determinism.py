@@ -41,6 +41,8 @@ NON_DETERMINISTIC_FUNCTIONS: dict[str, str] = {
     "sqlite_source_id": "differs between builds of SQLite",
     "sqlite_compileoption_used": "differs between builds of SQLite",
     "sqlite_compileoption_get": "differs between builds of SQLite",
+    "fts5_source_id": "differs between builds of SQLite",
+    "fts3_tokenizer": "hands out the address of a tokenizer in this process's memory",
     "load_extension": "loads code that replicas may not have",
 }
 

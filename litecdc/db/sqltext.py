@@ -7,8 +7,8 @@ literal that SQLite reads back as exactly the same value:
 * integers as decimal digits, floats as Python's shortest round-trip ``repr``
   (SQLite parses it back to the same 64-bit pattern; verified by a property
   test), ±infinity as ``±9e999``, NaN as NULL (SQLite binds NaN as NULL);
-* text as a quoted literal, or ``CAST(X'…' AS TEXT)`` when it holds a NUL
-  character (a NUL would end the literal);
+* text as a quoted literal, or quoted literals joined by ``||char(0)||`` when it
+  holds a NUL character (a NUL would end the literal);
 * blobs as ``X'…'``; None as ``NULL``.
 
 Negative numbers are parenthesised so that ``5-?`` never becomes a ``--`` comment.
@@ -22,7 +22,7 @@ binding sequence statement by statement.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -59,9 +59,46 @@ class Template:
     #: nothing it leaves open (a ``--`` or ``/*`` comment) can swallow the next one
     terminator: str = ";"
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The names of the named parameters (without their prefix)."""
+        return frozenset(p.name for p in self.placeholders if p.name is not None)
+
 
 def _is_ident_char(ch: str) -> bool:
     return ch.isalnum() or ch in "_$" or ord(ch) >= 0x80
+
+
+#: characters next to which a literal needs no space: anything else (a letter, a digit,
+#: a quote, a dot) could fuse with it into another token — ``id=?AND`` with 1 would read
+#: ``1AND``, ``?e5`` with 2 ``2e5``, ``?'a'`` with 'x' ``'x''a'`` (QA)
+_SEPARATING = frozenset(" \t\n\r\f\v(),;+-*/%<>=!|&~")
+
+
+def _variable_end(sql: str, i: int) -> int:
+    """Where the named parameter starting at ``sql[i]`` (``:``, ``@``, ``$`` or ``#``)
+    ends, as SQLite's tokenizer reads it: name characters, ``::`` pairs and one
+    Tcl-style ``(suffix)`` after the name; ``i`` when it is no parameter (no name)."""
+    n, j, named = len(sql), i + 1, 0
+    while j < n:
+        ch = sql[j]
+        if _is_ident_char(ch):
+            named += 1
+        elif ch == "(" and named:
+            j += 1
+            while j < n and not sql[j].isspace() and sql[j] != ")":
+                j += 1
+            if j < n and sql[j] == ")":
+                j += 1
+            else:
+                return i  # SQLite: an illegal token
+            break
+        elif ch == ":" and sql.startswith("::", j):
+            j += 1
+        else:
+            break
+        j += 1
+    return j if named else i
 
 
 #: keywords after which an ORDER BY / GROUP BY clause is over
@@ -114,6 +151,7 @@ def parse_template(sql: str) -> Template:
     previous = ""
     word = ""  # last word, for "ORDER BY"
     open_comment = ""  # a comment still open at the end: "--" or "/*"
+    pad_next = False  # the text after the last placeholder must start with a space
     while i < n:
         ch = sql[i]
         if ch in "'\"`":
@@ -155,7 +193,7 @@ def parse_template(sql: str) -> Template:
             contexts.clear()
             window_specs.clear()
             window_clauses.clear()
-        elif ch == "?" or (ch in ":@$" and i + 1 < n and _is_ident_char(sql[i + 1])):
+        elif ch == "?" or (ch in ":@$#" and _variable_end(sql, i) > i):
             j = i + 1
             if ch == "?":
                 while j < n and sql[j].isdigit():
@@ -164,11 +202,7 @@ def parse_template(sql: str) -> Template:
                 max_index = max(max_index, index)
                 name = None
             else:
-                while j < n and (_is_ident_char(sql[j]) or (ch == "$" and sql.startswith("::", j))):
-                    j += 2 if sql[j] == ":" else 1
-                if ch == "$" and j < n and sql[j] == "(":  # Tcl-style $name(suffix)
-                    close = sql.find(")", j)
-                    j = n if close == -1 else close + 1
+                j = _variable_end(sql, i)
                 token = sql[i:j]  # SQLite tells ":a" and "@a" apart; APSW binds both from "a"
                 if token not in names:
                     max_index += 1
@@ -177,7 +211,13 @@ def parse_template(sql: str) -> Template:
                 name = token[1:]
             # anywhere in an ORDER BY / GROUP BY term, nested expressions included
             term = bool(contexts) and contexts[-1][0] == "by"
-            parts.append(sql[start:i])
+            before = sql[start:i]
+            if pad_next:
+                before = " " + before
+            if i and sql[i - 1] not in _SEPARATING:
+                before += " "
+            parts.append(before)
+            pad_next = j < n and sql[j] not in _SEPARATING
             placeholders.append(Placeholder(offset + index, name, term))
             i = start = j
             previous = word = "x"
@@ -215,7 +255,7 @@ def parse_template(sql: str) -> Template:
                 window_clauses.discard(depth + 1)
             previous = word = ch if ch in ",." else "op" if ch in _OPERATOR_CHARS else "x"
             i += 1
-    parts.append(sql[start:])
+    parts.append((" " if pad_next else "") + sql[start:])
     needs_semicolon = previous not in (";", "")
     if open_comment == "/*":
         terminator = " */" + (";" if needs_semicolon else "")
@@ -233,13 +273,45 @@ def parse_template(sql: str) -> Template:
     )
 
 
+#: the characters a named parameter starts with in SQL; a value's name may carry it too
+NAMED_PREFIXES = ":@$#"
+
+
+def named_values(params: Mapping[str, Any], names: Collection[str]) -> Mapping[str, Any]:
+    """Named values keyed by the names of the statement's parameters (``names``, as
+    ``Placeholder.name``): a key may also carry the parameter's prefix (``:a``, ``@a``,
+    ``$a`` or ``#a`` for the name ``a``), as rqlite's clients send them. StatementError
+    when one name is given twice (``a`` and ``:a``): which value wins would be a guess,
+    and would differ between the node and its replicas (QA)."""
+    if all(key in names for key in params):
+        return params
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = key
+        if key not in names and key[:1] in NAMED_PREFIXES and key[1:] in names:
+            name = key[1:]
+        if name in out:
+            raise StatementError(
+                f"parameter {name!r} is given more than one value (as {key!r} and another "
+                "spelling of the name): give it once"
+            )
+        out[name] = value
+    return out
+
+
 def _int_literal(value: int) -> str:
     return str(int(value)) if value >= 0 else f"({int(value)})"
 
 
 def _text_literal(text: str) -> str:
     if "\x00" in text:
-        return f"CAST(X'{text.encode('utf-8').hex()}' AS TEXT)"
+        # text around char(0): SQLite builds the same value in any database encoding
+        # (QA: CAST(X'…' AS TEXT) reads the bytes in the database's, UTF-16 too)
+        return (
+            "("
+            + "||char(0)||".join("'" + p.replace("'", "''") + "'" for p in text.split("\x00"))
+            + ")"
+        )
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -297,6 +369,7 @@ def render(sql: str, params: Params) -> str:
     if not template.placeholders:
         return sql
     if isinstance(params, Mapping):
+        params = named_values(params, template.names)
         literals = []
         for placeholder in template.placeholders:
             if placeholder.name is None:

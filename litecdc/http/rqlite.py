@@ -44,8 +44,8 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from litecdc.db.sqltext import parse_template
-from litecdc.errors import RequestError
+from litecdc.db.sqltext import named_values, parse_template
+from litecdc.errors import RequestError, StatementError
 from litecdc.results import ReadLevel, SQLValue, Statement, StatementResult
 
 __all__ = [
@@ -209,7 +209,12 @@ def _parse_statement(index: int, item: object) -> Statement:
     # ignored, and a named parameter given no value is NULL
     template = parse_template(sql)
     if named:
-        given = {key[1:] if key[:1] in ":@$" else key for key in named}
+        try:
+            # one spelling per name: a node and its replicas then bind the same value
+            named = dict(named_values(named, template.names))
+        except StatementError as exc:
+            raise RequestError(f"{ERR_INVALID_REQUEST}: statement {index}: {exc}") from None
+        given = set(named)
         for placeholder in template.placeholders:
             if placeholder.name is not None and placeholder.name not in given:
                 named[placeholder.name] = None
