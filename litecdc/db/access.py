@@ -39,6 +39,8 @@ _DDL = {
     apsw.SQLITE_ANALYZE,
 }
 _CREATE = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_VIEW, apsw.SQLITE_CREATE_TRIGGER}
+#: DDL that may reshape a table (see db/reshape.py)
+_TABLE_DDL = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_DROP_TABLE, apsw.SQLITE_ALTER_TABLE}
 _TEMP_DDL = {
     apsw.SQLITE_CREATE_TEMP_TABLE,
     apsw.SQLITE_CREATE_TEMP_INDEX,
@@ -133,6 +135,10 @@ class Access:
     refused_in: str | None = None
     #: the refusal means the client wanted a transaction (BEGIN…): fail the whole request
     refused_transaction_control: bool = False
+    #: tables the transaction reshaped (db/reshape.py), by ``reshape.fold``-ed name: the
+    #: table's name now, or None when it is gone (dropped, renamed away). Noted as the
+    #: statements run, never cached with the SQL text.
+    reshaped: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def barrier(self) -> bool:
@@ -152,6 +158,7 @@ class Access:
         self.created |= other.created
         self.reads_everything = self.reads_everything or other.reads_everything
         self.writes_sqlite_tables = self.writes_sqlite_tables or other.writes_sqlite_tables
+        self.reshaped.update(other.reshaped)
 
 
 class AccessCache:
@@ -227,11 +234,21 @@ class WriteAuthorizer:
         self._ddl_prepared = False
         self._stat_written: tuple[str, str | None] | None = None
         self._pragma_tables: dict[str, str | None] = {}
+        #: user tables the statement being prepared creates, drops or alters: (name, ALTER)
+        self._table_ddl: list[tuple[str, bool]] = []
 
     def reset(self) -> None:
         """Forget what the last statement noted (before a new one is prepared)."""
         self._stat_written, self._ddl_prepared = None, False
         self._pragma_tables = {}
+        self._table_ddl = []
+
+    def take_table_ddl(self) -> list[tuple[str, bool]]:
+        """The user tables the statement just prepared creates, drops or alters, as
+        (name, whether by ALTER TABLE) — what SQLite says of them when it prepares the
+        statement, whether or not running it changes anything — and forget them."""
+        ddl, self._table_ddl = self._table_ddl, []
+        return ddl
 
     def prepared(self) -> str | None:
         """Called after each SQL statement of a client's string is prepared, before it
@@ -347,6 +364,8 @@ class WriteAuthorizer:
                     return self._refuse(f"{name} is internal to litecdc and cannot be changed")
             self._on_schema_change()
             self._ddl_prepared = True
+            if action in _TABLE_DDL and _is_user_object(names[0]):
+                self._table_ddl.append((str(names[0]), action == apsw.SQLITE_ALTER_TABLE))
             if access is not None:
                 access.schema = True
                 access.writes.update(n for n in names if n and _is_user_object(n))

@@ -113,9 +113,12 @@ def check_existing(conn: apsw.Connection, path: str) -> None:
 
 
 def stamp_format(conn: apsw.Connection) -> None:
-    """Record this version's data format, once (after CREATE_INTERNAL)."""
+    """Record this version's data format (after CREATE_INTERNAL, which created what an
+    older format lacks: format 1 had no ``_litecdc_reshapes``). An older litecdc then
+    refuses the file: it would neither keep that table nor let DDL pass its name."""
     conn.execute(
-        f"INSERT INTO {NODE_STATE_TABLE}(name, value) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
+        f"INSERT INTO {NODE_STATE_TABLE}(name, value) VALUES (?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET value = excluded.value WHERE value < excluded.value",
         (DATA_FORMAT_KEY, DATA_FORMAT),
     )
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import apsw
@@ -33,6 +34,7 @@ from litecdc.db.datafile import (
 from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_process_timezone
 from litecdc.db.dump import dump_statements
 from litecdc.db.load import load_statements as sql_text_statements
+from litecdc.db.reshape import ReshapeWatch
 from litecdc.db.schema import (
     CDC_STATE_TABLE,
     CHANGES_TABLE,
@@ -41,13 +43,14 @@ from litecdc.db.schema import (
     INTERNAL_TABLES,
     JOURNAL_TABLE,
     NODE_STATE_TABLE,
+    RESHAPES_TABLE,
     SCHEMA_OBJECT,
     SEQ_BITS,
     TABLE_CIDS_TABLE,
     USER_OBJECTS,
     last_change_id,
 )
-from litecdc.db.sqltext import parse_template, render, render_many
+from litecdc.db.sqltext import named_values, parse_template, render, render_many
 from litecdc.errors import DataTypeError, LoadError, StatementError
 from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
 
@@ -71,6 +74,10 @@ ENVIRONMENTAL_ERRORS: tuple[type[BaseException], ...] = (
     apsw.ProtocolError,
 )
 MAX_ROWID = 2**63 - 1
+#: how close to 2**63-1 an AUTOINCREMENT table's rowids must be for SQLITE_FULL from a
+#: statement writing it to be taken as the table's (no rowid left), not the disk's: no
+#: statement inserts 2**32 rows, and no table gets this close but on purpose
+AUTOINCREMENT_NEAR_END = 2**32
 _NO_SUCH_TABLE = re.compile(r"no such table: (?:\w+\.)?(\S+)")
 
 
@@ -121,13 +128,40 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
     return str(exc)
 
 
-def _bindable(params: Any) -> Any:
-    """Parameters as APSW binds them: named keys may be given with their ``:``/``@``/``$``."""
+def _bindable(sql: str, params: Any) -> Any:
+    """Parameters as APSW binds them: a named value's key may carry the parameter's
+    prefix (``:a``, ``@a``, ``$a``, ``#a``), as rqlite's clients send them."""
     if type(params) is tuple or type(params) is list:
         return params  # the common case, without the (slow) ABC check below
-    if isinstance(params, Mapping) and any(k[:1] in ":@$" for k in params):
-        return {(k[1:] if k[:1] in ":@$" else k): v for k, v in params.items()}
+    if isinstance(params, Mapping):
+        return named_values(params, parse_template(sql).names)
     return params
+
+
+#: what marks a statement to run as its journal text (``_runs_as_text``)
+_LITERAL_SENSITIVE = re.compile(r"random|\bcreate\b", re.IGNORECASE)
+
+
+@lru_cache(maxsize=4096)
+def _runs_as_text(sql: str) -> bool:
+    """Whether the node runs ``sql`` as its journal text (its parameters as literals)
+    rather than with bound values, so that it does exactly what a replica replaying the
+    journal does. A literal is not a bound value to SQLite in two ways that matter (QA):
+    it folds constants — ``? OR random()`` calls random() once fewer with 1, and every
+    later random() of the write then differs — and CREATE TABLE … AS SELECT names a
+    column after its expression's text and types it by its affinity (``?`` vs ``5``, a
+    a NUL-holding text's ``'a'||char(0)||'b'``). Other statements keep bound values (and
+    the statement cache, and the bulk path)."""
+    return bool(parse_template(sql).placeholders) and bool(_LITERAL_SENSITIVE.search(sql))
+
+
+def _autoincrement_exhausted(tables: Sequence[str]) -> str:
+    names = ", ".join(tables)
+    return (
+        f"database or disk is full: AUTOINCREMENT table {names} has no rowid left (its "
+        f"rowids reached {MAX_ROWID}); give rowids explicitly, or delete the row holding "
+        "the largest and reset its sqlite_sequence entry"
+    )
 
 
 class _BatchRolledBack(Exception):
@@ -212,6 +246,8 @@ class Engine:
         self._random = DeterministicRandom()
         self._random.install(self._writer)
         self._access_cache = AccessCache()
+        #: whether sqlite_sequence exists (some table has AUTOINCREMENT); None: not known
+        self._has_sequence: bool | None = None
         self._buffer = ChangeBuffer(self._table_shape)
         self._authorizer = WriteAuthorizer(
             on_schema_change=self._buffer.shapes.clear, is_table=self._is_table
@@ -301,18 +337,29 @@ class Engine:
 
     def _check_rowid_space(self, mark: int) -> str | None:
         """Refuse inserts into a table whose largest rowid is 2**63-1: SQLite then picks
-        random rowids, from a generator litecdc cannot seed, so replicas would differ."""
+        random rowids, from a generator litecdc cannot seed, so replicas would differ.
+        Checked after the statement: the largest rowid then, or a row at 2**63-1 that the
+        statement itself removed (``INSERT OR REPLACE`` replacing it, a trigger deleting
+        it — QA: the rowid was random on every replica), which SQLite may have removed
+        after choosing the new row's rowid."""
+        events = self._buffer.events[mark:]
         inserted = {
+            e[1].table for e in events if e[0] == "INSERT" and e[1].has_rowid and e[3] != MAX_ROWID
+        }
+        if not inserted:
+            return None
+        removed = {
             e[1].table
-            for e in self._buffer.events[mark:]
-            if e[0] == "INSERT" and e[1].has_rowid and e[3] != MAX_ROWID
+            for e in events
+            if e[0] != "INSERT" and e[2] == MAX_ROWID and (e[0] == "DELETE" or e[3] != MAX_ROWID)
         }
         for table in inserted:
             quoted = '"' + table.replace('"', '""') + '"'
             top = self._internal(f"SELECT max(rowid) FROM {quoted}")[0][0]
-            if top == MAX_ROWID:
+            if top == MAX_ROWID or table in removed:
                 return (
-                    f"table {table} holds rowid {MAX_ROWID}: SQLite chooses random rowids for "
+                    f"table {table} holds rowid {MAX_ROWID} (or did until this statement "
+                    "removed it): SQLite chooses random rowids for "
                     "new rows then, which replicas cannot reproduce; delete or renumber that "
                     "row first"
                 )
@@ -321,6 +368,29 @@ class Engine:
     def _schema_changed(self) -> None:
         self._buffer.shapes.clear()
         self._access_cache.clear()
+        self._has_sequence = None
+
+    def _autoincrement_near_end(self, tables: set[str]) -> list[str]:
+        """The AUTOINCREMENT tables among ``tables`` whose next rowid is within
+        ``AUTOINCREMENT_NEAR_END`` of 2**63-1 (SQLite then fails an insert with SQLITE_FULL,
+        as if the disk were full). Nothing to read while no table has AUTOINCREMENT."""
+        if self._has_sequence is None:
+            self._has_sequence = bool(
+                self._internal("SELECT 1 FROM sqlite_schema WHERE name = 'sqlite_sequence'")
+            )
+        if not self._has_sequence or not tables:
+            return []
+        wanted = {t.lower() for t in tables}
+        near = []
+        for name, seq in self._internal("SELECT name, seq FROM sqlite_sequence"):
+            if not isinstance(name, str) or name.lower() not in wanted:
+                continue
+            quoted = '"' + name.replace('"', '""') + '"'
+            top = self._internal(f"SELECT max(rowid) FROM {quoted}")[0][0]
+            highest = max(v for v in (seq, top, 0) if isinstance(v, int))
+            if highest > MAX_ROWID - AUTOINCREMENT_NEAR_END:
+                near.append(name)
+        return near
 
     def _check_capturable(self, tables: set[str]) -> str | None:
         for table in tables:
@@ -570,6 +640,7 @@ class Engine:
             and not access.schema
             and parse_template(sql).statements == 1
             and "returning" not in sql.lower()
+            and not _runs_as_text(sql)
         )
 
     def _run_batch(
@@ -601,7 +672,14 @@ class Engine:
             counts.append(changes())
             return True
 
-        params = [_bindable(s.params) for s in group]
+        try:
+            params = [_bindable(sql, s.params) for s in group]
+        except StatementError:
+            return False  # one by one, each reports its own
+        if self._autoincrement_near_end(access.writes):
+            # SQLITE_FULL there rolls back the whole transaction, savepoint and all: one by
+            # one, each statement's failure is told apart from a full disk
+            return False
         self._internal("SAVEPOINT litecdc_batch")
         started = time.perf_counter()
         try:
@@ -714,37 +792,18 @@ class Engine:
         started = time.perf_counter()
         changes_before = writer.total_changes()
         self._authorizer.reset()  # forget anything left from an earlier statement
-        try:
-            last = _LastResult(self._authorizer.prepared)
-            last.run(
-                writer.cursor(), statement.sql, _bindable(statement.params), can_cache=not recording
-            )
-            description, rows = last.description, last.rows
-            assert access is not None
-            if access.refused is not None:
-                raise StatementError(access.refused)
-            if access.schema:
-                problem = (
-                    self._check_capturable(access.writes)
-                    or self._check_internal_names()
-                    or self._check_triggers(access)
-                )
-                if problem is not None:
-                    raise StatementError(problem)
-            problem = self._check_rowid_space(buffer_mark)
-            if problem is not None:
-                raise StatementError(problem)
-            text = (
-                render(statement.sql, _bindable(statement.params)).rstrip()
-                + parse_template(statement.sql).terminator
-            )
-        except ENVIRONMENTAL_ERRORS:
-            # this node's disk, memory or file — not the statement: the same SQL succeeds on
-            # other replicas, so recording a failed statement would make them differ. The
-            # whole write aborts (run_write rolls back and re-raises; the apply loop retries).
-            self._authorizer.recording = None
-            raise
-        except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
+        watch = self._reshape_watch()
+
+        near_end: list[str] = []  # AUTOINCREMENT tables it writes that are nearly full
+
+        def prepared() -> str | None:
+            watch.statement()  # first: judging the statement resets what was noted of it
+            refused = self._authorizer.prepared()
+            if refused is None and access is not None:
+                near_end[:] = self._autoincrement_near_end(access.writes)
+            return refused
+
+        def failed(exc: BaseException) -> tuple[StatementResult, None, bool]:
             refused = access.refused if access is not None else None
             self._authorizer.recording = None
             if savepoint and writer.in_transaction:
@@ -760,12 +819,58 @@ class Engine:
                 None,
                 aborts,
             )
+
+        try:
+            last = _LastResult(prepared)
+            params = _bindable(statement.sql, statement.params)
+            text: str | None = None
+            if _runs_as_text(statement.sql):
+                text = render(statement.sql, params).rstrip()
+                text += parse_template(statement.sql).terminator
+                last.run(writer.cursor(), text, None, can_cache=False)
+            else:
+                last.run(writer.cursor(), statement.sql, params, can_cache=not recording)
+            watch.finish()
+            description, rows = last.description, last.rows
+            assert access is not None
+            if access.refused is not None:
+                raise StatementError(access.refused)
+            if access.schema:
+                problem = (
+                    self._check_capturable(access.writes)
+                    or self._check_internal_names()
+                    or self._check_triggers(access)
+                )
+                if problem is not None:
+                    raise StatementError(problem)
+            problem = self._check_rowid_space(buffer_mark)
+            if problem is not None:
+                raise StatementError(problem)
+            if text is None:
+                text = (
+                    render(statement.sql, params).rstrip()
+                    + parse_template(statement.sql).terminator
+                )
+        except ENVIRONMENTAL_ERRORS as exc:
+            if isinstance(exc, apsw.FullError) and near_end:
+                # SQLite says "database or disk is full" when an AUTOINCREMENT table has no
+                # rowid left: the statement's fault, the same on every replica (QA: taken
+                # for a full disk, the entry was retried forever and the cluster stopped)
+                return failed(StatementError(_autoincrement_exhausted(near_end)))
+            # this node's disk, memory or file — not the statement: the same SQL succeeds on
+            # other replicas, so recording a failed statement would make them differ. The
+            # whole write aborts (run_write rolls back and re-raises; the apply loop retries).
+            self._authorizer.recording = None
+            raise
+        except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
+            return failed(exc)
         self._authorizer.recording = None
         if savepoint:
             self._internal("RELEASE litecdc_statement")
         if recording:
             self._access_cache.put(statement.sql, access)
         combined.merge(access)
+        combined.reshaped.update(watch.reshaped)  # (what this run did: not in the cache)
         if access.schema:
             self._schema_changed()
         result = StatementResult(seconds=time.perf_counter() - started)
@@ -821,11 +926,56 @@ class Engine:
                     "ON CONFLICT(name) DO UPDATE SET read_cid = max(read_cid, excluded.read_cid)",
                     [(name, entry.cid) for name in sorted(access.reads)],
                 )
+            if access.reshaped:
+                self._record_reshapes(entry.cid, access.reshaped)
             if state:
                 self._write_state(state)
         finally:
             writer.preupdate_hook(self._buffer.hook)
             self._authorizer.internal = False
+
+    def _record_reshapes(self, cid: int, reshaped: Mapping[str, str | None]) -> None:
+        """Record ``cid`` as the last reshape of the tables ``reshaped`` names, and forget
+        those that are gone (db/reshape.py)."""
+        gone = sorted(key for key, name in reshaped.items() if name is None)
+        now = sorted(name for name in reshaped.values() if name is not None)
+        if gone:
+            self._writer.executemany(
+                f"DELETE FROM {RESHAPES_TABLE} WHERE name = ?", [(key,) for key in gone]
+            )
+        if now:
+            self._writer.executemany(
+                f"INSERT INTO {RESHAPES_TABLE}(name, cid) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET name = excluded.name, cid = excluded.cid",
+                [(name, cid) for name in now],
+            )
+
+    def reshaped_cids(self) -> dict[str, int]:
+        """table -> the cid of its last reshape (db/reshape.py), for the tables that have
+        one recorded."""
+        with self._write_lock:
+            rows = self._internal(f"SELECT name, cid FROM {RESHAPES_TABLE}")
+            return {str(name): int(cid) for name, cid in rows}
+
+    def _reshape_watch(self) -> ReshapeWatch:
+        return ReshapeWatch(self._internal, self._authorizer.take_table_ddl)
+
+    def _upgrade_layout(self) -> None:
+        """Create the internal tables an older data format lacks, and stamp this one's."""
+        with self._write_lock:
+            self._internal("BEGIN IMMEDIATE")
+            try:
+                self._execute_internal_text(CREATE_INTERNAL)
+                was, self._authorizer.internal = self._authorizer.internal, True
+                try:
+                    stamp_format(self._writer)
+                finally:
+                    self._authorizer.internal = was
+                self._internal("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+            self._schema_changed()
 
     def _write_state(self, state: Mapping[str, int]) -> None:
         self._writer.executemany(
@@ -861,11 +1011,17 @@ class Engine:
                     self._execute_internal_text(entry.query)
                     access.schema = True  # a barrier, as in run_internal
                 else:
+                    self._authorizer.reset()
                     self._authorizer.recording = access
+                    watch = self._reshape_watch()
+                    cursor = self._writer.cursor()
+                    cursor.exec_trace = watch.trace  # statement by statement, as on the leader
                     try:
-                        self._writer.execute(entry.query, can_cache=False).fetchall()
+                        cursor.execute(entry.query, can_cache=False).fetchall()
                         if access.refused is not None:
                             raise StatementError(access.refused)
+                        watch.finish()
+                        access.reshaped.update(watch.reshaped)
                     finally:
                         self._authorizer.recording = None
                         self._authorizer.reset()
@@ -1162,7 +1318,7 @@ class Engine:
         refusals = self._readers.authorizer
         refusals.reason = None
         try:
-            last.run(conn.cursor(), statement.sql, _bindable(statement.params))
+            last.run(conn.cursor(), statement.sql, _bindable(statement.sql, statement.params))
         except apsw.AuthError as exc:
             return StatementResult(
                 error=refusals.reason or _statement_error(exc, None),
@@ -1210,7 +1366,7 @@ class Engine:
         cursor = self._reader().cursor()
         cursor.exec_trace = check
         try:
-            cursor.execute(statement.sql, _bindable(statement.params)).fetchall()
+            cursor.execute(statement.sql, _bindable(statement.sql, statement.params)).fetchall()
         except apsw.ExecTraceAbort:
             pass
         except (apsw.Error, OverflowError, TypeError, KeyError, ValueError):
@@ -1290,6 +1446,7 @@ class Engine:
                 except apsw.Error as exc:
                     raise LoadError(f"snapshot: installing it failed: {exc}") from exc
                 self._schema_changed()
+                self._upgrade_layout()  # a peer of an older data format (see layout_problem)
             return state
         finally:
             snapshot.close()

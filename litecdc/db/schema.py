@@ -8,12 +8,17 @@ JOURNAL_TABLE = "_litecdc_journal"
 CHANGES_TABLE = "_litecdc_changes"
 TABLE_CIDS_TABLE = "_litecdc_table_cids"
 NODE_STATE_TABLE = "_litecdc_node_state"
+RESHAPES_TABLE = "_litecdc_reshapes"
 
 #: Version of the on-disk layout (the internal tables and what their values mean), kept
 #: in _litecdc_node_state under DATA_FORMAT_KEY. Raise it with any change to that layout
 #: (and teach db/datafile.py to upgrade older files): an older litecdc then refuses the
 #: file instead of misreading it.
-DATA_FORMAT = 1
+#:
+#: 1. the journal, changes, node state and table cids (and the CDC state and holds);
+#: 2. ``_litecdc_reshapes`` (db/reshape.py): a format-1 file gets it, empty, when opened —
+#:    its tables' reshapes are unknown (0) until their next one.
+DATA_FORMAT = 2
 DATA_FORMAT_KEY = "data_format"
 
 CREATE_INTERNAL = f"""
@@ -51,6 +56,11 @@ CREATE TABLE IF NOT EXISTS {TABLE_CIDS_TABLE}(
     cid INTEGER NOT NULL,      -- last cid that wrote it (for dependencies)
     read_cid INTEGER NOT NULL DEFAULT 0  -- last cid that read it
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS {RESHAPES_TABLE}(
+    name TEXT PRIMARY KEY COLLATE NOCASE, -- a user table, named as it is now
+    cid INTEGER NOT NULL       -- the commit that created it (or renamed it to this name), or
+                               -- last changed it other than by adding a column (db/reshape.py)
+) WITHOUT ROWID;
 """
 
 #: the name under which _litecdc_table_cids keeps the cid of the last schema change
@@ -86,7 +96,15 @@ CREATE_HOLDS = (
 
 #: every object litecdc itself creates; any other name with the prefix is refused
 INTERNAL_TABLES = frozenset(
-    {JOURNAL_TABLE, CHANGES_TABLE, TABLE_CIDS_TABLE, NODE_STATE_TABLE, CDC_STATE_TABLE, HOLDS_TABLE}
+    {
+        JOURNAL_TABLE,
+        CHANGES_TABLE,
+        TABLE_CIDS_TABLE,
+        NODE_STATE_TABLE,
+        RESHAPES_TABLE,
+        CDC_STATE_TABLE,
+        HOLDS_TABLE,
+    }
 )
 
 #: Default retention cap: a hold older than this many commits behind the head expires

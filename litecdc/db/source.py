@@ -3,7 +3,9 @@
 Three reads, each inside ONE SQLite read transaction (``Engine.read_consistent``) so
 that it reports the cid it saw (the journal's head in that transaction):
 
-- ``describe``: a table's columns, the Arrow type each is mirrored as, and its key;
+- ``describe``: a table's columns, the Arrow type each is mirrored as, its key, and the
+  cid of its last reshape (``reshaped_cid``: created, or changed other than by adding a
+  column — a copy from before it is stale; see db/reshape.py);
 - ``read_rows``: a snapshot chunk — rows of a key range in key order (keyset paging by
   the last key, so a chunk costs one index seek whatever its position);
 - ``read_table_changes``: a table's row changes in a cid range, as typed events
@@ -41,6 +43,7 @@ from litecdc.db.schema import (
     CHANGES_TABLE,
     INTERNAL_PREFIX,
     JOURNAL_TABLE,
+    RESHAPES_TABLE,
     SEQ_BITS,
     last_change_id,
 )
@@ -101,6 +104,10 @@ class SourceTable:
     #: how SQL reaches the rowid (``rowid``, or ``_rowid_``/``oid`` when a column is named
     #: so); None for a WITHOUT ROWID table
     rowid_name: str | None = "rowid"
+    #: the cid that created the table or last changed it other than by adding a column
+    #: (db/reshape.py): a copy of it from before then misses what that did. 0: unknown (a
+    #: table of a data directory from before litecdc recorded it, untouched since)
+    reshaped_cid: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +121,7 @@ class SourceTable:
                 )
             ],
             "key": list(self.key),
+            "reshaped_cid": self.reshaped_cid,
         }
 
     @property
@@ -192,6 +200,15 @@ def webhook_hwm(conn: apsw.Connection) -> int | None:
     return int(rows[0][0]) if rows else None
 
 
+def reshaped_cid(conn: apsw.Connection, table: str) -> int:
+    """The cid of ``table``'s last reshape (db/reshape.py); 0 when none is recorded."""
+    try:
+        rows = _rows(conn, f"SELECT cid FROM {RESHAPES_TABLE} WHERE name = ?", (table,))
+    except apsw.SQLError:  # a file the engine has not opened yet (a page worker's read)
+        return 0
+    return int(rows[0][0]) if rows else 0
+
+
 def user_tables(conn: apsw.Connection) -> list[str]:
     rows = _rows(
         conn,
@@ -219,6 +236,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
     pk_info = sorted((c for c in info if c[3]), key=lambda c: c[3])
     pk = [c[0] for c in pk_info]
     rowid_name = None if without_rowid else _rowid_name([c[0] for c in info])
+    reshaped = reshaped_cid(conn, name)
     if pk:
         # an INTEGER PRIMARY KEY is the rowid (never NULL) and has no index of its own;
         # any other key of a rowid table is a UNIQUE index, which lets NULLs in
@@ -232,6 +250,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
             defaults=defaults,
             key_nulls=nulls if any(nulls) else (),
             rowid_name=rowid_name,
+            reshaped_cid=reshaped,
         )
     if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
         raise NotFoundError(f"table {name!r} has no key")
@@ -242,6 +261,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         True,
         defaults=(None, *defaults),
         rowid_name=rowid_name,
+        reshaped_cid=reshaped,
     )
 
 
@@ -734,6 +754,7 @@ __all__ = [
     "describe",
     "read_rows",
     "read_table_changes",
+    "reshaped_cid",
     "splits",
     "user_tables",
 ]

@@ -24,9 +24,14 @@ MariaDB key column or a PostgreSQL index entry holds) fails its batch until a la
 commit deletes the row at the source: its changes up to then are skipped (they could
 never be in the sink).
 
-A column with a DEFAULT added at the source is re-copied (a new snapshot) whatever the
-sink: the table description recorded for the subscription is compared with the source's,
-by a running server and on start.
+A table is re-copied (a new snapshot) whatever the sink when DDL changed its rows
+without row changes: a column with a DEFAULT added (the table description recorded for
+the subscription is compared with the source's), or a *reshape* after the subscription's
+copy began — the table dropped and created again, a column dropped or renamed (the
+node's description says when the table was last reshaped, ``reshaped_cid``; the copy
+began at its registration, ``init_snapshot_version``). A change the sink cannot follow
+(a mirrored column gone or out of its place, a type or the key changed) fails the
+subscription instead. Both are checked by a running server and on start.
 
 Rows with NULL in their primary key (SQLite allows it outside INTEGER PRIMARY KEY and
 WITHOUT ROWID) cannot be told apart by key: a mirror refuses them, a message sink
@@ -74,7 +79,7 @@ from litecdc.pipeline.sinks.base import (
     registration_id,
 )
 from litecdc.pipeline.sinks.registry import open_sink
-from litecdc.pipeline.source_client import KeyRange, SourceClient
+from litecdc.pipeline.source_client import KeyRange, SourceClient, TableInfo
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, Column, TableSpec
 from litecdc.wire import encode_key
 
@@ -157,6 +162,8 @@ class _Running:
     #: the node's hold for this subscription, as last moved, and when
     hold_cid: int = 0
     hold_moved: float = 0.0
+    #: the cid its copy of the table began at (its registration), as recorded
+    init_cid: int | None = None
 
 
 class PipelineServer:
@@ -283,7 +290,8 @@ class PipelineServer:
 
     def _start(self, sub: Subscription, state: SubscriptionState) -> _Running:
         client = SourceClient(list(sub.sources), **_auth(sub.options))
-        spec = client.table_spec(sub.table_name)
+        info = client.table_info(sub.table_name)
+        spec = info.spec
         # against what the sink mirrors (stored): the change may have come while we were
         # not running, or failed the subscription a moment ago
         mirrored = self.meta.mirrored_spec(sub.name)
@@ -297,14 +305,15 @@ class PipelineServer:
         else:
             running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
         self._running[sub.name] = running  # from here on, a failure closes it
-        recopy = stored is not None and _need_recopy(spec.added_columns(stored))
-        if recopy and self.meta.progress(sub.name).stage not in (None, "register"):
-            # the source gained a column with a DEFAULT while we were not running: whatever
-            # the sink (a mirror, a log of messages), its rows lack the value
-            log.info("subscription %s: column(s) with a default added; re-snapshotting",
-                     sub.name)  # fmt: skip
-            self._drain_log_sink(running)
-            self._register(running, restart=True)
+        progress = self.meta.progress(sub.name)
+        if progress.stage not in (None, "register"):
+            # the source gained a column with a DEFAULT, or was reshaped, while we were not
+            # running: whatever the sink (a mirror, a log of messages), its rows are stale
+            reason = _recopy_reason(stored, info, progress.init_snapshot_version)
+            if reason is not None:
+                log.info("subscription %s: %s; re-snapshotting", sub.name, reason)
+                self._drain_log_sink(running)
+                self._register(running, restart=True)
         # only now: a crash before the re-snapshot was recorded decides it again
         self._mirrors(sub.name, running.spec)
         progress = self.meta.progress(sub.name)
@@ -319,6 +328,7 @@ class PipelineServer:
         """Tell the sink which registration its writes belong to (message sinks put it in
         their de-duplication ids): from what the metadata store recorded, so the same on
         every retry and restart."""
+        running.init_cid = init_cid
         if running.sink is None or init_cid is None:
             return
         sub = running.subscription
@@ -768,16 +778,15 @@ class PipelineServer:
         if not force and now - running.spec_checked < SCHEMA_CHECK_INTERVAL:
             return False
         running.spec_checked = now
-        spec = running.client.table_spec(running.subscription.table_name)
+        info = running.client.table_info(running.subscription.table_name)
+        spec = info.spec
         _check_followable(running.spec, spec)  # running.spec: the description recorded
-        if _need_recopy(spec.added_columns(running.spec)):
-            # existing rows took the default without any row change: copy them again. The
-            # re-snapshot is recorded before the new description (_register evolves the
-            # sink after it), so a crash in between decides the same on restart
-            log.info(
-                "subscription %s: a column with a default was added; re-snapshotting",
-                running.subscription.name,
-            )
+        reason = _recopy_reason(running.spec, info, running.init_cid)
+        if reason is not None:
+            # rows changed without any row change: copy them again. The re-snapshot is
+            # recorded before the new description (_register evolves the sink after it),
+            # so a crash in between decides the same on restart
+            log.info("subscription %s: %s; re-snapshotting", running.subscription.name, reason)
             self._drain_log_sink(running)
             self._register(running, restart=True)
             return True
@@ -867,6 +876,25 @@ def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
             f"key {list(mirrored.key)} -> {list(spec.key)}); to rebuild the mirror, "
             "unsubscribe, delete it (or choose a new path or table) and subscribe again"
         )
+
+
+def _recopy_reason(mirrored: TableSpec | None, info: TableInfo, init_cid: int | None) -> str | None:
+    """Why the sink's copy of the table is stale although the table can be followed
+    (``_check_followable``), or None: DDL changed its rows without any row change. A
+    column with a DEFAULT was added to the description the sink mirrors (``mirrored``),
+    or the table was *reshaped* after the copy began at ``init_cid`` (the registration):
+    dropped and created again (the copy keeps rows the new table does not have), a column
+    dropped or renamed (and added again under its name and type, which looks the same:
+    the copy keeps the old values in it). The node records when (``reshaped_cid``, 0 for
+    a table it has no record of: nothing to compare)."""
+    if mirrored is not None and _need_recopy(info.spec.added_columns(mirrored)):
+        return "a column with a default was added"
+    if init_cid is not None and info.reshaped_cid > init_cid:
+        return (
+            f"the table was reshaped at cid {info.reshaped_cid} (created again, or a column "
+            f"dropped or renamed), after its copy began at cid {init_cid}"
+        )
+    return None
 
 
 def _need_recopy(added: list[Column]) -> bool:

@@ -86,6 +86,11 @@ class TableInfo:
     spec: TableSpec
     rows: int | None  # with count_rows only
     last_cid: int
+    #: the cid that created the table or last changed it other than by adding a column
+    #: (DROP TABLE and CREATE again, DROP or RENAME COLUMN…): a copy of the table from
+    #: before it is stale. 0: not known (a node that does not say, or a table from before
+    #: the node recorded it)
+    reshaped_cid: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,7 +258,10 @@ class SourceClient:
         doc = self._json("GET", f"/cdc/tables/{_seg(table)}", params=params)
         rows = doc.get("rows")
         return TableInfo(
-            TableSpec.from_json(doc), int(rows) if rows is not None else None, int(doc["last_cid"])
+            TableSpec.from_json(doc),
+            int(rows) if rows is not None else None,
+            int(doc["last_cid"]),
+            int(doc.get("reshaped_cid") or 0),
         )
 
     def table_spec(self, table: str) -> TableSpec:

@@ -381,8 +381,91 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
     }
     assert {col["name"]: col["declared_type"] for col in types["columns"]}["dec"] == "DECIMAL(10,2)"
     # a view, litecdc's and SQLite's own tables are not sources
-    for t in ("d_view", "_litecdc_journal", "_litecdc_changes", "sqlite_sequence", "sqlite_schema"):
+    for t in (
+        "d_view",
+        "_litecdc_journal",
+        "_litecdc_changes",
+        "_litecdc_reshapes",
+        "sqlite_sequence",
+        "sqlite_schema",
+    ):
         assert "no table" in error_of(c.get(f"/cdc/tables/{t}"), 404), t
+
+
+def test_description_says_when_the_table_was_last_reshaped(
+    node: Node, client: httpx.Client
+) -> None:
+    """``reshaped_cid``: the commit that created the table (again), or last changed it other
+    than by adding a column. A copy of the table from before it misses what that did —
+    DROP TABLE and DROP COLUMN fire no row changes — so the pipeline copies it again."""
+    c = client
+
+    def commit(*sql: str, transaction: bool = False) -> int:
+        body = node.execute(c, list(sql), **({"transaction": ""} if transaction else {}))
+        assert not [r["error"] for r in body["results"] if "error" in r], body
+        return head(c)
+
+    def reshaped(table: str) -> int:
+        r = c.get(f"/cdc/tables/{table}")
+        assert r.status_code == 200, r.text
+        return int(r.json()["reshaped_cid"])
+
+    created = commit("CREATE TABLE rs_t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER)")
+    assert reshaped("rs_t") == created
+    # what keeps every row as it was: writes, ADD COLUMN (a column at the end), other DDL
+    for sql in (
+        "INSERT INTO rs_t VALUES(1, 'one', 1), (2, 'two', 2)",
+        "UPDATE rs_t SET a = 'uno' WHERE id = 1",
+        "ALTER TABLE rs_t ADD COLUMN c REAL DEFAULT 1.5",
+        "CREATE INDEX rs_t_a ON rs_t(a)",
+        "CREATE TABLE IF NOT EXISTS rs_t(x)",  # exists: creates nothing
+        "CREATE VIEW rs_v AS SELECT * FROM rs_t",
+        "CREATE TRIGGER rs_tr AFTER INSERT ON rs_t BEGIN SELECT 1; END",
+        "CREATE TABLE rs_other(x)",
+        "DROP INDEX rs_t_a",
+        "DROP VIEW rs_v",
+    ):
+        commit(sql)
+        assert reshaped("rs_t") == created, sql
+    # what does not
+    for sql in (
+        "ALTER TABLE rs_t DROP COLUMN c",
+        "ALTER TABLE rs_t RENAME COLUMN b TO bb",
+        "ALTER TABLE rs_t RENAME COLUMN bb TO b",
+    ):
+        cid = commit(sql)
+        assert reshaped("rs_t") == cid, sql
+    # dropped and created again with the same columns, in one request: the same description
+    before = c.get("/cdc/tables/rs_t").json()
+    again = commit(
+        "DROP TABLE rs_t", "CREATE TABLE rs_t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER)"
+    )
+    after = c.get("/cdc/tables/rs_t").json()
+    assert after["columns"] == before["columns"] and after["reshaped_cid"] == again
+    # the last column dropped and added again with its type, in one transaction
+    dropped_added = commit(
+        "ALTER TABLE rs_t DROP COLUMN b", "ALTER TABLE rs_t ADD COLUMN b INTEGER", transaction=True
+    )
+    assert c.get("/cdc/tables/rs_t").json()["columns"] == before["columns"]
+    assert reshaped("rs_t") == dropped_added
+    # renamed: the name it takes is reshaped (its rows came without row changes), the old
+    # one is gone; a table renamed into a dropped table's name too
+    renamed = commit("ALTER TABLE rs_other RENAME TO rs_moved")
+    assert reshaped("rs_moved") == renamed
+    assert "no table" in error_of(c.get("/cdc/tables/rs_other"), 404)
+    swapped = commit("DROP TABLE rs_t", "ALTER TABLE rs_moved RENAME TO rs_t")
+    assert reshaped("rs_t") == swapped
+    # a name's case does not make another table (SQLite's names ignore ASCII case)
+    cased = commit("DROP TABLE rs_t", "CREATE TABLE RS_T(x)")
+    assert reshaped("rs_t") == reshaped("RS_T") == cased
+    # a statement that failed reshaped nothing
+    r = c.post("/db/execute", json=["DROP TABLE RS_T", "INSERT INTO nope VALUES(1)"],
+               params={"transaction": ""})  # fmt: skip
+    assert "error" in r.json()["results"][-1]
+    assert reshaped("RS_T") == cased
+    # litecdc's record of it is internal: clients cannot write it
+    refused = node.execute(c, ["DELETE FROM _litecdc_reshapes"])["results"][0]
+    assert "internal to litecdc" in refused["error"]
 
 
 # -- snapshot rows ---------------------------------------------------------------------

@@ -67,6 +67,44 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
     assert journals[0] == journals[1] == journals[2]
 
 
+def test_a_statement_sqlite_calls_a_full_disk_fails_alone_and_the_cluster_goes_on(
+    nodes: list[Node],
+) -> None:
+    """Determinism QA: an insert into an AUTOINCREMENT table with no rowid left fails with
+    SQLITE_FULL, which every node took for its own full disk: each retried the log entry
+    forever, none could lead, every later write was refused (503) — from one request.
+    Also: parameters next to a word (`?AND`) and prefixed names reach the log as the node
+    reads them."""
+    leader = _leader(nodes)
+    with leader.client() as c:
+        r = c.post(
+            "/db/execute",
+            json=[
+                "CREATE TABLE ff(id INTEGER PRIMARY KEY AUTOINCREMENT, x)",
+                ["INSERT INTO ff(id, x) VALUES (?, 1)", 2**63 - 1],
+            ],
+        )
+        assert r.status_code == 200 and "error" not in r.text, r.text
+        r = c.post("/db/execute", json=[["INSERT INTO ff(x) VALUES (?)", 2]])
+        assert r.status_code == 200, r.text
+        assert "has no rowid left" in r.json()["results"][0]["error"]
+        r = c.post(
+            "/db/execute",
+            json=[
+                "CREATE TABLE kv(id INTEGER PRIMARY KEY, v)",
+                ["INSERT INTO kv VALUES (1, 'a'), (2, 'b')"],
+                ["UPDATE kv SET v = 'c' WHERE id=?AND v=?", 1, "a"],
+                ["INSERT INTO kv VALUES (:id, #v)", {":id": 3, "v": "d"}],
+            ],
+        )
+        assert r.status_code == 200 and "error" not in r.text, r.text
+        cid = r.json()["raft_index"]
+    for node in nodes:
+        assert _rows(node, cid) == [[1, "c"], [2, "b"], [3, "d"]]
+        with node.client() as c:
+            assert c.get("/readyz").status_code == 200
+
+
 def test_nodes_lists_a_stopped_member_as_unreachable_until_it_is_removed(
     nodes: list[Node], etcd: EtcdCluster, cluster_name: str
 ) -> None:

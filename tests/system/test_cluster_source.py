@@ -2,7 +2,8 @@
 
 Subscriptions are internal writes: one registered on a follower is forwarded to the
 leader, and the hold reaches every node through the log. Rows and changes are served
-by any node once it has applied the cid asked for.
+by any node once it has applied the cid asked for; every node describes a table as
+reshaped at the same cid.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def _arrow(node: Node, path: str, **params: Any) -> pa.Table:
         r = c.get(path, params={"format": "arrow", **params})
         assert r.status_code == 200, r.text
         return pyarrow.ipc.open_stream(r.content).read_all()
+
+
+def _reshaped_cid(node: Node, table: str) -> int:
+    with node.client() as c:
+        r = c.get(f"/cdc/tables/{table}")
+        assert r.status_code == 200, r.text
+        return int(r.json()["reshaped_cid"])
 
 
 def test_subscriptions_and_reads_through_a_follower(nodes: list[Node]) -> None:
@@ -99,3 +107,13 @@ def test_subscriptions_and_reads_through_a_follower(nodes: list[Node]) -> None:
         assert r.status_code == 200, r.text
     for node in nodes:
         _wait(lambda n=node: "pipe" not in _holds(n), f"the release on {node.url}")
+
+    # a reshape (db/reshape.py) is recorded by each node as it applies the log: every one
+    # describes the table as reshaped at the same cid
+    with followers[1].client() as c:
+        r = c.post("/db/execute", json=["ALTER TABLE src RENAME COLUMN v TO w"])
+        assert r.status_code == 200, r.text
+        assert "error" not in r.json()["results"][0], r.text
+    for node in nodes:
+        _wait(lambda n=node: _reshaped_cid(n, "src") > last, f"the rename on {node.url}")
+    assert len({_reshaped_cid(n, "src") for n in nodes}) == 1

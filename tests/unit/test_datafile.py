@@ -13,7 +13,13 @@ import pytest
 from litecdc import NodeConfig, Statement, Store
 from litecdc.db.datafile import expected_columns
 from litecdc.db.engine import Engine
-from litecdc.db.schema import DATA_FORMAT, DATA_FORMAT_KEY, INTERNAL_TABLES, NODE_STATE_TABLE
+from litecdc.db.schema import (
+    DATA_FORMAT,
+    DATA_FORMAT_KEY,
+    INTERNAL_TABLES,
+    NODE_STATE_TABLE,
+    RESHAPES_TABLE,
+)
 from litecdc.errors import ConfigError, DataFileError, LoadError
 
 S = Statement
@@ -105,6 +111,47 @@ def test_a_file_from_before_the_format_stamp_is_opened_and_stamped(tmp_path: Pat
         assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
     finally:
         store.close()
+
+
+def _as_data_format_1(path: Path) -> None:
+    """Make a litecdc file what a litecdc of data format 1 left: no _litecdc_reshapes."""
+    conn = apsw.Connection(str(path))
+    conn.execute(f"DROP TABLE {RESHAPES_TABLE}")
+    conn.execute(f"UPDATE {NODE_STATE_TABLE} SET value = 1 WHERE name = ?", (DATA_FORMAT_KEY,))
+    conn.close()
+
+
+def test_a_file_of_data_format_1_is_upgraded(tmp_path: Path) -> None:
+    """Format 2 added the record of each table's last reshape: an older file gets the
+    table, its tables' reshapes unknown (0) until their next one, and the new stamp (an
+    older litecdc would neither keep the record nor let DDL pass its name)."""
+    store = open_store(tmp_path)
+    store.execute([S("CREATE TABLE t(x, y)"), S("INSERT INTO t VALUES(1, 2)")])
+    store.close()
+    _as_data_format_1(db_file(tmp_path))
+    store = open_store(tmp_path)
+    try:
+        assert store.engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT == 2
+        assert store.source_table("t")[0].reshaped_cid == 0
+        dropped = store.execute([S("ALTER TABLE t DROP COLUMN y")]).cid
+        assert store.source_table("t")[0].reshaped_cid == dropped
+        assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
+    finally:
+        store.close()
+
+
+def test_a_snapshot_of_data_format_1_is_installed_with_what_it_lacks(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "node.sqlite", background_checkpoints=False)
+    try:
+        peer = Engine(tmp_path / "peer.sqlite", background_checkpoints=False)
+        peer.backup(str(tmp_path / "snapshot.sqlite"))
+        peer.close()
+        _as_data_format_1(tmp_path / "snapshot.sqlite")
+        assert engine.restore_from(str(tmp_path / "snapshot.sqlite"))[DATA_FORMAT_KEY] == 1
+        assert engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT
+        assert engine.reshaped_cids() == {}
+    finally:
+        engine.close()
 
 
 def test_a_plain_sqlite_file_is_adopted_as_the_starting_state(tmp_path: Path) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from litecdc import Statement, Store
+import pytest
+from test_replay import _follower_replay, contents_of_store
+
+from litecdc import NodeConfig, Statement, Store
 
 S = Statement
 
@@ -16,6 +19,8 @@ S = Statement
         ("INSERT INTO t VALUES(changes())", "depends on the connection's previous statement"),
         ("INSERT INTO t VALUES(total_changes())", "depends on the connection's history"),
         ("INSERT INTO t VALUES(sqlite_version())", "differs between builds of SQLite"),
+        ("INSERT INTO t VALUES(fts5_source_id())", "differs between builds of SQLite"),
+        ("INSERT INTO t VALUES(fts3_tokenizer('simple'))", "the address of a tokenizer"),
         ("CREATE TEMP TABLE tmp(x)", "temporary objects exist on one connection only"),
         ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
         ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
@@ -124,3 +129,19 @@ def test_statistics_are_written_by_analyze_only(store: Store) -> None:
         [S("ANALYZE t"), S("ALTER TABLE t RENAME TO t2"), S("DROP INDEX ia"), S("DROP TABLE t2")]
     )
     assert [r.error for r in fine.results] == [None] * 4 and fine.cid is not None
+
+
+def test_statements_run_on_the_node_as_their_journal_text_replays(tmp_path: Path) -> None:
+    """QA: a literal is not a bound value to SQLite. The node ran ``? OR random()`` with
+    1 bound (random() called), its journal text ``1 OR random()`` is folded (not called),
+    so every later random() of a replay differed; CREATE TABLE … AS named and typed its
+    columns after ``?`` on the node and after the literals on replay."""
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute([S("CREATE TABLE f(a, b)")])
+    leader.execute([S("INSERT INTO f(a, b) VALUES (? OR random(), random())", (1,))])
+    leader.execute([S("CREATE TABLE c AS SELECT ?, 'x' || ?, ? AS n", (5, "abc", "a\x00b"))])
+    leader.execute([S("INSERT INTO c VALUES (1, 2, 3)")])  # n: TEXT affinity on replay
+    follower = _follower_replay(leader, tmp_path / "follower")
+    assert contents_of_store(follower) == contents_of_store(leader)
+    columns = S("SELECT name, type FROM pragma_table_xinfo('c')")
+    assert follower.query([columns])[0].rows == leader.query([columns])[0].rows

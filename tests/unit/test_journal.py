@@ -358,6 +358,74 @@ def test_inserts_past_the_largest_rowid_are_refused(store: Store, transaction: b
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(1,)]
 
 
+@pytest.mark.parametrize(
+    "insert",
+    [
+        # the row at 2**63-1 is replaced: SQLite picks the new rowid first, at random
+        "INSERT OR REPLACE INTO t(x) VALUES('top')",
+        # a trigger removes it after the insert chose a random rowid
+        "INSERT INTO t(x) VALUES('other')",
+    ],
+)
+def test_inserts_that_remove_the_largest_rowid_themselves_are_refused(
+    store: Store, insert: str
+) -> None:
+    """QA: the check looked at max(rowid) after the statement only: a statement that also
+    removed the 2**63-1 row passed, and every replica stored another random rowid."""
+    store.execute(
+        [
+            S("CREATE TABLE t(x UNIQUE)"),
+            S("INSERT INTO t(rowid, x) VALUES(?, 'top')", (2**63 - 1,)),
+            S(
+                "CREATE TRIGGER drop_top AFTER INSERT ON t WHEN new.x = 'other' "
+                f"BEGIN DELETE FROM t WHERE rowid = {2**63 - 1}; END"
+            ),
+        ]
+    )
+    before = store.journal.last_cid()
+    out = store.execute([S(insert)])
+    assert out.cid is None and store.journal.last_cid() == before
+    assert "holds rowid 9223372036854775807 (or did until this statement removed it)" in (
+        out.results[0].error or ""
+    )
+    assert store.query([S("SELECT rowid, x FROM t")])[0].rows == [(2**63 - 1, "top")]
+
+
+@pytest.mark.parametrize("transaction", [False, True])
+def test_autoincrement_out_of_rowids_is_the_statements_error_not_a_full_disk(
+    store: Store, transaction: bool
+) -> None:
+    """QA: SQLite fails an insert into an AUTOINCREMENT table whose rowids reached 2**63-1
+    with SQLITE_FULL, which litecdc took for a full disk: HTTP 500 standalone, and in a
+    cluster every node retried the log entry forever (no leader, every write refused)."""
+    out = store.execute(
+        [
+            S("CREATE TABLE ff(id INTEGER PRIMARY KEY AUTOINCREMENT, x)"),
+            S("INSERT INTO ff(id, x) VALUES (?, 1)", (2**63 - 1,)),
+            S("INSERT INTO ff(x) VALUES (2)"),
+            S("INSERT INTO ff(x) VALUES (3)"),
+        ],
+        transaction=transaction,
+    )
+    assert out.cid is None  # SQLite rolled back the whole transaction: nothing committed
+    errors = [r.error for r in out.results]
+    assert "AUTOINCREMENT table ff has no rowid left" in (errors[2] or ""), errors
+    assert store.query([S("SELECT count(*) FROM sqlite_schema WHERE name = 'ff'")])[0].rows == [
+        (0,)
+    ]
+    # set up first, then the failing insert, in requests of their own; the batch path too
+    store.execute([S("CREATE TABLE ff(id INTEGER PRIMARY KEY AUTOINCREMENT, x)")])
+    store.execute([S("INSERT INTO ff(id, x) VALUES (?, 1)", (2**63 - 1,))])
+    cid = store.journal.last_cid()
+    inserts = [S("INSERT INTO ff(x) VALUES (?)", (i,)) for i in range(3)]
+    out = store.execute(inserts, transaction=transaction)
+    assert out.cid is None and store.journal.last_cid() == cid
+    assert "has no rowid left" in (out.results[0].error or "")
+    # other tables go on
+    out = store.execute([S("CREATE TABLE ok(x)"), S("INSERT INTO ok VALUES (1)")])
+    assert out.cid is not None and all(r.error is None for r in out.results)
+
+
 def test_log_entries_prepared_by_the_leader_apply_identically_everywhere(tmp_path: Path) -> None:
     from litecdc import LogEntry
 

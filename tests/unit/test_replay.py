@@ -239,3 +239,37 @@ def test_statements_after_a_rename_depend_on_it(tmp_path: Path) -> None:
     leader.execute([S("INSERT INTO other SELECT count(*) FROM sqlite_schema")])
     _assert_any_order_replays(leader, tmp_path)
     leader.close()
+
+
+def test_replicas_record_the_same_reshapes(tmp_path: Path) -> None:
+    """The cid of each table's last reshape (db/reshape.py: what the pipeline re-copies a
+    table for) is decided statement by statement as the entries run, so a follower —
+    applying the journal in order or in any order its snapshots allow — records what the
+    leader did. A failed statement records nothing, on either."""
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    cid = {}
+
+    def commit(name: str, *sql: str, transaction: bool = False) -> None:
+        cid[name] = leader.execute([S(x) for x in sql], transaction=transaction).cid
+
+    commit("created", "CREATE TABLE a(id INTEGER PRIMARY KEY, x, y)", "CREATE TABLE b(x)")
+    commit("write", "INSERT INTO a VALUES(1, 2, 3)", "INSERT INTO b VALUES(1)")
+    commit("added", "ALTER TABLE a ADD COLUMN z", "CREATE INDEX a_x ON a(x)")
+    commit("a", "ALTER TABLE a DROP COLUMN z", "ALTER TABLE a ADD COLUMN z", transaction=True)
+    commit("b", "DROP TABLE b; CREATE TABLE b(x)")  # one statement text holding two
+    commit("c", "ALTER TABLE b RENAME TO c", "CREATE TABLE IF NOT EXISTS a(q)", "DROP TABLE no")
+    commit("d", "CREATE TABLE d(x, w)", "ALTER TABLE d RENAME COLUMN x TO y")
+    commit(  # the first statement fails after its DROP COLUMN ran: undone
+        "failed",
+        "ALTER TABLE d DROP COLUMN y; INSERT INTO no VALUES(1)",
+        "INSERT INTO d VALUES(1, 2)",
+    )
+    assert leader.source_table("d")[0].column_names[1:] == ["y", "w"]  # (after the rowid)
+    expected = {"a": cid["a"], "c": cid["c"], "d": cid["d"]}
+    assert leader.engine.reshaped_cids() == expected
+    for seed in (None, 1, 2):
+        follower = _follower_replay(leader, tmp_path / f"f{seed}", seed=seed)
+        assert follower.engine.reshaped_cids() == expected, seed
+        assert contents_of_store(follower) == contents_of_store(leader)
+        follower.close()
+    leader.close()

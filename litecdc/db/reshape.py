@@ -1,0 +1,125 @@
+"""Which tables a write *reshapes*: creates, or changes other than by adding a column.
+
+A copy of a table kept up to date from its row changes (the pipeline's mirrors) goes
+wrong when DDL changes rows without any row change: ``DROP TABLE`` takes every row away
+(and a table created again under the name starts empty), ``ALTER TABLE … DROP COLUMN``
+takes a column's values, ``RENAME TO`` brings a whole table under a name. Only
+``ADD COLUMN`` keeps every row as it was, with one more column at the end. So the engine
+records, per table, the cid of its last reshape (``_litecdc_reshapes``, written in the
+transaction of the DDL): a consumer whose copy is older than that copies the table
+again (``GET /cdc/tables/NAME`` reports it as ``reshaped_cid``).
+
+SQLite tells the authorizer which table a statement creates, drops or alters when it
+prepares it, but not how: ``ADD COLUMN`` and ``DROP COLUMN`` look alike, ``RENAME TO``
+does not name the new name, and ``CREATE TABLE IF NOT EXISTS`` is reported whether or
+not it creates anything. So each such statement is judged by what it did
+(:class:`ReshapeWatch`): the tables it names are read before it runs — their columns as
+``pragma_table_xinfo`` gives them — and again once it has run. A table that appears was
+created (or renamed to that name); one whose columns changed other than by gaining
+columns at the end was reshaped; one that is gone was dropped (or renamed away) and has
+no record any more. This is judged statement by statement: a transaction that drops a
+column and adds it back, or drops a table and creates it again, ends with the columns it
+started with.
+
+Every replica runs the same statements on the same schema (the journal's SQL text), so
+each records the same cids: on the leader (``Engine.run_write``), on a follower or a
+replay (``Engine.apply_entry``) and in a database rebuilt from the journal alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from litecdc.db.schema import USER_OBJECTS
+
+#: runs litecdc's own read on the writer connection (``Engine._internal``)
+Query = Callable[[str, Any], list[tuple[Any, ...]]]
+#: a table's columns as ``pragma_table_xinfo`` gives them (None: no such table)
+Shape = tuple[tuple[Any, ...], ...] | None
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def fold(name: str) -> str:
+    """``name`` as SQLite compares table names: ASCII letters without case (only those:
+    ``É`` and ``é`` name two tables), as ``COLLATE NOCASE`` does."""
+    return name.translate(_ASCII_LOWER)
+
+
+def reshaped(before: Shape, after: Shape) -> bool:
+    """Whether a table whose columns were ``before`` and are now ``after`` was reshaped:
+    created, or changed other than by columns added at the end (False when gone)."""
+    if after is None:
+        return False
+    if before is None:
+        return True
+    return after[: len(before)] != before
+
+
+class ReshapeWatch:
+    """Notes the tables reshaped by the statements of one write, as they run.
+
+    Call :meth:`statement` once each SQL statement is prepared, before it runs (an exec
+    tracer), and :meth:`finish` after the last one; :attr:`reshaped` then holds, by
+    :func:`fold`-ed name, each table's name now, or None for a table that is gone.
+    """
+
+    def __init__(self, query: Query, take_table_ddl: Callable[[], list[tuple[str, bool]]]) -> None:
+        self._query = query
+        self._take = take_table_ddl
+        #: the statement running now: its tables' shapes before it, and (for ALTER TABLE,
+        #: which may rename) the names of every table
+        self._shapes: dict[str, tuple[str, Shape]] | None = None
+        self._names: dict[str, str] | None = None
+        self.reshaped: dict[str, str | None] = {}
+
+    def statement(self) -> None:
+        """A statement was prepared and is about to run: settle the one before it, and
+        read the tables this one creates, drops or alters (when it does)."""
+        self.finish()
+        ddl = self._take()
+        if not ddl:
+            return
+        self._shapes = {fold(name): (name, self._shape(name)) for name, _ in ddl}
+        self._names = self._table_names() if any(altered for _, altered in ddl) else None
+
+    def trace(self, cursor: Any, sql: str, bindings: Any) -> bool:
+        """:meth:`statement` as an APSW exec tracer (the statement always runs)."""
+        self.statement()
+        return True
+
+    def finish(self) -> None:
+        """The statement noted last has run: note what it reshaped."""
+        shapes, names = self._shapes, self._names
+        self._shapes = self._names = None
+        if shapes is None:
+            return
+        for key, (name, before) in shapes.items():
+            after = self._shape(name)
+            if after is None:
+                if before is not None:
+                    self.reshaped[key] = None  # dropped, or renamed away
+            elif reshaped(before, after):
+                self.reshaped[key] = name  # (SQLite names it as it is stored)
+        if names is not None:  # ALTER TABLE … RENAME TO: the table under its new name
+            # (the name it left is the one the statement named: gone, above)
+            for key, name in self._table_names().items():
+                if key not in names:
+                    self.reshaped[key] = name
+
+    def _shape(self, name: str) -> Shape:
+        rows = self._query(
+            'SELECT x.name, x.type, x."notnull", x.dflt_value, x.pk, x.hidden '
+            "FROM pragma_table_list AS l, pragma_table_xinfo(l.name, l.schema) AS x "
+            "WHERE l.schema = 'main' AND l.type = 'table' AND l.name = ? COLLATE NOCASE "
+            "ORDER BY x.cid",
+            (name,),
+        )
+        return tuple(rows) if rows else None
+
+    def _table_names(self) -> dict[str, str]:
+        rows = self._query(
+            f"SELECT name FROM sqlite_schema WHERE type = 'table' AND {USER_OBJECTS}", None
+        )
+        return {fold(str(row[0])): str(row[0]) for row in rows}
