@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_cdc.py
 	$(BIN)/python bench/bench_cluster.py
 	$(BIN)/python bench/bench_pipeline.py
+	$(BIN)/python bench/bench_message_sinks.py
 
 ## make run-cluster: set up, then a local 3-node cluster with its own etcd, and a failover.
 run-cluster: $(STAMP)

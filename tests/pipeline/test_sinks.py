@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import nats
@@ -30,6 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from fakes.certs import make_certs, server_ssl_context
+from fakes.tcp_proxy import TcpProxy
 from fakes.webhook_receiver import WebhookReceiver, verify_standard_webhook
 from sink_contract import (
     COMPOSITE_SPEC,
@@ -45,6 +48,7 @@ from sink_contract import (
 )
 
 from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.pipeline.sinks import rabbitmq
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError, message_id
 from litecdc.pipeline.sinks.messages import snapshot_message_id
 from litecdc.pipeline.sinks.nats import STATE_BUCKET, NatsSink
@@ -591,6 +595,204 @@ def test_rabbitmq_exchange_without_a_bound_queue_fails_instead_of_dropping(
         conn.close()
     assert sink.write_changes(*batch(src, 0, src.cid)) is True  # the retry now arrives
     assert [doc["cid"] for _, doc in rabbitmq_messages(rabbitmq_url, queue)] == [1]
+
+
+# -- RabbitMQ: many publishes awaiting their confirms ----------------------------------
+
+
+def small_row(i: int) -> dict[str, object]:
+    """``sample_row`` without its 70 kB blob: a batch of thousands of messages stays small."""
+    return {**sample_row(i), "data": None if i % 6 == 0 else i.to_bytes(4, "big")}
+
+
+def upserts(src: SourceSim, first: int, last: int, per_commit: int = 500) -> None:
+    """Rows ``first``..``last`` inserted, ``per_commit`` to a transaction."""
+    for lo in range(first, last + 1, per_commit):
+        src.commit(*[("upsert", small_row(i)) for i in range(lo, min(lo + per_commit, last + 1))])
+
+
+@contextlib.contextmanager
+def amqp(url: str) -> Iterator[Any]:
+    """A channel of a connection of its own (pika's blocking client)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        yield conn.channel()
+    finally:
+        conn.close()
+
+
+def topic_exchange_with_queue(url: str, routing_key: str, **queue_args: object) -> tuple[str, str]:
+    """A new durable topic exchange and a queue bound to it with ``routing_key``."""
+    tag = uuid.uuid4().hex[:10]
+    exchange, queue = f"x{tag}", f"q{tag}"
+    with amqp(url) as channel:
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.queue_declare(queue, durable=True, arguments=queue_args or None)
+        channel.queue_bind(queue, exchange, routing_key=routing_key)
+    return exchange, queue
+
+
+def publish_midway(monkeypatch: pytest.MonkeyPatch, after: int, action: Callable[[], None]) -> None:
+    """Make the RabbitMQ sink run ``action`` once ``after`` messages of a change batch are
+    published: more than ``IN_FLIGHT``, so some are still unconfirmed."""
+    real = rabbitmq.event_messages
+
+    def messages(events: pa.Table, spec: TableSpec) -> Iterator[tuple[str, dict[str, object]]]:
+        for n, message in enumerate(real(events, spec)):
+            if n == after:
+                action()
+            yield message
+
+    monkeypatch.setattr(rabbitmq, "event_messages", messages)
+
+
+def test_rabbitmq_keeps_order_across_a_batch_larger_than_the_in_flight_window(
+    rabbitmq_url: str, opened: list[Sink]
+) -> None:
+    """The sink publishes up to IN_FLIGHT messages ahead of their confirms: a batch of
+    more than twice that arrives whole, once each, in (cid, seq) order."""
+    count = 2 * rabbitmq.IN_FLIGHT + 7
+    src = SourceSim(SPEC)
+    upserts(src, 1, count)
+    src.commit(("delete", (3,)), ("rekey", ((4,), {**small_row(4), "id": count + 1})))
+    queue = f"q{uuid.uuid4().hex[:10]}"
+    sink = open_tracked(opened, f"{rabbitmq_url}?queue={queue}", SPEC)
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    got = unscoped(rabbitmq_messages(rabbitmq_url, queue))
+    assert len(got) == count + 3
+    assert got == expected_messages(src, 0, src.cid)
+
+
+def test_rabbitmq_unroutable_message_in_the_middle_of_a_batch_fails_it(
+    rabbitmq_url: str, opened: list[Sink]
+) -> None:
+    """A message no queue takes, with more than IN_FLIGHT around it in flight, fails the
+    batch: its return comes back after later messages went out, and nothing counts as
+    applied. The error names the message."""
+    # a queue for upserts only: the one delete, in the middle of the batch, has none
+    exchange, queue = topic_exchange_with_queue(rabbitmq_url, f"litecdc.{SPEC.name}.upsert")
+    src = SourceSim(SPEC)
+    upserts(src, 1, rabbitmq.IN_FLIGHT)
+    middle = src.commit(("delete", (1,)))
+    upserts(src, rabbitmq.IN_FLIGHT + 1, 2 * rabbitmq.IN_FLIGHT)
+    sink = open_tracked(opened, f"{rabbitmq_url}?exchange={exchange}", SPEC)
+    with pytest.raises(SinkError) as info:
+        sink.write_changes(*batch(src, 0, src.cid))
+    message = str(info.value)
+    assert f"no queue bound to exchange '{exchange}'" in message
+    assert f"message sub:{middle}-0-delete returned (312 NO_ROUTE)" in message
+    assert f"bind a queue (e.g. with litecdc.{SPEC.name}.#)" in message
+    assert sink.applied_cid() == 0
+    first_try = unscoped(rabbitmq_messages(rabbitmq_url, queue))  # upserts up to where it stopped
+    expected = expected_messages(src, 0, src.cid)
+    assert first_try == [m for m in expected if m[1]["op"] == "upsert"][: len(first_try)]
+
+    with amqp(rabbitmq_url) as channel:  # every op now has a queue: the retry arrives whole
+        channel.queue_bind(queue, exchange, routing_key=f"litecdc.{SPEC.name}.#")
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    assert sink.applied_cid() == src.cid
+    assert unscoped(rabbitmq_messages(rabbitmq_url, queue)) == expected
+
+
+def test_rabbitmq_refused_message_in_the_middle_of_a_batch_fails_it(
+    rabbitmq_url: str, opened: list[Sink]
+) -> None:
+    """A queue at its length limit refuses what comes beyond it (x-overflow
+    reject-publish: the broker nacks those messages). Refused in the middle of a batch
+    with more than IN_FLIGHT in flight, the batch fails and nothing counts as applied;
+    once a queue takes them, the retry arrives whole."""
+    limit = rabbitmq.IN_FLIGHT + 100
+    exchange, full = topic_exchange_with_queue(
+        rabbitmq_url,
+        f"litecdc.{SPEC.name}.#",
+        **{"x-max-length": limit, "x-overflow": "reject-publish"},
+    )
+    src = SourceSim(SPEC)
+    upserts(src, 1, 2 * rabbitmq.IN_FLIGHT + 100)
+    expected = expected_messages(src, 0, src.cid)
+    sink = open_tracked(opened, f"{rabbitmq_url}?exchange={exchange}", SPEC)
+    with pytest.raises(SinkError) as info:
+        sink.write_changes(*batch(src, 0, src.cid))
+    message = str(info.value)
+    assert "the broker refused a message" in message
+    refused = re.search(r"basic\.nack of message sub:(\d+-\d+-upsert)", message)
+    assert refused is not None, message
+    assert refused[1] in [msg_id for msg_id, _ in expected[limit:]]
+    assert sink.applied_cid() == 0
+    assert unscoped(rabbitmq_messages(rabbitmq_url, full)) == expected[:limit]
+
+    with amqp(rabbitmq_url) as channel:
+        channel.queue_delete(full)
+        queue = f"q{uuid.uuid4().hex[:10]}"
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, exchange, routing_key=f"litecdc.{SPEC.name}.#")
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    assert unscoped(rabbitmq_messages(rabbitmq_url, queue)) == expected
+
+
+def test_rabbitmq_broker_gone_mid_batch_fails_it_and_the_next_prepare_reconnects(
+    rabbitmq_url: str, opened: list[Sink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops with messages in flight (the broker went away): the batch
+    fails at once with the reason, nothing counts as applied, and the next prepare()
+    connects again."""
+    broker = urlsplit(rabbitmq_url)
+    assert broker.port is not None
+    queue = f"q{uuid.uuid4().hex[:10]}"
+    src = SourceSim(SPEC)
+    upserts(src, 1, 2 * rabbitmq.IN_FLIGHT)
+    expected = expected_messages(src, 0, src.cid)
+    with TcpProxy("127.0.0.1", broker.port) as proxy:
+        url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/?queue={queue}"
+        sink = open_tracked(opened, url, SPEC)
+        publish_midway(monkeypatch, rabbitmq.IN_FLIGHT + 10, proxy.cut)
+        with pytest.raises(SinkError) as info:
+            sink.write_changes(*batch(src, 0, src.cid))
+        message = str(info.value)
+        assert proxy.cuts == 1
+        assert f"the connection to the broker at 127.0.0.1:{proxy.port} was lost" in message
+        assert "the batch is retried on a new connection" in message
+        assert sink.applied_cid() == 0
+        monkeypatch.undo()
+        sink.prepare()
+        assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    got = unscoped(rabbitmq_messages(rabbitmq_url, queue))
+    first_try = len(got) - len(expected)  # what reached the queue before the cut
+    assert 0 <= first_try < len(expected)
+    assert got == expected[:first_try] + expected
+
+
+def test_rabbitmq_channel_closed_by_the_broker_mid_batch_fails_it(
+    rabbitmq_url: str, opened: list[Sink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker closes the channel with messages in flight (here: their exchange was
+    deleted meanwhile, 404): the batch fails with the broker's reason, nothing counts as
+    applied, and the next prepare() declares the exchange again on a new connection."""
+    exchange, queue = topic_exchange_with_queue(rabbitmq_url, f"litecdc.{SPEC.name}.#")
+    src = SourceSim(SPEC)
+    upserts(src, 1, 2 * rabbitmq.IN_FLIGHT)
+    expected = expected_messages(src, 0, src.cid)
+    sink = open_tracked(opened, f"{rabbitmq_url}?exchange={exchange}", SPEC)
+
+    def delete_exchange() -> None:
+        with amqp(rabbitmq_url) as channel:
+            channel.exchange_delete(exchange)
+
+    publish_midway(monkeypatch, rabbitmq.IN_FLIGHT + 10, delete_exchange)
+    with pytest.raises(SinkError) as info:
+        sink.write_changes(*batch(src, 0, src.cid))
+    message = str(info.value)
+    assert f"the broker closed the channel: 404 NOT_FOUND - no exchange '{exchange}'" in message
+    assert sink.applied_cid() == 0
+    monkeypatch.undo()
+    sink.prepare()  # declares the exchange again: bind the queue to it, as before
+    with amqp(rabbitmq_url) as channel:
+        channel.queue_bind(queue, exchange, routing_key=f"litecdc.{SPEC.name}.#")
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    got = unscoped(rabbitmq_messages(rabbitmq_url, queue))
+    first_try = len(got) - len(expected)
+    assert 0 <= first_try <= rabbitmq.IN_FLIGHT + 10
+    assert got == expected[:first_try] + expected
 
 
 # -- logs -------------------------------------------------------------------------------
@@ -1312,6 +1514,38 @@ def test_rabbitmq_refused_login_or_vhost_is_named(rabbitmq_url: str) -> None:
     with pytest.raises(SinkError) as info:
         open_sink(f"amqp://guest:guest@{where}/nosuchvhost", SPEC, "sub")
     assert f"the broker at {where} refused access to virtual host 'nosuchvhost'" in str(info.value)
+
+
+def test_rabbitmq_unknown_host_or_failed_tls_handshake_is_named(tmp_path: Path) -> None:
+    """The connection workflow's other failures, said in terms of the URL (as pika's
+    blocking client had them): a host name with no address, and amqps:// to a broker whose
+    certificate the system does not trust."""
+    with pytest.raises(SinkError) as info:
+        open_sink("amqp://app:s3cret@nosuch.invalid/", SPEC, "sub")
+    message = str(info.value)
+    assert "cannot reach the broker at nosuch.invalid:5672" in message
+    assert "check the URL's host name (no address found for 'nosuch.invalid')" in message
+    assert "s3cret" not in message
+
+    context = server_ssl_context(make_certs(tmp_path / "certs"))  # a CA of its own
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def handshake() -> None:  # once: the client refuses the certificate
+            conn, _ = listener.accept()
+            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+                pass
+            conn.close()
+
+        server = threading.Thread(target=handshake, daemon=True)
+        server.start()
+        with pytest.raises(SinkError) as info:
+            open_sink(f"amqps://app:s3cret@127.0.0.1:{port}/", SPEC, "sub")
+        server.join(10)
+    message = str(info.value)
+    assert f"the TLS handshake with the broker at 127.0.0.1:{port} failed" in message
+    assert "certificate verify failed" in message
+    assert "check the broker's certificate" in message and "s3cret" not in message
 
 
 @pytest.mark.parametrize(

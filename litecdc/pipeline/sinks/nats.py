@@ -21,8 +21,8 @@ window, at least once after it. The record outlives the subscription, so it is
 forgotten when a subscription of that name registers (``forget_progress``): a new
 subscription reusing an old one's name, perhaps on another source, starts from nothing.
 
-nats-py is asyncio; the sink runs its own event loop in a private thread so its API
-stays synchronous.
+nats-py is asyncio; the sink runs its own event loop in a private thread
+(``loop_thread.LoopThread``) so its API stays synchronous.
 
 Example::
 
@@ -37,7 +37,6 @@ import base64
 import contextlib
 import logging
 import re
-import threading
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -53,6 +52,7 @@ from nats.js.kv import KeyValue
 
 from litecdc.errors import SinkError
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.loop_thread import LoopThread
 from litecdc.pipeline.sinks.messages import (
     encode,
     event_messages,
@@ -77,27 +77,6 @@ _SUBJECT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 T = TypeVar("T")
 
 
-class _LoopThread:
-    """An asyncio loop in a daemon thread; ``run`` waits for a coroutine's result."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="litecdc-nats-sink", daemon=True
-        )
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
 class NatsSink(Sink):
     kind = "log"
 
@@ -111,14 +90,14 @@ class NatsSink(Sink):
         token = base64.urlsafe_b64encode(subscription.encode()).decode().rstrip("=")
         self.state_key = f"{options.stream}.{token}"
         self._safe = mask_url(url)
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
 
     def _run(self, coro: Coroutine[Any, Any, T], doing: str, timeout: float = 120.0) -> T:
         if self._loop is None:
-            self._loop = _LoopThread()
+            self._loop = LoopThread("litecdc-nats-sink")
         try:
             return self._loop.run(coro, timeout)
         except SinkError:
