@@ -107,11 +107,17 @@ def _as_int64(value: object) -> int:
     if isinstance(value, int):
         return value
     if isinstance(value, float):
-        return int(value) if abs(value) < 2**63 else 0
+        # out of range: clamped, as SQLite's doubleToInt64 (randomblob(1e300) is too big)
+        if value != value:
+            return 0
+        if value >= 2.0**63:
+            return 2**63 - 1
+        return -(2**63) if value <= -(2.0**63) else int(value)
     if isinstance(value, (str, bytes)):
         text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-        digits = re.match(r"\s*([+-]?\d+)", text)
-        return int(digits.group(1)) if digits else 0
+        # ASCII digits and spaces only, as sqlite3Atoi64 (Python's \d takes '٣' for 3)
+        digits = re.match(r"[ \t\n\f\r\v]*([+-]?[0-9]+)", text)
+        return max(-(2**63), min(2**63 - 1, int(digits.group(1)))) if digits else 0
     return 0
 
 

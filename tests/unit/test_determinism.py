@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import apsw
 import pytest
 from test_replay import _follower_replay, contents_of_store
 
@@ -145,3 +146,21 @@ def test_statements_run_on_the_node_as_their_journal_text_replays(tmp_path: Path
     assert contents_of_store(follower) == contents_of_store(leader)
     columns = S("SELECT name, type FROM pragma_table_xinfo('c')")
     assert follower.query([columns])[0].rows == leader.query([columns])[0].rows
+
+
+@pytest.mark.parametrize(
+    "size",
+    ["1e300", "-1e300", "'٣'", "' 7'", "'+5x'", "'x'", "2.9", "-3", "0", "'1e3'", "x'33'", "NULL"],
+)
+def test_randomblob_takes_its_size_as_sqlite_does(store: Store, size: str) -> None:
+    """Determinism QA: randomblob(1e300) gave 1 byte (SQLite: string or blob too big),
+    randomblob('٣') 3 bytes (SQLite: 1 — it reads ASCII digits only)."""
+    plain = apsw.Connection(":memory:")
+    try:
+        expected: object = plain.execute(f"SELECT length(randomblob({size}))").fetchall()[0][0]
+    except apsw.TooBigError:
+        expected = "too big"
+    store.execute([S("CREATE TABLE IF NOT EXISTS b(v)")])
+    out = store.execute([S(f"INSERT INTO b VALUES (length(randomblob({size}))) RETURNING v")])
+    got = out.results[0].rows[0][0] if out.results[0].rows else out.results[0].error
+    assert got == expected or (expected == "too big" and "too big" in str(got)), got
