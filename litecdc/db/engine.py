@@ -50,9 +50,9 @@ from litecdc.db.schema import (
     USER_OBJECTS,
     last_change_id,
 )
-from litecdc.db.sqltext import named_values, parse_template, render, render_many
+from litecdc.db.sqltext import named_values, parse_template, render, render_many, sql_literal
 from litecdc.errors import DataTypeError, LoadError, StatementError
-from litecdc.results import JournalEntry, RowChange, Statement, StatementResult
+from litecdc.results import JournalEntry, RowChange, SQLValue, Statement, StatementResult
 
 log = logging.getLogger("litecdc.db")
 
@@ -155,6 +155,20 @@ def _runs_as_text(sql: str) -> bool:
     return bool(parse_template(sql).placeholders) and bool(_LITERAL_SENSITIVE.search(sql))
 
 
+#: the SQL function a cluster's log entry calls in place of a statement the leader could
+#: not write out (its parameters did not fit it): on every node it fails with the reason
+FAILED_STATEMENT_FUNCTION = "litecdc_statement_failed"
+
+
+def _fail_statement(*reason: SQLValue) -> SQLValue:
+    raise StatementError(str(reason[0]) if reason else "statement failed")
+
+
+def failed_statement_text(reason: str) -> str:
+    """SQL that fails with ``reason`` on any litecdc node, as a statement of its own."""
+    return f"SELECT {FAILED_STATEMENT_FUNCTION}({sql_literal(reason)});"
+
+
 def _autoincrement_exhausted(tables: Sequence[str]) -> str:
     names = ", ".join(tables)
     return (
@@ -245,6 +259,7 @@ class Engine:
             self._writer.execute("PRAGMA foreign_keys=ON")
         self._random = DeterministicRandom()
         self._random.install(self._writer)
+        self._writer.create_scalar_function(FAILED_STATEMENT_FUNCTION, _fail_statement, 1)
         self._access_cache = AccessCache()
         #: whether sqlite_sequence exists (some table has AUTOINCREMENT); None: not known
         self._has_sequence: bool | None = None

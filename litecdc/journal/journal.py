@@ -29,10 +29,16 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from litecdc.db.access import Access
-from litecdc.db.engine import Decision, Engine
+from litecdc.db.engine import Decision, Engine, failed_statement_text
 from litecdc.db.schema import SCHEMA_OBJECT
 from litecdc.db.sqltext import parse_template, render
-from litecdc.errors import DuplicateCidError, ModeError, SnapshotUnavailableError, TruncateError
+from litecdc.errors import (
+    DuplicateCidError,
+    ModeError,
+    SnapshotUnavailableError,
+    StatementError,
+    TruncateError,
+)
 from litecdc.results import JournalEntry, LogEntry, Statement, WriteOutcome
 
 #: cid of the journal's initial record (1, '', 0): "the database before any entry".
@@ -275,10 +281,9 @@ class Journal:
         applied in log order, and read/write sets of statements that depend on earlier
         statements of the same request cannot be known before they run.
         """
-        texts = tuple(
-            render(s.sql, s.params).rstrip() + parse_template(s.sql).terminator for s in statements
+        return self._allocate(
+            tuple(map(_log_text, statements)), transaction=transaction, internal=False
         )
-        return self._allocate(texts, transaction=transaction, internal=False)
 
     def prepare_internal(self, query: str) -> LogEntry:
         """LEADER mode: allocate the next cid for litecdc's own write (CDC state, pruning)."""
@@ -464,3 +469,18 @@ class _Ran:
     entry: JournalEntry | None
     timestamp_ms: int
     seed: int
+
+
+def _log_text(statement: Statement) -> str:
+    """A statement as a log entry holds it: its SQL with the parameters written in. One
+    whose parameters do not fit it (too few, named for ``?``) becomes a statement failing
+    with that reason on every node — in its place, so the request's others run (or, in a
+    transaction, are rolled back) as on a standalone node, which reports it per
+    statement (determinism QA: a cluster failed the whole request with a 400)."""
+    try:
+        return (
+            render(statement.sql, statement.params).rstrip()
+            + parse_template(statement.sql).terminator
+        )
+    except StatementError as exc:
+        return failed_statement_text(str(exc))

@@ -98,9 +98,18 @@ def test_a_statement_sqlite_calls_a_full_disk_fails_alone_and_the_cluster_goes_o
             ],
         )
         assert r.status_code == 200 and "error" not in r.text, r.text
+        # too few values: that statement's error, the others run (was a 400 for all)
+        r = c.post(
+            "/db/execute",
+            json=[["INSERT INTO kv VALUES (?, ?)", 4], ["INSERT INTO kv VALUES (?, ?)", 4, "e"]],
+        )
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert results[0] == {"error": "not enough args to execute query: want 2 got 1"}
+        assert "error" not in results[1]
         cid = r.json()["raft_index"]
     for node in nodes:
-        assert _rows(node, cid) == [[1, "c"], [2, "b"], [3, "d"]]
+        assert _rows(node, cid) == [[1, "c"], [2, "b"], [3, "d"], [4, "e"]]
         with node.client() as c:
             assert c.get("/readyz").status_code == 200
 

@@ -483,6 +483,38 @@ def test_log_entries_prepared_by_the_leader_apply_identically_everywhere(tmp_pat
         node.close()
 
 
+@pytest.mark.parametrize("transaction", [False, True])
+def test_a_statement_whose_values_do_not_fit_fails_alone_in_a_cluster_as_standalone(
+    tmp_path: Path, transaction: bool
+) -> None:
+    """Determinism QA: a leader that could not write a statement's parameters into the
+    log entry (too few values, an object for ?) failed the whole request with a 400,
+    where a standalone node reports that statement's error and runs the others."""
+    standalone = Store(NodeConfig(data_dir=tmp_path / "standalone"))
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.journal.set_mode(Mode.LEADER)
+    setup = [S("CREATE TABLE t(a, b)")]
+    request = [
+        S("INSERT INTO t VALUES (1, 1)"),
+        S("INSERT INTO t VALUES (?, ?)", (2,)),  # one value short
+        S("INSERT INTO t VALUES (3, 3)"),
+    ]
+    standalone.execute(setup)
+    leader.journal.apply_log_entry(leader.journal.prepare_entry(setup), revision=1)
+    expected = standalone.execute(request, transaction=transaction)
+    entry = leader.journal.prepare_entry(request, transaction=transaction)
+    got = leader.journal.apply_log_entry(entry, revision=2)
+    assert [r.error for r in got.results] == [r.error for r in expected.results]
+    assert got.results[1].error == "not enough args to execute query: want 2 got 1"
+    rows = S("SELECT * FROM t ORDER BY a")
+    assert leader.query([rows])[0].rows == standalone.query([rows])[0].rows
+    assert leader.query([rows])[0].rows == ([] if transaction else [(1, 1), (3, 3)])
+    # the journal holds what committed, not the failing statement
+    assert "litecdc_statement_failed" not in (leader.journal_page(2, 10).entries[0].query or "")
+    for store in (standalone, leader):
+        store.close()
+
+
 def test_a_batch_of_log_entries_applies_in_one_transaction_like_one_by_one(
     tmp_path: Path,
 ) -> None:
