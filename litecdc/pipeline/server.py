@@ -80,7 +80,14 @@ from litecdc.pipeline.sinks.base import (
 )
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import KeyRange, SourceClient, TableInfo
-from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, Column, TableSpec
+from litecdc.pipeline.tables import (
+    CID_COLUMN,
+    OP_COLUMN,
+    OP_DELETE,
+    Column,
+    TableSpec,
+    named_as,
+)
 from litecdc.wire import encode_key
 
 if TYPE_CHECKING:
@@ -291,7 +298,7 @@ class PipelineServer:
     def _start(self, sub: Subscription, state: SubscriptionState) -> _Running:
         client = SourceClient(list(sub.sources), **_auth(sub.options))
         info = client.table_info(sub.table_name)
-        spec = info.spec
+        spec = named_as(info.spec, sub.table_name)
         # against what the sink mirrors (stored): the change may have come while we were
         # not running, or failed the subscription a moment ago
         mirrored = self.meta.mirrored_spec(sub.name)
@@ -431,7 +438,7 @@ class PipelineServer:
             self.meta.start_register(sub.name, registered.cid)
         self._registered(running, registered.cid)
         info = running.client.table_info(sub.table_name, count_rows=True)  # progress total
-        self._evolve(running, info.spec)
+        self._evolve(running, named_as(info.spec, sub.table_name))
         if running.parquet is not None:
             # a Parquet snapshot is one Spark write (partitions in parallel): one range
             ranges: list[KeyRange] = [(None, None)]
@@ -779,7 +786,7 @@ class PipelineServer:
             return False
         running.spec_checked = now
         info = running.client.table_info(running.subscription.table_name)
-        spec = info.spec
+        spec = named_as(info.spec, running.subscription.table_name)
         _check_followable(running.spec, spec)  # running.spec: the description recorded
         reason = _recopy_reason(running.spec, info, running.init_cid)
         if reason is not None:
@@ -807,25 +814,38 @@ class PipelineServer:
         known = running.spec.change_schema().names
         max_events = int(running.subscription.options.get("max_events", DEFAULT_MAX_EVENTS))
         after = progress.last_log_index or 0
-        while True:
-            position = running.client.position(table, after=after, max_events=max_events)
-            if position.end_cid <= after:
-                return
-            if position.events:
-                options = {"mode": "changes", "after_cid": str(after)}
-                events = self._read(running, {**options, "until_cid": str(position.end_cid)})
-                # the new column's values come with the re-copy; the sink knows only the old
-                events = events.select([n for n in events.column_names if n in known])
-                applicable = self._null_key_changes(running, events)
-                if applicable is None:
+        try:
+            while True:
+                position = running.client.position(table, after=after, max_events=max_events)
+                if position.end_cid <= after:
                     return
-                sink.write_changes(applicable, ChangeBatch(name, after, position.end_cid))
-            self.meta.record_log_position(name, position.end_cid)
-            after = position.end_cid
-            log.info("subscription %s: sent its changes through cid %d before the re-copy",
-                     name, after)  # fmt: skip
-            if position.end_cid >= position.last_cid:
-                return
+                if position.events:
+                    options = {"mode": "changes", "after_cid": str(after)}
+                    events = self._read(running, {**options, "until_cid": str(position.end_cid)})
+                    # the new column's values come with the re-copy; the sink knows the old
+                    events = events.select([n for n in events.column_names if n in known])
+                    applicable = self._null_key_changes(running, events)
+                    if applicable is None:
+                        return
+                    sink.write_changes(applicable, ChangeBatch(name, after, position.end_cid))
+                self.meta.record_log_position(name, position.end_cid)
+                after = position.end_cid
+                log.info("subscription %s: sent its changes through cid %d before the re-copy",
+                         name, after)  # fmt: skip
+                if position.end_cid >= position.last_cid:
+                    return
+        except Exception as exc:
+            error = worker_error(exc)
+            if not isinstance(error, PositionUnavailableError):
+                raise
+            # the node pruned them (an expired hold): the re-copy goes on, and its
+            # snapshot_done tells consumers which rows are gone (QA: raised here, the
+            # subscription failed on every retry and never re-copied)
+            log.warning(
+                "subscription %s: the changes after cid %d are gone from the source (%s); "
+                "consumers learn of rows deleted meanwhile from the new snapshot's end",
+                name, after, error,
+            )  # fmt: skip
 
     def _evolve(self, running: _Running, spec: TableSpec) -> None:
         """Take a new description of the table: the sink follows it, and it is recorded."""

@@ -10,7 +10,7 @@ schema mismatch, never silently converted.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -52,6 +52,15 @@ class Column:
     @property
     def arrow_type(self) -> pa.DataType:
         return ARROW_TYPES[self.arrow]
+
+
+def named_as(spec: TableSpec, name: str) -> TableSpec:
+    """``spec`` under ``name``, the table's name as its subscription took it (the node's
+    spelling then). SQLite names tables without case: a table dropped and created again
+    as ``KK`` is still the subscription's ``Kk`` — its sink keeps its destination, and its
+    messages their table name (QA: a PostgreSQL mirror was created anew as "KK" and the
+    old one left stale; a Delta mirror refused the 'other' table for good)."""
+    return spec if spec.name == name else replace(spec, name=name)
 
 
 @dataclass(frozen=True)

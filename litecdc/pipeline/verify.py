@@ -20,7 +20,7 @@ from litecdc.pipeline.metadata import Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
-from litecdc.pipeline.tables import CID_COLUMN, TableSpec
+from litecdc.pipeline.tables import CID_COLUMN, TableSpec, named_as
 
 PAGE_ROWS = 100_000
 
@@ -143,7 +143,7 @@ def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
         password=sub.options.get("password") or None,
         ca_cert=sub.options.get("ca_cert") or None,
     ) as client:
-        spec = client.table_spec(sub.table_name)
+        spec = named_as(client.table_spec(sub.table_name), sub.table_name)
         source, cid = read_source(client, spec)
     sink = open_sink(sub.sink, spec, sub.name, prepare=False)
     try:

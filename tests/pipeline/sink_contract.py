@@ -203,7 +203,7 @@ def rabbitmq_messages(url: str, queue: str) -> list[Message]:
 
 
 def consume(docs: Iterable[Mapping[str, Any]]) -> dict[Key, Row]:
-    """A table rebuilt from a message sink's documents as docs/pipeline.md tells a
+    """A table rebuilt from one subscription's messages as docs/pipeline.md tells a
     consumer to: 'snapshot' and 'upsert' set the key's row, 'delete' removes it, and
     'snapshot_done' drops every row whose last message has a cid below the message's."""
     rows: dict[Key, tuple[int, Row]] = {}

@@ -292,3 +292,40 @@ def test_the_last_column_dropped_and_added_again_is_copied_again(
         )  # fmt: skip
     finally:
         store.close()
+
+
+@pytest.mark.spark
+def test_a_table_created_again_under_another_letter_case_keeps_its_mirror(
+    node: Node, tmp_path: Path, spark: SparkSession, postgresql_db_url: str
+) -> None:
+    """Reshape QA: DROP TABLE Kk + CREATE TABLE KK is the same table to SQLite (and was
+    re-copied), but a restarted run took the node's new spelling: its PostgreSQL sink
+    created a new table "KK" and left the "Kk" mirror stale (verify: relation "KK" does
+    not exist). The subscription's spelling names its destination for good."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE Kk(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO Kk VALUES(?, ?)", i, f"v{i}"] for i in range(1, 6)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(store, name="kk", sources=node.url, table="Kk", sink=postgresql_db_url)
+        _reshaped_then_mirrored(
+            node, store, spark, "kk",
+            while_running=[
+                ["DROP TABLE Kk"],
+                ["CREATE TABLE KK(id INTEGER PRIMARY KEY, v TEXT)"],
+                ["INSERT INTO KK VALUES(1, 'one'), (7, 'seven')"],
+            ],
+            while_stopped=[
+                "DROP TABLE KK",
+                "CREATE TABLE kK(id INTEGER PRIMARY KEY, v TEXT)",
+                "INSERT INTO kK VALUES(3, 'three')",
+            ],
+            rows=(2, 1),
+        )  # fmt: skip
+        with node.client() as c:
+            execute(c, ["INSERT INTO kk VALUES(4, 'four')"])
+        restarted = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+        assert restarted.run(until_caught_up=True) == 0, restarted.states["kk"].last_error
+        _mirror_is_exact(store, "kk", 2)
+    finally:
+        store.close()

@@ -214,6 +214,63 @@ def test_consumer_drops_rows_deleted_while_the_position_expired_at_the_snapshot_
         capped.stop()
 
 
+@pytest.mark.parametrize(
+    "change", ["DROP TABLE {t}", "ALTER TABLE {t} ADD COLUMN c INTEGER DEFAULT 7"]
+)
+def test_a_table_to_copy_again_whose_position_expired_meanwhile_is_copied_again(
+    spark: SparkSession,
+    store: MetadataStore,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    change: str,
+) -> None:
+    """Reshape QA: reshaped (or given a column with a DEFAULT) while no pipeline ran, and
+    pruned past meanwhile, a message sink's subscription failed on every retry ('changes
+    after cid 3 are no longer available') and was never copied again: sending it the
+    changes it had not had, before the re-copy, met the expired position."""
+    table = f"rx_{tag()}"
+    create = f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"
+    capped = Node(tmp_path / "capped", "--retention-cids", "3").start()
+    try:
+        with capped.client() as c:
+            execute(c, [create])
+            execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2)])
+        url, sent = message_sink("nats", request)
+        control.subscribe(store, name=table, sources=capped.url, table=table, sink=url)
+        assert run(store, spark).states[table].last_error is None
+        first = sent()
+        with capped.client() as c:  # while no pipeline runs
+            statements = [change.format(t=table)]
+            if change.startswith("DROP"):
+                statements += [create, f"INSERT INTO {table} VALUES(3, 'a3')"]
+            execute(c, statements)
+            for i in range(6):  # more commits than the node keeps: the hold expires
+                execute(
+                    c,
+                    [
+                        f"CREATE TABLE IF NOT EXISTS f_{table}(x)",
+                        f"INSERT INTO f_{table} VALUES({i})",
+                    ],
+                )
+        applied = store.progress(table).last_log_index or 0
+        with SourceClient([capped.url]) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                holds = client.subscriptions()
+                hold = holds.get(table)
+                if hold is not None and hold.expired and holds.pruned_cid > applied:
+                    break
+                assert time.monotonic() < deadline, holds
+                time.sleep(0.2)
+        assert run(store, spark).states[table].last_error is None
+        with capped.client() as c:
+            r = c.get("/db/query", params={"q": f"SELECT * FROM {table}", "associative": ""})
+            source = {(row["id"],): row for row in r.json()["results"][0].get("rows", [])}
+        assert consume(first + sent()) == source
+    finally:
+        capped.stop()
+
+
 def test_new_subscription_reusing_a_name_does_not_skip_changes_to_nats(
     node: Node, spark: SparkSession, store: MetadataStore, nats_url: str
 ) -> None:

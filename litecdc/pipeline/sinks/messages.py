@@ -12,7 +12,9 @@ same cid and seq. A (re-)snapshot ends with one 'snapshot_done' message (``cid``
 snapshot's initial cid; ``seq``, ``key`` and ``row`` null): every row of the table the
 snapshot had is sent by then with a cid at or above it, so a row whose last message
 has a lower cid is gone at the source — its delete may never come (the node pruned it
-before a re-snapshot), and this is how a consumer learns it.
+before a re-snapshot), and this is how a consumer learns it. It speaks for the rows of
+its own subscription: several may publish into one destination (the subscription is
+the part of a message's id before its first ':').
 
 Blobs are base64 strings, NULL is null, integers are exact 64-bit JSON numbers (a
 JavaScript consumer needs a big-int aware parser above 2^53). JSON has no infinities:
