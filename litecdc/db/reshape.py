@@ -69,9 +69,9 @@ class ReshapeWatch:
         self._query = query
         self._take = take_table_ddl
         #: the statement running now: its tables' shapes before it, and (for ALTER TABLE,
-        #: which may rename) the names of every table
+        #: which may rename) the root pages of the tables it alters
         self._shapes: dict[str, tuple[str, Shape]] | None = None
-        self._names: dict[str, str] | None = None
+        self._roots: list[tuple[str, int]] | None = None
         self.reshaped: dict[str, str | None] = {}
 
     def statement(self) -> None:
@@ -82,7 +82,8 @@ class ReshapeWatch:
         if not ddl:
             return
         self._shapes = {fold(name): (name, self._shape(name)) for name, _ in ddl}
-        self._names = self._table_names() if any(altered for _, altered in ddl) else None
+        altered = [name for name, alter in ddl if alter]
+        self._roots = [(fold(n), r) for n in altered for r in self._root(n)] or None
 
     def trace(self, cursor: Any, sql: str, bindings: Any) -> bool:
         """:meth:`statement` as an APSW exec tracer (the statement always runs)."""
@@ -91,8 +92,8 @@ class ReshapeWatch:
 
     def finish(self) -> None:
         """The statement noted last has run: note what it reshaped."""
-        shapes, names = self._shapes, self._names
-        self._shapes = self._names = None
+        shapes, roots = self._shapes, self._roots
+        self._shapes = self._roots = None
         if shapes is None:
             return
         for key, (name, before) in shapes.items():
@@ -102,11 +103,15 @@ class ReshapeWatch:
                     self.reshaped[key] = None  # dropped, or renamed away
             elif reshaped(before, after):
                 self.reshaped[key] = name  # (SQLite names it as it is stored)
-        if names is not None:  # ALTER TABLE … RENAME TO: the table under its new name
-            # (the name it left is the one the statement named: gone, above)
-            for key, name in self._table_names().items():
-                if key not in names:
-                    self.reshaped[key] = name
+        # ALTER TABLE … RENAME TO: the table under its new name, found by its root page
+        # (a rename moves no page; the name it left is the one the statement named, gone
+        # above). One lookup, not a list of every table before and after (QA: each ALTER
+        # cost ~0.6 ms more with 50 tables, 2-3x with 2000)
+        for key, root in roots or ():
+            if key in self.reshaped and self.reshaped[key] is None:
+                for new in self._named_at(root):
+                    if fold(new) != key:
+                        self.reshaped[fold(new)] = new
 
     def _shape(self, name: str) -> Shape:
         rows = self._query(
@@ -118,8 +123,17 @@ class ReshapeWatch:
         )
         return tuple(rows) if rows else None
 
-    def _table_names(self) -> dict[str, str]:
+    def _root(self, name: str) -> list[int]:
         rows = self._query(
-            f"SELECT name FROM sqlite_schema WHERE type = 'table' AND {USER_OBJECTS}", None
+            "SELECT rootpage FROM sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE",
+            (name,),
         )
-        return {fold(str(row[0])): str(row[0]) for row in rows}
+        return [int(row[0]) for row in rows if row[0]]
+
+    def _named_at(self, root: int) -> list[str]:
+        rows = self._query(
+            f"SELECT name FROM sqlite_schema WHERE type = 'table' AND rootpage = ? "
+            f"AND {USER_OBJECTS}",
+            (root,),
+        )
+        return [str(row[0]) for row in rows]
