@@ -100,6 +100,13 @@ BLOCKED_TIMEOUT = 60.0
 #: broker that stopped answering; a lost connection fails at once). Longer than
 #: BLOCKED_TIMEOUT, whose error says why a blocked broker stopped
 CONFIRM_TIMEOUT = 90.0
+#: bytes of message bodies awaiting their confirm at once: large rows (RabbitMQ takes
+#: messages up to 128 MB) must not fill memory with IN_FLIGHT of them (QA: 2000 rows of
+#: 200 KB took +894 MB)
+IN_FLIGHT_BYTES = 16 * 1024 * 1024
+NOT_FOUND = 404  # AMQP reply code
+#: AMQP's limit on a routing key (a short string)
+MAX_ROUTING_KEY_BYTES = 255
 T = TypeVar("T")
 
 
@@ -132,8 +139,11 @@ class _ConfirmChannel:
         self._loop = asyncio.get_running_loop()
         #: the reason the channel closed (its connection's too): set once closed
         self.closed: asyncio.Future[BaseException] = self._loop.create_future()
-        self.unconfirmed: dict[int, str] = {}  # delivery tag -> message_id
+        #: delivery tag -> (message_id, body size)
+        self.unconfirmed: dict[int, tuple[str, int]] = {}
+        self.unconfirmed_bytes = 0
         self.published = 0  # delivery tag of the last publish
+        self._progress_at = self._loop.time()  # when a confirm last came (or a wait began)
         self._lowest = 1  # every tag below is confirmed
         #: the first message the broker returned or refused: the batch fails
         self.failure: _Returned | _Nacked | None = None
@@ -188,13 +198,15 @@ class _ConfirmChannel:
             mandatory=True,
         )
         self.published += 1
-        self.unconfirmed[self.published] = message_id
+        self.unconfirmed[self.published] = (message_id, len(body))
+        self.unconfirmed_bytes += len(body)
 
     async def settle(self, at_most: int, *, past_failure: bool = False) -> None:
         """Wait until at most ``at_most`` publishes await their confirm. Raises the first
         message returned (``_Returned``) or refused (``_Nacked``) — with
         ``past_failure``, only once the rest are settled too —, why the channel closed
         (pika's error), or ``_NoConfirms`` when none came for ``CONFIRM_TIMEOUT``."""
+        self._progress_at = self._loop.time()  # the broker's silence counts from here on
         while True:
             if self.closed.done():
                 raise self.closed.result()
@@ -203,16 +215,19 @@ class _ConfirmChannel:
                 raise self.failure
             if waiting <= at_most:
                 return
+            # measured from the last confirm: a few at the start of a wait do not make the
+            # broker's silence after them count from zero again (QA: 190 s, not 90)
+            left = self._progress_at + CONFIRM_TIMEOUT - self._loop.time()
+            if left <= 0:
+                raise _NoConfirms(
+                    f"the broker confirmed none of {waiting} messages for {CONFIRM_TIMEOUT:g} s"
+                )
             self._waiter = self._loop.create_future()
             self._wait_for, self._past_failure = at_most, past_failure
             try:
-                await asyncio.wait({self._waiter}, timeout=CONFIRM_TIMEOUT)
+                await asyncio.wait({self._waiter}, timeout=left)
             finally:
                 self._waiter = None
-            if len(self.unconfirmed) == waiting and not self.closed.done():
-                raise _NoConfirms(
-                    f"the broker confirmed none of {waiting} messages within {CONFIRM_TIMEOUT:g} s"
-                )
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -232,10 +247,14 @@ class _ConfirmChannel:
         else:
             tags = (tag,)
         refused = isinstance(method, pika.spec.Basic.Nack)
+        self._progress_at = self._loop.time()
         for each in tags:
-            message_id = self.unconfirmed.pop(each, None)
-            if refused and message_id is not None and self.failure is None:
-                self.failure = _Nacked(message_id)
+            sent = self.unconfirmed.pop(each, None)
+            if sent is None:
+                continue
+            self.unconfirmed_bytes -= sent[1]
+            if refused and self.failure is None:
+                self.failure = _Nacked(sent[0])
         self._wake()
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
@@ -266,6 +285,16 @@ class RabbitMQSink(Sink):
             raise SinkError(f"rabbitmq sink: {mask_url(url)} is not an amqp:// URL")
         self.options = options
         self.queue = options.queue or (None if options.exchange else f"litecdc.{spec.name}")
+        longest = self.queue or f"litecdc.{spec.name}.snapshot_done"
+        if len(longest.encode()) > MAX_ROUTING_KEY_BYTES:
+            if self.queue:
+                what, fix = f"queue name {longest!r}", "give a shorter ?queue= name"
+            else:  # the table's name is in every routing key
+                what, fix = f"routing key {longest!r}", "publish to a queue instead (?queue=)"
+            raise SinkError(
+                f"rabbitmq sink: the {what} is longer than AMQP's {MAX_ROUTING_KEY_BYTES} "
+                f"bytes ({mask_url(url)}): {fix}"
+            )
         self._safe = mask_url(url)
         # the loop thread owns the connection and the channel: touched only there
         self._loop: LoopThread | None = None
@@ -341,6 +370,17 @@ class RabbitMQSink(Sink):
         elif isinstance(cause, ssl.SSLError):
             problem = f"the TLS handshake with the broker at {where} failed"
             hint = "check the broker's certificate (and that the port is a TLS listener)"
+        elif isinstance(exc, pika.exceptions.ChannelClosedByBroker):
+            # the connection is up: a declaration was refused
+            target = f"queue {self.queue!r}" if self.queue else f"exchange {o.exchange!r}"
+            problem = f"the broker at {where} refused the {target}"
+            hint = (
+                f"user {o.user!r} needs the 'configure' permission on it to have it declared "
+                "(or declare it beforehand: an existing one is taken as it is) and 'write' to "
+                "publish"
+                if exc.reply_code == 403
+                else f"check the {target} on the broker"
+            )
         elif isinstance(cause, OSError):
             problem = f"cannot reach the broker at {where}"
             hint = (
@@ -396,10 +436,7 @@ class RabbitMQSink(Sink):
             self._channel = await _ConfirmChannel.open(self._conn)
         channel = self._channel
         if self.queue is not None:
-            queue = self.queue
-            await channel.call(
-                lambda done: channel.channel.queue_declare(queue, durable=True, callback=done)
-            )
+            await self._declare_queue(channel)
         else:
             await self._declare_exchange(channel)
 
@@ -417,13 +454,34 @@ class RabbitMQSink(Sink):
             raise _workflow_error(result)
         return result
 
+    async def _declare_queue(self, channel: _ConfirmChannel) -> None:
+        """Take the queue as it is when it exists — a quorum or stream queue, one with a
+        length limit or a TTL: declaring it again without its arguments is refused (406;
+        QA), and a user may publish to a queue it may not declare (403) —, else declare a
+        durable classic one."""
+        name = self.queue
+        try:
+            await channel.call(
+                lambda done: channel.channel.queue_declare(name, passive=True, callback=done)
+            )
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != NOT_FOUND:
+                raise
+            channel = self._channel = await _ConfirmChannel.open(self._conn)
+            await channel.call(
+                lambda done: channel.channel.queue_declare(name, durable=True, callback=done)
+            )
+            log.info("rabbitmq sink: declared queue %s", name)
+
     async def _declare_exchange(self, channel: _ConfirmChannel) -> None:
         name = self.options.exchange
         try:
             await channel.call(
                 lambda done: channel.channel.exchange_declare(name, passive=True, callback=done)
             )
-        except pika.exceptions.ChannelClosedByBroker:  # missing: make a durable topic one
+        except pika.exceptions.ChannelClosedByBroker as exc:  # missing: a durable topic one
+            if exc.reply_code != NOT_FOUND:
+                raise
             channel = self._channel = await _ConfirmChannel.open(self._conn)
             await channel.call(
                 lambda done: channel.channel.exchange_declare(
@@ -478,8 +536,11 @@ class RabbitMQSink(Sink):
             for msg_id, doc in messages:
                 key = self.queue or f"litecdc.{self.spec.name}.{doc['op']}"
                 channel.publish(exchange, key, encode(doc), self.message_id(msg_id))
-                if len(channel.unconfirmed) >= IN_FLIGHT:
-                    await channel.settle(IN_FLIGHT // 2)
+                if (
+                    len(channel.unconfirmed) >= IN_FLIGHT
+                    or channel.unconfirmed_bytes >= IN_FLIGHT_BYTES
+                ):
+                    await channel.settle(min(IN_FLIGHT, len(channel.unconfirmed)) // 2)
             await channel.settle(0)
         except (_Returned, _Nacked):
             # the batch's own error, whatever waiting for the rest of it comes to
@@ -592,6 +653,8 @@ def _reason(exc: BaseException) -> str:
         return exc.strerror[:1].lower() + exc.strerror[1:]  # "connection refused"
     if isinstance(exc, AMQPConnectorStackTimeout):
         return "timed out"
+    if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
+        return f"{exc.reply_code} {exc.reply_text}"  # args[0] alone dropped the reason
     text = str(exc.args[0]) if exc.args else str(exc)
     # "ConnectionClosedByBroker: (403) 'ACCESS_REFUSED - Login was refused …'"
     return text.removeprefix("ConnectionClosedByBroker: ") or type(exc).__name__
