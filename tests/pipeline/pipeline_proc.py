@@ -188,6 +188,22 @@ def rounds_until_caught_up(server: PipelineServer, node: Node, name: str) -> Non
     raise AssertionError(f"not caught up: {server.states[name]}")
 
 
+def wait_until_pruned_past(node: Node, name: str, applied: int, timeout: float = 30.0) -> None:
+    """Until ``node`` (started with a small ``--retention-cids``) has expired subscription
+    ``name``'s hold and pruned its change log past ``applied``: the position is gone."""
+    from litecdc.pipeline.source_client import SourceClient
+
+    deadline = time.monotonic() + timeout
+    with SourceClient([node.url]) as client:
+        while True:
+            holds = client.subscriptions()
+            hold = holds.get(name)
+            if hold is not None and hold.expired and holds.pruned_cid > applied:
+                return
+            assert time.monotonic() < deadline, holds
+            time.sleep(0.2)
+
+
 def scalar(client: httpx.Client, sql: str) -> Any:
     r = client.get("/db/query", params={"q": sql})
     assert r.status_code == 200, r.text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from e2e.litecdc_node import Node
-from pipeline_proc import execute
+from pipeline_proc import execute, wait_until_pruned_past
 
 from litecdc.errors import MetadataError, NotFoundError, SinkError, SourceError
 from litecdc.pipeline import control
@@ -195,15 +195,7 @@ def test_status_shows_every_subscription_when_one_position_expired_or_table_is_g
         with capped.client() as c:
             for i in range(8):  # more than 3 commits: the keeper expires the hold, prunes
                 execute(c, [["INSERT INTO t VALUES (?, ?)", i, "x"]])
-        with SourceClient([capped.url]) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                holds = client.subscriptions()
-                late = holds.get("late")
-                if late is not None and late.expired and holds.pruned_cid > registered:
-                    break
-                assert time.monotonic() < deadline, holds
-                time.sleep(0.2)
+        wait_until_pruned_past(capped, "late", registered)
         with node.client() as c:
             execute(c, ["DROP TABLE dd"])
 

@@ -17,7 +17,6 @@ sinks and MariaDB.
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ import pyarrow.compute as pc
 import pytest
 from e2e.litecdc_node import Node
 from fakes.webhook_receiver import WebhookReceiver
-from pipeline_proc import execute, rounds_until_caught_up
+from pipeline_proc import execute, rounds_until_caught_up, wait_until_pruned_past
 from sink_contract import consume, incompressible, nats_raw_messages, rabbitmq_messages
 
 from litecdc.pipeline import control
@@ -195,15 +194,7 @@ def test_consumer_drops_rows_deleted_while_the_position_expired_at_the_snapshot_
             for i in range(4, 10):
                 execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"]])
         applied = store.progress(table).last_log_index or 0
-        with SourceClient([capped.url]) as client:
-            deadline = time.monotonic() + 30
-            while True:  # the node's keeper expires the hold, then prunes past it
-                holds = client.subscriptions()
-                hold = holds.get(table)
-                if hold is not None and hold.expired and holds.pruned_cid > applied:
-                    break
-                assert time.monotonic() < deadline, holds
-                time.sleep(0.2)
+        wait_until_pruned_past(capped, table, applied)
         assert run(store, spark).states[table].last_error is None
         docs = first + sent()
         assert docs[-1]["op"] == "snapshot_done"
@@ -253,15 +244,7 @@ def test_a_table_to_copy_again_whose_position_expired_meanwhile_is_copied_again(
                     ],
                 )
         applied = store.progress(table).last_log_index or 0
-        with SourceClient([capped.url]) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                holds = client.subscriptions()
-                hold = holds.get(table)
-                if hold is not None and hold.expired and holds.pruned_cid > applied:
-                    break
-                assert time.monotonic() < deadline, holds
-                time.sleep(0.2)
+        wait_until_pruned_past(capped, table, applied)
         assert run(store, spark).states[table].last_error is None
         with capped.client() as c:
             r = c.get("/db/query", params={"q": f"SELECT * FROM {table}", "associative": ""})
