@@ -149,9 +149,8 @@ def _runs_as_text(sql: str) -> bool:
     journal does. A literal is not a bound value to SQLite in two ways that matter (QA):
     it folds constants — ``? OR random()`` calls random() once fewer with 1, and every
     later random() of the write then differs — and CREATE TABLE … AS SELECT names a
-    column after its expression's text and types it by its affinity (``?`` vs ``5``, a
-    a NUL-holding text's ``'a'||char(0)||'b'``). Other statements keep bound values (and
-    the statement cache, and the bulk path)."""
+    column after its expression's text (``?`` vs ``5``) and types it by its affinity.
+    Other statements keep bound values (and the statement cache, and the bulk path)."""
     return bool(parse_template(sql).placeholders) and bool(_LITERAL_SENSITIVE.search(sql))
 
 
