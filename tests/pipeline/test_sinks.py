@@ -763,6 +763,8 @@ def test_rabbitmq_refused_message_in_the_middle_of_a_batch_fails_it(
         sink.write_changes(*batch(src, 0, src.cid))
     message = str(info.value)
     assert "the broker refused a message" in message
+    assert f"a queue bound to exchange {exchange!r} is full (x-max-length" in message
+    assert "check the credentials" not in message
     refused = re.search(r"basic\.nack of message sub:(\d+-\d+-upsert)", message)
     assert refused is not None, message
     assert refused[1] in [msg_id for msg_id, _ in expected[limit:]]
@@ -1550,6 +1552,32 @@ def test_rabbitmq_unreachable_broker_says_where_and_what_to_check() -> None:
     message = str(info.value)
     assert f"the broker at 127.0.0.1:{port} did not answer (AMQP) within 1 s" in message
     assert "check that the port is RabbitMQ's AMQP port" in message and "s3cret" not in message
+
+
+def test_rabbitmq_other_protocol_on_the_port_is_named() -> None:
+    """QA: a server of another protocol (HTTP here) that answers AMQP's greeting and hangs
+    up was reported as StreamLostError with 'check the URL's credentials'."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def answer_as_http() -> None:
+            conn, _ = listener.accept()
+            with conn, contextlib.suppress(OSError):
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        server = threading.Thread(target=answer_as_http, daemon=True)
+        server.start()
+        with pytest.raises(SinkError) as info:
+            open_sink(f"amqp://app:s3cret@127.0.0.1:{port}/", SPEC, "sub")
+        server.join(10)
+    message = str(info.value)
+    assert (
+        f"the server at 127.0.0.1:{port} closed the connection during the AMQP handshake" in message
+    )
+    assert "check that the port is RabbitMQ's AMQP port" in message
+    assert "a TLS listener needs amqps://" in message
+    assert "credentials" not in message and "s3cret" not in message
 
 
 def test_rabbitmq_refused_login_or_vhost_is_named(rabbitmq_url: str) -> None:

@@ -367,6 +367,21 @@ class RabbitMQSink(Sink):
                 "check that the port is RabbitMQ's AMQP port (5672; 5671 for amqps://, which "
                 "must be a TLS listener) and that the broker is not overloaded"
             )
+        elif isinstance(
+            cause, pika.exceptions.StreamLostError | pika.exceptions.IncompatibleProtocolError
+        ):
+            # something listens there but hung up on AMQP's greeting: another protocol's
+            # server, or a TLS listener given amqp:// (QA: was "check the credentials")
+            tls_mixup = (
+                "a TLS listener needs amqps://"
+                if not o.tls
+                else "amqps:// needs a TLS listener (5671)"
+            )
+            problem = f"the server at {where} closed the connection during the AMQP handshake"
+            hint = (
+                "check that the port is RabbitMQ's AMQP port (5672; 5671 for amqps://) and "
+                f"not another service's; {tls_mixup}"
+            )
         elif isinstance(cause, ssl.SSLError):
             problem = f"the TLS handshake with the broker at {where} failed"
             hint = "check the broker's certificate (and that the port is a TLS listener)"
@@ -516,7 +531,20 @@ class RabbitMQSink(Sink):
             ) from exc
         except _Nacked as exc:
             self._drop_channel()
-            raise self._fail(f"{doing}: the broker refused a message", exc) from exc
+            full = (
+                f"queue {self.queue!r}"
+                if self.queue
+                else f"a queue bound to exchange {self.options.exchange!r}"
+            )
+            raise self._fail(
+                f"{doing}: the broker refused a message",
+                exc,
+                hint=(
+                    f": {full} is full (x-max-length or x-max-length-bytes with x-overflow "
+                    "reject-publish) or the broker failed to store it (see its log); the "
+                    "batch is retried"
+                ),
+            ) from exc
         except (pika.exceptions.AMQPError, OSError) as exc:  # lost, closed, or silent
             self.close()
             raise self._write_failed(doing, exc) from exc
