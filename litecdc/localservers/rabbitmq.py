@@ -8,6 +8,8 @@ neither uses nor leaves behind the shared epmd on 4369. /etc/rabbitmq is not rea
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -26,6 +28,7 @@ from litecdc.localservers.process import (
 # The script that runs the node in the foreground (/usr/sbin/rabbitmq-server only wraps it
 # to switch to the rabbitmq account).
 RABBITMQ_SCRIPT_GLOBS = ["/usr/lib/rabbitmq/bin/rabbitmq-server"]
+RABBITMQCTL_GLOBS = ["/usr/lib/rabbitmq/bin/rabbitmqctl"]
 
 
 class RabbitMQServer(LocalServer):
@@ -38,6 +41,7 @@ class RabbitMQServer(LocalServer):
         self.port = 0
         self.base_dir: Path | None = None
         self._epmd: ServerProcess | None = None
+        self._env: dict[str, str] = {}
 
     @property
     def startup_seconds(self) -> float:
@@ -80,6 +84,7 @@ class RabbitMQServer(LocalServer):
                 "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
                 "RABBITMQ_LOGS": "-",
             }
+            self._env = env
             (base / "enabled_plugins").write_text("[].\n")
             self._process = ServerProcess(
                 [self.script],
@@ -95,6 +100,27 @@ class RabbitMQServer(LocalServer):
             except ServerUnavailableError:
                 if attempt == 1:
                     raise
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl ARGS`` against this node (its name, cookie and epmd) and return
+        what it printed; ServerUnavailableError when it fails."""
+        if not self._env:
+            raise ServerUnavailableError("RabbitMQ: ctl() before start()")
+        ctl = find_binary(["rabbitmqctl"], "rabbitmqctl (from rabbitmq-server)", RABBITMQCTL_GLOBS)
+        done = subprocess.run(
+            [ctl, "-n", self._env["RABBITMQ_NODENAME"], *args],
+            env={**os.environ, **self._env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ServerUnavailableError(
+                f"rabbitmqctl {' '.join(args)} failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+        return done.stdout
 
     def _ready(self) -> bool:
         if not port_open(self.port):

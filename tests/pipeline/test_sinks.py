@@ -48,6 +48,7 @@ from sink_contract import (
 )
 
 from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.localservers import RabbitMQServer
 from litecdc.pipeline.sinks import rabbitmq
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError, message_id
 from litecdc.pipeline.sinks.messages import snapshot_message_id
@@ -778,6 +779,39 @@ def test_rabbitmq_refused_message_in_the_middle_of_a_batch_fails_it(
         channel.queue_bind(queue, exchange, routing_key=f"litecdc.{SPEC.name}.#")
     assert sink.write_changes(*batch(src, 0, src.cid)) is True
     assert unscoped(rabbitmq_messages(rabbitmq_url, queue)) == expected
+
+
+def test_rabbitmq_resource_alarm_fails_the_batch_after_the_blocked_timeout(
+    rabbitmq_server: RabbitMQServer, opened: list[Sink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker short of memory blocks publishers (a resource alarm, raised here for real by
+    lowering its memory watermark): the batch fails after BLOCKED_TIMEOUT saying why,
+    instead of holding the server's other subscriptions up; once the alarm clears the
+    retry arrives whole."""
+    monkeypatch.setattr(rabbitmq, "BLOCKED_TIMEOUT", 2.0)
+    queue = f"q{uuid.uuid4().hex[:10]}"
+    src = SourceSim(SPEC)
+    upserts(src, 1, 300)
+    expected = expected_messages(src, 0, src.cid)
+    sink = open_tracked(opened, f"{rabbitmq_server.url}?queue={queue}", SPEC)
+    rabbitmq_server.ctl("set_vm_memory_high_watermark", "0.00001")
+    try:
+        with pytest.raises(SinkError) as info:
+            sink.write_changes(*batch(src, 0, src.cid))
+    finally:
+        rabbitmq_server.ctl("set_vm_memory_high_watermark", "0.4")  # RabbitMQ's default
+    message = str(info.value)
+    port = urlsplit(rabbitmq_server.url).port
+    assert f"the broker at 127.0.0.1:{port} blocked the connection for more than 2 s" in message
+    assert "a resource alarm: memory or disk is short there" in message
+    assert sink.applied_cid() == 0
+    assert sink.write_changes(*batch(src, 0, src.cid)) is True
+    # what the broker took before it blocked comes first (at least once: consumers drop
+    # those duplicates by message id), then the whole retry
+    got = unscoped(rabbitmq_messages(rabbitmq_server.url, queue))
+    taken_before = len(got) - len(expected)
+    assert got[:taken_before] == expected[:taken_before]
+    assert got[taken_before:] == expected
 
 
 def test_rabbitmq_broker_gone_mid_batch_fails_it_and_the_next_prepare_reconnects(

@@ -94,8 +94,10 @@ IN_FLIGHT = 2000
 RPC_TIMEOUT = 30.0  # seconds for the broker to answer a declaration or open a channel
 CLOSE_TIMEOUT = 10.0  # seconds to wait for a graceful close
 #: seconds the broker may hold the connection blocked (a resource alarm) before it is
-#: given up and the batch fails
-BLOCKED_TIMEOUT = 60.0
+#: given up and the batch fails: the pipeline server applies one subscription at a time,
+#: so a longer wait would hold every other subscription up as long (was 60 s); the failed
+#: one is retried with the server's back-off
+BLOCKED_TIMEOUT = 10.0
 #: seconds a batch waits with confirms outstanding and none arriving before it fails (a
 #: broker that stopped answering; a lost connection fails at once). Longer than
 #: BLOCKED_TIMEOUT, whose error says why a blocked broker stopped
