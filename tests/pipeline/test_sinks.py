@@ -542,6 +542,35 @@ def test_postgresql_refuses_a_key_its_index_cannot_hold_and_applies_its_delete(
     assert_mirror(sink, src, Mirror("postgresql", fresh_name))
 
 
+def test_postgresql_key_probe_fires_no_trigger_of_the_mirror(
+    postgresql_url: str, opened: list[Sink]
+) -> None:
+    """Which keys PostgreSQL refuses is found by inserting them again, rolled back; on the
+    mirror itself a user's trigger fired once more, and what it did outside the transaction
+    stayed (here a sequence's nextval). The probe goes to an empty copy of the mirror."""
+    table, counter = fresh_name(), fresh_name()
+    sink = open_tracked(opened, f"{postgresql_url}?table={table}", COMPOSITE_SPEC)
+    src = SourceSim(COMPOSITE_SPEC)
+    src.commit(("upsert", {"region": "short", "n": 1, "value": "a"}))
+    assert sink.write_changes(*batch(src, 0, 1)) is True  # the mirror exists
+    with psycopg.connect(postgresql_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SEQUENCE {counter}")
+        conn.execute(
+            f"CREATE FUNCTION {counter}_count() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN PERFORM nextval('{counter}'); RETURN NEW; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {counter}_each BEFORE INSERT ON {table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {counter}_count()"
+        )
+    src.commit(("upsert", {"region": incompressible(3000), "n": 2, "value": "b"}))
+    with pytest.raises(UnstorableKeyError, match="'region' holds 3000 bytes"):
+        sink.write_changes(*batch(src, 1, 2))
+    with psycopg.connect(postgresql_url) as conn:
+        row = conn.execute(f"SELECT last_value, is_called FROM {counter}").fetchone()
+    assert row == (1, True)  # by the write that failed (as any write fires it), once
+
+
 @pytest.mark.parametrize(
     ("sqlite_type", "arrow", "value"),
     [

@@ -389,7 +389,8 @@ class PostgresSink(Sink):
         Whether a key fits depends on how PostgreSQL compresses it (pglz or lz4, as this
         session's default_toast_compression says) — 100,000 times one letter fits in an
         entry, 2,693 random bytes do not — so PostgreSQL is asked: each row whose key might
-        not fit is inserted alone, in a savepoint of a transaction that is rolled back.
+        not fit is inserted alone into an empty copy of the mirror, in a savepoint of a
+        transaction that is rolled back.
         A key of fewer bytes than an entry holds, less its headers, always fits and is not
         tried.
         """
@@ -410,14 +411,23 @@ class PostgresSink(Sink):
             total = pc.add(total, pc.binary_length(rows[name]))
         tried = pc.indices_nonzero(pc.fill_null(pc.greater(total, fits), False)).to_pylist()
         names = [*self.spec.column_names, CID_COLUMN]
+        # tried on an empty copy of the mirror (its columns, compression and indexes), not
+        # on the mirror: a user's trigger there would fire, and a non-transactional effect
+        # (a sequence's nextval) outlive the rollback
+        probe = sql.Identifier("litecdc_key_probe")
         insert = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
-            self._target(), sql.SQL(", ").join(self._ident(n) for n in names)
+            probe, sql.SQL(", ").join(self._ident(n) for n in names)
         )
         conflict = sql.SQL(" ON CONFLICT ({}) DO NOTHING").format(
             sql.SQL(", ").join(self._ident(k) for k in self.spec.key)
         )
         refused: list[tuple[int, str]] = []
         with conn.transaction(force_rollback=True):
+            conn.execute(
+                sql.SQL("CREATE TEMP TABLE {} (LIKE {} INCLUDING ALL) ON COMMIT DROP").format(
+                    probe, self._target()
+                )
+            )
             for index in tried:
                 values = sql.SQL(", ").join(sql.Literal(rows[n][index].as_py()) for n in names)
                 try:
