@@ -314,18 +314,36 @@ def parse_cdc_config(
         return _validated({"endpoint": text}, known_schemes)
     path = Path(text)
     try:
-        raw = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         # (a URL missing its "//", "http:user:pass@host", lands here: no credentials shown)
         shown = _shown(text) if ":" in text.partition("@")[0] and "@" in text else text
         raise ConfigError(f"--cdc-config: cannot read {shown!r}: {exc.strerror}") from None
     try:
-        doc = json.loads(raw)
+        raw = data.decode("utf-8")  # JSON is UTF-8 (RFC 8259), whatever the locale says
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--cdc-config: {text!r} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}): save it as UTF-8"
+        ) from None
+    try:
+        doc = json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--cdc-config: {text!r} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"--cdc-config: {text!r} must hold a JSON object")
     return _validated(doc, known_schemes)
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice: json.loads keeps the last silently, so
+    a file with two "endpoint"s would deliver to whichever came second (QA)."""
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise ConfigError(f"cdc config: key {key!r} is given twice")
+        doc[key] = value
+    return doc
 
 
 def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig:
@@ -344,6 +362,10 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
         raise ConfigError('cdc config: endpoint is required: an http(s) URL or "stdout"')
     if endpoint != STDOUT:
         shown = _shown(endpoint)  # never the credentials (docs/cdc.md promises it)
+        if endpoint != endpoint.strip():
+            # the URL parser strips it, the HTTP client does not: every request would fail
+            # with "missing an 'http://' protocol" (QA)
+            raise ConfigError(f"cdc config: endpoint {shown!r} has white space before or after it")
         _check_url(endpoint)
         parts = urlsplit(endpoint)
         if not parts.scheme or not parts.netloc:
@@ -355,9 +377,11 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
                 f'(supported: {schemes}, or "stdout")'
             )
         try:
-            _ = parts.port
+            port = parts.port
         except ValueError:
             raise ConfigError(f"cdc config: endpoint {shown!r} has an invalid port") from None
+        if port == 0:  # nothing listens there: every request would fail, forever
+            raise ConfigError(f"cdc config: endpoint {shown!r} has port 0")
     kwargs: dict[str, Any] = {"endpoint": endpoint}
     for key in ("service_id",):
         if key in doc:

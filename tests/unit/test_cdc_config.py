@@ -139,6 +139,11 @@ def test_linear_backoff() -> None:
             {"endpoint": "http://x/h", "headers": {"content-type": "text/plain"}},
             "Content-Type is set by litecdc",
         ),
+        # QA: a JSON file's endpoint was not stripped (the URL parser strips, the HTTP
+        # client does not: every send failed); port 0 was taken (nothing listens there)
+        ({"endpoint": " http://x/h"}, "endpoint ' http://x/h' has white space before or after"),
+        ({"endpoint": "http://x/h\n"}, "has white space before or after it"),
+        ({"endpoint": "http://x:0/h"}, "endpoint 'http://x:0/h' has port 0"),
         ({"endpoint": "http://x/h", "log_only": True}, "log_only: true is not supported"),
         (
             {"endpoint": "http://x/h", "high_watermarking_disabled": True},
@@ -157,6 +162,30 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="is not valid JSON"):
         parse_cdc_config(str(tmp_path / "bad.json"), known_schemes=SCHEMES)
+
+
+def test_files_not_utf8_or_with_a_key_given_twice_are_refused(tmp_path: Path) -> None:
+    """QA: a file that is not UTF-8 ended start-up in a traceback (UnicodeDecodeError), and
+    a key given twice silently took the last value."""
+    (tmp_path / "latin1.json").write_bytes(
+        '{"endpoint": "http://x/h", "service_id": "café"}'.encode("latin-1")
+    )
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at offset 45\)"):
+        parse_cdc_config(str(tmp_path / "latin1.json"), known_schemes=SCHEMES)
+    (tmp_path / "twice.json").write_text('{"endpoint": "http://a/h", "endpoint": "http://b/h"}')
+    with pytest.raises(ConfigError, match="key 'endpoint' is given twice"):
+        parse_cdc_config(str(tmp_path / "twice.json"), known_schemes=SCHEMES)
+    (tmp_path / "nested.json").write_text(
+        '{"endpoint": "http://a/h", "headers": {"X-A": "1", "X-A": "2"}}'
+    )
+    with pytest.raises(ConfigError, match="key 'X-A' is given twice"):
+        parse_cdc_config(str(tmp_path / "nested.json"), known_schemes=SCHEMES)
+    (tmp_path / "utf8.json").write_text(
+        '{"endpoint": "http://x/h", "service_id": "café"}', encoding="utf-8"
+    )
+    assert parse_cdc_config(str(tmp_path / "utf8.json"), known_schemes=SCHEMES).service_id == (
+        "café"
+    )
 
 
 def test_unreadable_certificate_contents_are_refused(tmp_path: Path) -> None:
