@@ -721,14 +721,24 @@ class TimedFeed:
         )
         return result
 
+    def next_transaction(self, after: int) -> tuple[int, int] | None:
+        return self._store.next_transaction(after)
+
+    def transaction_changes(self, cid: int, after_seq: int, limit: int) -> list[RowChange]:
+        result: list[RowChange] = self._stages.timed(
+            "feed.transaction_changes (a large transaction's page)",
+            lambda: self._store.transaction_changes(cid, after_seq, limit),
+        )
+        return result
+
     def last_cid(self) -> int:
         return self._store.last_cid()
 
     def cdc_high_watermark(self) -> int | None:
         return self._store.cdc_high_watermark()
 
-    def queue_stats(self) -> tuple[int, int | None]:
-        return self._store.queue_stats()
+    def queue_stats(self, after: int = 0) -> tuple[int, int | None]:
+        return self._store.queue_stats(after)
 
 
 class TimedLeadership:
@@ -741,10 +751,11 @@ class TimedLeadership:
     def add_listener(self, callback: Callable[[bool], None]) -> None:
         self._inner.add_listener(callback)
 
-    def write_internal(self, query: str) -> None:
-        self._stages.timed(
+    def write_internal(self, query: str) -> int:
+        cid: int = self._stages.timed(
             "leadership.write_internal (HWM + prune)", lambda: self._inner.write_internal(query)
         )
+        return cid
 
 
 SEND_STAGE = "sink.send (HTTP POST, incl. receiver)"
@@ -756,6 +767,9 @@ class TimedSink:
 
     def send(self, body: bytes, message_id: str) -> None:
         self._stages.timed(SEND_STAGE, lambda: self._inner.send(body, message_id))
+
+    def abort(self) -> None:
+        self._inner.abort()
 
     def close(self) -> None:
         self._inner.close()

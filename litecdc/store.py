@@ -511,6 +511,14 @@ class Store:
             after, max_transactions, max_events, oversize_first=oversize_first
         )
 
+    def next_transaction(self, after: int) -> tuple[int, int] | None:
+        """(cid, number of changes) of the first transaction with changes after ``after``."""
+        return self.engine.next_transaction(after)
+
+    def transaction_changes(self, cid: int, after_seq: int, limit: int) -> list[RowChange]:
+        """Up to ``limit`` changes of transaction ``cid`` after its change ``after_seq``."""
+        return self.engine.transaction_changes(cid, after_seq, limit)
+
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool:
         return self.journal.wait_for_commit_after(cid, timeout)
 

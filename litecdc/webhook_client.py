@@ -110,21 +110,30 @@ class WebhookClient:
             event_hooks={"response": [_stop_at_redirects]},
         )
 
-    def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """POST ``body`` once. Raises RequestExpired, RequestAborted, or whatever else
-        made the request fail (httpx's errors, and others: h11's, idna's…)."""
+    def post(
+        self, body: bytes, headers: Mapping[str, str], *, timeout: float | None = None
+    ) -> Answer:
+        """POST ``body`` once, within ``timeout`` seconds (the client's by default).
+        Raises RequestExpired, RequestAborted, or whatever else made the request fail
+        (httpx's errors, and others: h11's, idna's…)."""
         with self._lock:
             if self._aborted:
                 raise RequestAborted
             self._request += 1
             request = self._request
             self._in_flight, self._expired = True, False
-        watchdog = threading.Timer(self.timeout, self._expire, args=(request,))
+        deadline = self.timeout if timeout is None else timeout
+        watchdog = threading.Timer(deadline, self._expire, args=(request,))
         watchdog.daemon = True
         watchdog.start()
         try:
             with self._client.stream(
-                "POST", self.url, content=body, headers=headers, extensions=self._extensions
+                "POST",
+                self.url,
+                content=body,
+                headers=headers,
+                extensions=self._extensions,
+                timeout=deadline,  # each operation's too, or a read ends at the default
             ) as response:
                 _read_some(response)
                 return Answer(response.status_code)

@@ -25,12 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from litecdc.cdc.config import CDCConfig, redact_endpoint
-from litecdc.cdc.envelopes import ENVELOPES
+from litecdc.cdc.envelopes import ENVELOPES, large_transaction_body
 from litecdc.cdc.sinks import Sink, TransmitError, create_sink
 from litecdc.db.schema import (
     CREATE_CDC_STATE,
@@ -55,6 +55,8 @@ class ChangeFeed(Protocol):
         *,
         oversize_first: bool = True,
     ) -> tuple[list[RowChange], bool]: ...
+    def next_transaction(self, after: int) -> tuple[int, int] | None: ...
+    def transaction_changes(self, cid: int, after_seq: int, limit: int) -> list[RowChange]: ...
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool: ...
     def last_cid(self) -> int: ...
     def cdc_high_watermark(self) -> int | None: ...
@@ -65,6 +67,14 @@ class Leadership(Protocol):
     def is_leader(self) -> bool: ...
     def add_listener(self, callback: Callable[[bool], None]) -> None: ...
     def write_internal(self, query: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class _Large:
+    """The next transaction, too large to share a batch (more than max_batch_events)."""
+
+    cid: int
+    changes: int
 
 
 @dataclass
@@ -186,7 +196,9 @@ class CDCService:
         if self._position is None:
             self._take_over()
         batch = self._collect()
-        if batch:
+        if isinstance(batch, _Large):
+            self._deliver_large(batch)
+        elif batch:
             self._deliver(batch)
         self._write_hwm()
 
@@ -201,8 +213,9 @@ class CDCService:
             self._position = hwm
         log.info("CDC: leading; sending everything above cid %d", hwm)
 
-    def _collect(self) -> list[RowChange]:
-        """Whole transactions: up to max_batch_size of them, or what came within the delay."""
+    def _collect(self) -> list[RowChange] | _Large:
+        """Whole transactions: up to max_batch_size of them, or what came within the delay;
+        a transaction of more than max_batch_events changes alone, as a ``_Large``."""
         config = self.config
         assert self._position is not None
         position = self._position
@@ -215,8 +228,13 @@ class CDCService:
                 position,
                 config.max_batch_size - transactions,
                 max(config.max_batch_events - len(events), 0),
-                oversize_first=not events,
+                oversize_first=False,
             )
+            if not new and limited and not events:
+                # the next transaction alone has more than max_batch_events changes
+                found = self._feed.next_transaction(position)
+                if found is not None:
+                    return _Large(*found)
             if new:
                 events.extend(new)
                 transactions += len({change.cid for change in new})
@@ -242,7 +260,7 @@ class CDCService:
         config = self.config
         pattern = config.table_filter
         wanted = batch if pattern is None else [c for c in batch if pattern.fullmatch(c.table)]
-        last_cid = batch[-1].cid
+        first_cid, last_cid = batch[0].cid, batch[-1].cid
         if wanted:
             body = self._envelope(
                 wanted,
@@ -250,57 +268,102 @@ class CDCService:
                 service_id=config.service_id,
                 row_ids_only=config.row_ids_only,
             )
-            message_id = f"{self._node_id}-{batch[0].cid}-{last_cid}"
-            attempt = 0
+            if not self._send(body, first_cid, last_cid, len(wanted)):
+                return  # not delivered: the next leader (or restart) resends it
+        self._delivered(last_cid, skipped=len(batch) - len(wanted))
+
+    def _deliver_large(self, large: _Large) -> None:
+        """One transaction of more than max_batch_events changes, in one request (a
+        transaction is never split: rqlite consumers take its ``index`` as done), its body
+        built a page of max_batch_events changes at a time."""
+        config = self.config
+        pattern = config.table_filter
+        page_size = config.max_batch_events
+        log.info(
+            "CDC: transaction cid %d has %d changes (max_batch_events %d): sent alone",
+            large.cid,
+            large.changes,
+            page_size,
+        )
+
+        def pages() -> Iterator[list[RowChange]]:
+            after_seq = 0
             while True:
-                if self._stop.is_set() or not self._leadership.is_leader():
-                    return  # not delivered: the next leader (or restart) resends it
-                attempt += 1
-                try:
-                    self._sink.send(body, message_id)
-                except TransmitError as exc:
-                    if self._stop.is_set():
-                        return  # ended by stop(): not a failure; resent after a restart
-                    with self._lock:
-                        self.counters.failed_requests += 1
-                        self._last_error = str(exc)
-                    limit = config.transmit_max_retries
-                    if limit is not None and attempt >= limit:
-                        log.error(
-                            "CDC: dropping batch of cids %d-%d (%d events) after %d attempts: %s",
-                            batch[0].cid,
-                            last_cid,
-                            len(wanted),
-                            attempt,
-                            exc,
-                        )
-                        with self._lock:
-                            self.counters.dropped_batches += 1
-                            self.counters.dropped_events += len(wanted)
-                        break
-                    delay = config.backoff(attempt)
-                    log.warning(
-                        "CDC: delivery of cids %d-%d failed (attempt %d): %s; retrying in %.2fs",
-                        batch[0].cid,
-                        last_cid,
-                        attempt,
-                        exc,
-                        delay,
-                    )
-                    with self._lock:
-                        self.counters.retries += 1
-                    self._write_hwm()  # earlier progress still gets persisted
-                    self._stop.wait(delay)
-                    continue
-                with self._lock:
-                    self.counters.sent_batches += 1
-                    self.counters.sent_events += len(wanted)
-                    self._last_error = None
-                break
+                page = self._feed.transaction_changes(large.cid, after_seq, page_size)
+                if not page:
+                    return
+                after_seq = page[-1].seq
+                yield page if pattern is None else [c for c in page if pattern.fullmatch(c.table)]
+
+        body, wanted = large_transaction_body(
+            config.format,
+            pages(),
+            node_id=self._node_id,
+            service_id=config.service_id,
+            row_ids_only=config.row_ids_only,
+        )
+        if wanted and not self._send(body, large.cid, large.cid, wanted):
+            return
+        self._delivered(large.cid, skipped=large.changes - wanted)
+
+    def _delivered(self, last_cid: int, *, skipped: int) -> None:
+        """Everything up to ``last_cid`` was sent (or dropped, or filtered out)."""
         with self._lock:
-            self.counters.skipped_events += len(batch) - len(wanted)
+            self.counters.skipped_events += skipped
             self._hwm = max(self._hwm, last_cid)
             self._position = last_cid
+
+    def _send(self, body: bytes, first_cid: int, last_cid: int, events: int) -> bool:
+        """Send one batch per the retry policy: True once it is delivered or dropped after
+        its last attempt, False when stopping or no longer the leader."""
+        config = self.config
+        message_id = f"{self._node_id}-{first_cid}-{last_cid}"
+        attempt = 0
+        while True:
+            if self._stop.is_set() or not self._leadership.is_leader():
+                return False
+            attempt += 1
+            try:
+                self._sink.send(body, message_id)
+            except TransmitError as exc:
+                if self._stop.is_set():
+                    return False  # ended by stop(): not a failure; resent after a restart
+                with self._lock:
+                    self.counters.failed_requests += 1
+                    self._last_error = str(exc)
+                limit = config.transmit_max_retries
+                if limit is not None and attempt >= limit:
+                    log.error(
+                        "CDC: dropping batch of cids %d-%d (%d events) after %d attempts: %s",
+                        first_cid,
+                        last_cid,
+                        events,
+                        attempt,
+                        exc,
+                    )
+                    with self._lock:
+                        self.counters.dropped_batches += 1
+                        self.counters.dropped_events += events
+                    return True
+                delay = config.backoff(attempt)
+                log.warning(
+                    "CDC: delivery of cids %d-%d failed (attempt %d): %s; retrying in %.2fs",
+                    first_cid,
+                    last_cid,
+                    attempt,
+                    exc,
+                    delay,
+                )
+                with self._lock:
+                    self.counters.retries += 1
+                self._write_hwm()  # earlier progress still gets persisted
+                self._stop.wait(delay)
+                continue
+            with self._lock:
+                self.counters.sent_batches += 1
+                self.counters.sent_events += events
+                self._last_error = None
+            return True
 
     def _write_hwm(self, *, force: bool = False) -> None:
         """Write the HWM through the log when the interval has passed and it moved."""

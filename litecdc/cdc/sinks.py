@@ -59,13 +59,27 @@ def create_sink(config: CDCConfig) -> Sink:
     return factory(config)
 
 
+#: a request gets transmit_timeout for every TIMEOUT_BYTES of body, started: a batch of
+#: large rows, or one transaction of many (never split), takes longer to send and read
+#: than a few seconds allow, and would fail on every attempt (QA: a 600,000-row
+#: transaction, 288 MB of JSON, stopped all delivery with transmit_timeout 5s)
+TIMEOUT_BYTES = 8 * 2**20
+
+
+def transmit_allowance(transmit_timeout: float, body_bytes: int) -> float:
+    """Seconds one request of ``body_bytes`` may take: ``transmit_timeout`` per started
+    ``TIMEOUT_BYTES``."""
+    return transmit_timeout * max(1, -(-body_bytes // TIMEOUT_BYTES))
+
+
 class WebhookSink:
     """POST each batch as JSON to an HTTP(S) endpoint; any 2xx is success.
 
-    ``transmit_timeout`` bounds the whole request (``litecdc.webhook_client``: a timer
-    shuts the request's socket down at its deadline; ``abort`` does the same at
-    shutdown). The status decides: the body of an answer is read only in part. URL
-    credentials go as basic auth, so no log line or error message shows them.
+    ``transmit_timeout`` bounds the whole request, per started ``TIMEOUT_BYTES`` of body
+    (``litecdc.webhook_client``: a timer shuts the request's socket down at its deadline;
+    ``abort`` does the same at shutdown). The status decides: the body of an answer is
+    read only in part. URL credentials go as basic auth, so no log line or error message
+    shows them.
     """
 
     def __init__(self, config: CDCConfig) -> None:
@@ -84,13 +98,20 @@ class WebhookSink:
         headers = {}
         if self._key is not None:
             headers = signature_headers(self._key, message_id, int(time.time()), body)
+        timeout = transmit_allowance(self._client.timeout, len(body))
         try:
-            answer = self._client.post(body, headers)
+            answer = self._client.post(body, headers, timeout=timeout)
         except RequestAborted:
             raise TransmitError("aborted: the CDC service is stopping") from None
         except RequestExpired:
+            allowed = f"{self._client.timeout:g}s"
+            if timeout > self._client.timeout:
+                allowed += (
+                    f"; {timeout:g}s for this {len(body) / 2**20:.0f} MiB body: one per "
+                    f"{TIMEOUT_BYTES // 2**20} MiB started"
+                )
             raise TransmitError(
-                f"timed out: no complete answer within transmit_timeout ({self._client.timeout:g}s)"
+                f"timed out: no complete answer within transmit_timeout ({allowed})"
             ) from None
         except httpx.TimeoutException as exc:
             raise TransmitError(f"timed out: {exc.__class__.__name__}") from exc

@@ -1274,6 +1274,31 @@ class Engine:
                 conn.execute("COMMIT")
         return [decode_change(row) for row in rows], limited
 
+    def next_transaction(self, after: int) -> tuple[int, int] | None:
+        """The cid of the first transaction with changes after cid ``after``, and how many
+        it has; None when there is none."""
+        found = self._read(
+            f"SELECT id FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT 1",
+            (last_change_id(after) if after >= 0 else -1,),
+        )
+        if not found:
+            return None
+        cid = int(found[0][0]) >> SEQ_BITS
+        last = self._read(  # seqs run 1..n
+            f"SELECT id FROM {CHANGES_TABLE} WHERE id <= ? ORDER BY id DESC LIMIT 1",
+            (last_change_id(cid),),
+        )
+        return cid, int(last[0][0]) & ((1 << SEQ_BITS) - 1)
+
+    def transaction_changes(self, cid: int, after_seq: int, limit: int) -> list[RowChange]:
+        """Up to ``limit`` changes of transaction ``cid`` after its change ``after_seq``."""
+        rows = self._read(
+            f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? AND id <= ? "
+            "ORDER BY id LIMIT ?",
+            (cid << SEQ_BITS | after_seq, last_change_id(cid), limit),
+        )
+        return [decode_change(row) for row in rows]
+
     def read_consistent(self, read: Callable[[apsw.Connection], T]) -> T:
         """Run ``read`` on this thread's reader connection inside one read transaction,
         with litecdc's own access (internal tables readable): the pull source's snapshot

@@ -440,6 +440,78 @@ def test_max_batch_events_bounds_a_request_without_splitting_transactions(
         node.close()
 
 
+def test_a_transaction_larger_than_max_batch_events_goes_whole_read_in_pages(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    """A transaction of more changes than max_batch_events goes alone, whole, in one
+    request, its body built a page of max_batch_events changes at a time (QA: read whole
+    as Python objects, a 600,000-row one took 1.9 GB); table_filter applies to every page,
+    and the transactions around it travel as usual."""
+    from litecdc import Store
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)"), S("CREATE TABLE u(v)")])
+    before = store.execute([S("INSERT INTO t(v) VALUES('before')")]).cid
+    rows = [S("INSERT INTO t(v) VALUES(?)", (i,)) for i in range(25)]
+    rows[3:3] = [S("INSERT INTO u(v) VALUES(?)", (i,)) for i in range(5)]
+    large = store.execute(rows, transaction=True).cid
+    after = store.execute([S("INSERT INTO t(v) VALUES('after')")]).cid
+    store.close()
+    node = make_node(
+        tmp_path, receiver.url, max_batch_size=100, max_batch_events=7, table_filter="t"
+    )
+    try:
+        receiver.wait_for(lambda _: len(events(receiver)) >= 27, timeout=30)
+        assert [[p["index"] for p in b["payload"]] for b in receiver.batches] == [
+            [before],
+            [large],
+            [after],
+        ]
+        sent = receiver.batches[1]["payload"][0]["events"]
+        assert [e["after"]["v"] for e in sent] == list(range(25))
+        assert {e["table"] for e in sent} == {"t"}
+        status = wait_status(node, lambda s: s["hwm"] == after)
+        assert status["skipped_events"] == 5 and status["sent_events"] == 27
+    finally:
+        node.close()
+
+
+def test_a_large_body_gets_transmit_timeout_per_8_mib_started(
+    started: Callable[..., Node], receiver: WebhookReceiver
+) -> None:
+    """A request of large rows takes longer than a few seconds to send and read: it gets
+    transmit_timeout per started 8 MiB of body (QA: 288 MB in one request failed at 5 s
+    on every attempt, and delivery stopped behind it)."""
+    receiver.delay_seconds = 2.5  # past transmit_timeout, well within 3 of them
+    node = started(receiver.url, transmit_timeout="2s")
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")])
+    blob = os.urandom(100_000)  # 133 KB as base64: 150 rows, about 19 MiB of JSON
+    cid = node.store.execute(
+        [S("INSERT INTO t(b) VALUES(?)", (blob,)) for _ in range(150)], transaction=True
+    ).cid
+    wait_delivered(receiver, {(cid, i) for i in range(150)})
+    status = wait_status(node, lambda s: s["sent_batches"] >= 1)
+    assert status["failed_requests"] == 0, status
+    assert 16 * 2**20 < len(receiver.requests[0].body) <= 24 * 2**20
+
+
+def test_a_large_body_past_its_allowance_says_how_much_it_had(
+    receiver: WebhookReceiver,
+) -> None:
+    receiver.delay_seconds = 5.0
+    sink = WebhookSink(CDCConfig(endpoint=receiver.url, transmit_timeout=0.2))
+    body = b'{"payload": "' + b"x" * (9 * 2**20) + b'"}'
+    try:
+        with pytest.raises(TransmitError) as info:
+            sink.send(body, "m-1")
+    finally:
+        sink.close()
+    assert str(info.value) == (
+        "timed out: no complete answer within transmit_timeout (0.2s; 0.4s for this 9 MiB "
+        "body: one per 8 MiB started)"
+    )
+
+
 class SwitchableLeadership:
     """The Leadership interface with leadership switched by the test, standing in for the
     cluster's etcd election (issue 4): the service must send only while leading."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from litecdc.cdc.envelopes import debezium_envelope, rqlite_envelope
+import pytest
+
+from litecdc.cdc.envelopes import debezium_envelope, large_transaction_body, rqlite_envelope
+from litecdc.cdc.sinks import TIMEOUT_BYTES, transmit_allowance
 from litecdc.results import RowChange
 
 
@@ -57,3 +60,55 @@ def test_a_user_column_named_rowid_is_not_taken_for_the_row_id() -> None:
     named = change("insert", {"rowid": 1}, None, {"rowid": "abc", "x": 2}, rowids=(None, 1))
     events = json.loads(debezium_envelope([named], node_id="n", row_ids_only=True))
     assert (events[0]["before"], events[0]["after"]) == (None, {"rowid": 1})
+
+
+def one_transaction(count: int) -> list[RowChange]:
+    """A transaction of every op, two tables, row ids and keys, blobs as base64."""
+    changes = []
+    for seq in range(1, count + 1):
+        op = ("insert", "update", "delete")[seq % 3]
+        image = {"id": seq, "v": f"é{seq}", "b": "AAE="}
+        changes.append(
+            RowChange(
+                cid=42,
+                seq=seq,
+                table="t" if seq % 4 else "u",
+                op=op,  # type: ignore[arg-type]
+                old_rowid=None if op == "insert" else seq,
+                new_rowid=None if op == "delete" else seq,
+                pk={"id": seq},
+                before=None if op == "insert" else image,
+                after=None if op == "delete" else {**image, "v": "new"},
+                timestamp_ms=1795650285719,
+            )
+        )
+    return changes
+
+
+@pytest.mark.parametrize("format", ["rqlite", "debezium"])
+@pytest.mark.parametrize("row_ids_only", [False, True])
+@pytest.mark.parametrize("page", [1, 7, 30, 100])
+def test_a_large_transaction_built_in_pages_is_the_same_body(
+    format: str, row_ids_only: bool, page: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The body of a transaction too large for one batch is built a page at a time: the
+    same bytes as the whole list's envelope."""
+    monkeypatch.setattr("time.time_ns", lambda: 1795650285800_000_000)  # debezium's ts_ms
+    changes = one_transaction(30)
+    pages = [changes[i : i + page] for i in range(0, len(changes), page)]
+    whole = {"rqlite": rqlite_envelope, "debezium": debezium_envelope}[format](
+        changes, node_id="n1", service_id="shop", row_ids_only=row_ids_only
+    )
+    body, events = large_transaction_body(
+        format, [[], *pages, []], node_id="n1", service_id="shop", row_ids_only=row_ids_only
+    )
+    assert (body, events) == (whole, 30)
+    assert json.loads(body)  # one JSON document
+    assert large_transaction_body(format, [[], []], node_id="n1") == (b"", 0)
+
+
+def test_a_request_gets_transmit_timeout_per_started_8_mib() -> None:
+    assert transmit_allowance(5.0, 0) == 5.0
+    assert transmit_allowance(5.0, TIMEOUT_BYTES) == 5.0
+    assert transmit_allowance(5.0, TIMEOUT_BYTES + 1) == 10.0
+    assert transmit_allowance(5.0, 288 * 2**20) == 180.0
