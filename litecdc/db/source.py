@@ -685,8 +685,9 @@ def _columns(
 
 
 #: values pyarrow converts to an Arrow type without a word: a blob to text (when its
-#: bytes are UTF-8), text to a blob (its UTF-8 bytes). Neither is the value stored.
-_TAKEN_AS: dict[str, type] = {"string": bytes, "binary": str}
+#: bytes are UTF-8), text to a blob (its UTF-8 bytes), a float to an integer (cut: 2.5
+#: in an INTEGER column became 2, QA). None is the value stored.
+_TAKEN_AS: dict[str, type] = {"string": bytes, "binary": str, "int64": float}
 
 
 def _coerced(

@@ -944,6 +944,51 @@ def test_value_not_fitting_its_column_type_is_422(node: Node, client: httpx.Clie
         assert r.status_code == 200 and r.json()["rows"] == [[1, 5, "x", head(c)]]
 
 
+def test_a_real_in_an_integer_or_boolean_column_is_422_not_cut(
+    node: Node, client: httpx.Client
+) -> None:
+    """QA: SQLite keeps 2.5 as REAL in an INTEGER column (and 0.5 in a BOOLEAN one);
+    pyarrow cut it to 2 without a word, in snapshots and changes alike, and keys 1 and
+    1.5 of an INT primary key both became 1 (rows lost at the sink). `verify` read the
+    source the same way and saw nothing."""
+    c = client
+    node.execute(
+        c,
+        [
+            "CREATE TABLE cut (id INTEGER PRIMARY KEY, n INTEGER, b BOOLEAN)",
+            "CREATE TABLE cutkey (k INT PRIMARY KEY, v) WITHOUT ROWID",
+        ],
+    )
+    with subscriber(c, "cut-sub") as after:
+        node.execute(
+            c,
+            [
+                "INSERT INTO cut VALUES (1, 10, 1), (2, 2.5, 0), (3, 3, 0.5)",
+                "INSERT INTO cutkey VALUES (1, 'a'), (1.5, 'b')",
+            ],
+        )
+        expected = [
+            ("cut", "column n: a REAL value at key [2]", "int64 (declared 'INTEGER')"),
+            ("cutkey", "column k: a REAL value at key [1.5]", "int64 (declared 'INT')"),
+        ]
+        for table, what, mirrored in expected:
+            for path, params in (("rows", {}), ("changes", {"after": after})):
+                for fmt in ("arrow", "json"):
+                    r = c.get(f"/cdc/tables/{table}/{path}", params={**params, "format": fmt})
+                    msg = error_of(r, 422)
+                    assert f"table {table} {what} does not fit" in msg and mirrored in msg, msg
+        node.execute(c, ["UPDATE cut SET n = 2 WHERE id = 2"])
+        msg = error_of(c.get("/cdc/tables/cut/rows"), 422)
+        assert "table cut column b: a REAL value at key [3]" in msg and "'BOOLEAN'" in msg, msg
+        node.execute(c, ["UPDATE cut SET b = 1 WHERE id = 3", "DELETE FROM cutkey WHERE k = 1.5"])
+        assert c.get("/cdc/tables/cut/rows").json()["rows"] == [
+            [1, 10, 1, head(c)],
+            [2, 2, 0, head(c)],
+            [3, 3, 1, head(c)],
+        ]
+        assert c.get("/cdc/tables/cutkey/rows").json()["rows"] == [[1, "a", head(c)]]
+
+
 def test_blob_in_a_text_column_or_text_in_a_blob_column_is_422(
     node: Node, client: httpx.Client
 ) -> None:
