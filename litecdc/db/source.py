@@ -61,16 +61,20 @@ from litecdc.wire import (
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 
 
-def arrow_type_name(declared: str) -> str:
+def arrow_type_name(declared: str, *, strict: bool = False) -> str:
     """The Arrow type a column of SQLite declared type ``declared`` is mirrored as.
 
     SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
     BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
     BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
     functions), anything else (NUMERIC, DECIMAL…) → float64. A column with no declared
-    type can hold anything; it is mirrored as text (numbers written out exactly).
+    type can hold anything; it is mirrored as text (numbers written out exactly), and so
+    is a STRICT table's ``ANY`` column, which has no affinity either (elsewhere ``ANY``
+    has NUMERIC affinity, QA: a STRICT table's was mirrored as float64).
     """
     t = declared.upper()
+    if strict and t == "ANY":
+        return "string"
     if "INT" in t:
         return "int64"
     if "CHAR" in t or "CLOB" in t or "TEXT" in t:
@@ -221,17 +225,20 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
     """The table's columns and key; NotFoundError for anything that is not a user table."""
     found = _rows(
         conn,
-        "SELECT name, type, wr FROM pragma_table_list WHERE schema = 'main' AND name = ? "
-        "COLLATE NOCASE",
+        "SELECT name, type, wr, strict FROM pragma_table_list WHERE schema = 'main' AND "
+        "name = ? COLLATE NOCASE",
         (table,),
     )
     if not found or found[0][1] != "table" or _is_hidden(found[0][0]):
         raise NotFoundError(f"no table {table!r} in this database")
-    name, _, without_rowid = found[0]
+    name, _, without_rowid, strict = found[0]
     info = _rows(
         conn, 'SELECT name, type, "notnull", pk, dflt_value FROM pragma_table_xinfo(?)', (name,)
     )
-    columns = [(c[0], str(c[1] or ""), arrow_type_name(str(c[1] or "")), bool(c[2])) for c in info]
+    columns = [
+        (c[0], str(c[1] or ""), arrow_type_name(str(c[1] or ""), strict=bool(strict)), bool(c[2]))
+        for c in info
+    ]
     defaults = tuple(c[4] for c in info)
     pk_info = sorted((c for c in info if c[3]), key=lambda c: c[3])
     pk = [c[0] for c in pk_info]

@@ -989,6 +989,34 @@ def test_a_real_in_an_integer_or_boolean_column_is_422_not_cut(
         assert c.get("/cdc/tables/cutkey/rows").json()["rows"] == [[1, "a", head(c)]]
 
 
+def test_a_strict_tables_any_column_is_mirrored_as_text_like_an_untyped_one(
+    node: Node, client: httpx.Client
+) -> None:
+    """QA: ANY has no affinity in a STRICT table (it keeps 'hello' and 42 as they are) but
+    was mirrored as float64, as ANY's NUMERIC affinity in other tables: every sink refused
+    the text, and integers would have become floats."""
+    c = client
+    node.execute(
+        c,
+        [
+            "CREATE TABLE st (id INTEGER PRIMARY KEY, a ANY, n INT) STRICT",
+            "CREATE TABLE loose (id INTEGER PRIMARY KEY, a ANY)",
+            "INSERT INTO st VALUES (1, 'hello', 1), (2, 42, 2), (3, 1.5, 3)",
+            "INSERT INTO loose VALUES (1, 2.5)",
+        ],
+    )
+    kinds = {
+        t: {col["name"]: col["arrow"] for col in c.get(f"/cdc/tables/{t}").json()["columns"]}
+        for t in ("st", "loose")
+    }
+    assert kinds == {
+        "st": {"id": "int64", "a": "string", "n": "int64"},
+        "loose": {"id": "int64", "a": "float64"},  # NUMERIC affinity outside STRICT
+    }
+    rows = c.get("/cdc/tables/st/rows").json()["rows"]
+    assert [row[:3] for row in rows] == [[1, "hello", 1], [2, "42", 2], [3, "1.5", 3]]
+
+
 def test_blob_in_a_text_column_or_text_in_a_blob_column_is_422(
     node: Node, client: httpx.Client
 ) -> None:
