@@ -929,6 +929,30 @@ def test_position_counts_key_changes_as_served(node: Node, client: httpx.Client)
         assert r.json()["events"] == served.num_rows
 
 
+def test_a_key_change_python_calls_equal_is_served_as_a_key_change(
+    node: Node, client: httpx.Client
+) -> None:
+    """QA: 1 -> 1.0 and 0.0 -> -0.0 in an untyped key column (mirrored as the text "1",
+    "1.0", …) were compared with Python's ==, which calls them equal: served as a plain
+    upsert of the new key, the old row stayed at the sink, even after a DELETE."""
+    c = client
+    node.execute(c, ["CREATE TABLE upk (k PRIMARY KEY, v TEXT)"])
+    with subscriber(c, "upk-sub") as after:
+        node.execute(c, ["INSERT INTO upk VALUES (1, 'a'), (0.0, 'b')"])
+        start = head(c)
+        node.execute(c, ["UPDATE upk SET k = 1.0 WHERE k = 1"])
+        node.execute(c, ["UPDATE upk SET k = -0.0 WHERE v = 'b'"])
+        served = changes(c, "upk", after=start)
+        assert list(zip(served["_litecdc_op"].to_pylist(), served["k"].to_pylist())) == [
+            ("delete", "1"),
+            ("upsert", "1.0"),
+            ("delete", "0.0"),
+            ("upsert", "-0.0"),
+        ]
+        r = c.get("/cdc/tables/upk/position", params={"after": after})
+        assert r.json()["events"] == changes(c, "upk", after=after).num_rows == 6
+
+
 def test_value_not_fitting_its_column_type_is_422(node: Node, client: httpx.Client) -> None:
     c = client
     node.execute(c, ["CREATE TABLE bad_type (id INTEGER PRIMARY KEY, n INTEGER, ok TEXT)"])
