@@ -673,13 +673,77 @@ def read_table_changes(
     meta = {b"litecdc.end_cid": str(end).encode(), b"litecdc.last_cid": str(head).encode()}
     schema = table.change_schema(meta)
     key_positions = [table.column_names.index(k) for k in table.key]
+    try:
+        columns = _columns(table, images, key_positions)
+    except DataTypeError:
+        keep = _settle_misfits(conn, table, ops, images, key_positions)
+        cids, seqs, ops = [cids[n] for n in keep], [seqs[n] for n in keep], [ops[n] for n in keep]
+        images = [images[n] for n in keep]
+        columns = _columns(table, images, key_positions)  # raises for a misfit still current
     arrays: list[pa.Array] = [
         pa.array(cids, pa.int64()),
         pa.array(seqs, pa.int64()),
         pa.array(ops, pa.string()),
-        *_columns(table, images, key_positions),
+        *columns,
     ]
     return ChangesPage(pa.Table.from_arrays(arrays, schema=schema), end, head, len(cids))
+
+
+def _settle_misfits(
+    conn: apsw.Connection,
+    table: SourceTable,
+    ops: list[str],
+    images: list[tuple[Any, ...]],
+    key_positions: Sequence[int],
+) -> list[int]:
+    """The events of a change page to serve when some hold a value that does not fit its
+    column, by index. A version of a row the source no longer has (fixed, deleted, or
+    its key changed since: QA, a subscription stayed stopped after the row was fixed as
+    the error advises) is left out: a later event brings what replaced it. A delete
+    needs only its key: a value that does not fit elsewhere in it becomes null (the
+    mirror deletes by key; a log sink's 'row' shows null there), and a delete of a key
+    that does not fit is left out (no sink ever held that key). A misfit the source still
+    has stays, and is refused."""
+    keep: list[int] = []
+    arrows = [c[2] for c in table.columns]
+    for n, values in enumerate(images):
+        misfits = [i for i, v in enumerate(values) if not _fits_mirror(arrows[i], v)]
+        if not misfits:
+            keep.append(n)
+        elif ops[n] == "delete":
+            if not any(i in key_positions for i in misfits):
+                images[n] = tuple(None if i in misfits else v for i, v in enumerate(values))
+                keep.append(n)
+        elif _is_current(conn, table, values, key_positions):
+            keep.append(n)
+    return keep
+
+
+def _fits_mirror(arrow: str, value: Any) -> bool:
+    """Whether ``_coerced`` takes ``value`` for a column mirrored as ``arrow``."""
+    if value is None:
+        return True
+    if arrow == "float64" and isinstance(value, int):
+        return abs(value) <= 2**53
+    if arrow == "string" and isinstance(value, int | float):
+        return True
+    return _fits(arrow, value)
+
+
+def _is_current(
+    conn: apsw.Connection, table: SourceTable, values: tuple[Any, ...], key_positions: Sequence[int]
+) -> bool:
+    """Whether the table holds a row of exactly these values (of every stored column)."""
+    keys = table.key_sql()
+    where = " AND ".join(f"{k} IS ?" for k in keys)
+    stored = table.stored_columns
+    rows = _rows(
+        conn,
+        f"SELECT {', '.join(map(_quote, stored))} FROM {_quote(table.name)} WHERE {where}",
+        [values[i] for i in key_positions],
+    )
+    own = values[1:] if table.rowid_key else values
+    return any(all(map(_same_value, row, own)) for row in rows)
 
 
 def _columns(
