@@ -943,7 +943,8 @@ def test_a_key_change_python_calls_equal_is_served_as_a_key_change(
         node.execute(c, ["UPDATE upk SET k = 1.0 WHERE k = 1"])
         node.execute(c, ["UPDATE upk SET k = -0.0 WHERE v = 'b'"])
         served = changes(c, "upk", after=start)
-        assert list(zip(served["_litecdc_op"].to_pylist(), served["k"].to_pylist())) == [
+        ops, keys = served["_litecdc_op"].to_pylist(), served["k"].to_pylist()
+        assert list(zip(ops, keys, strict=True)) == [
             ("delete", "1"),
             ("upsert", "1.0"),
             ("delete", "0.0"),
@@ -1039,11 +1040,12 @@ def test_changes_go_on_once_a_value_that_does_not_fit_is_fixed_at_the_source(
         assert "a TEXT value at key [3]" in msg, msg  # still at the source: still refused
         node.execute(c, ["DELETE FROM fix WHERE id = 3", "DELETE FROM fixkey WHERE k = 1.5"])
         served = changes(c, "fix", after=after)
-        assert list(
-            zip(
-                served["_litecdc_op"].to_pylist(), served["id"].to_pylist(), served["n"].to_pylist()
-            )
-        ) == [("upsert", 1, 1), ("upsert", 2, 2), ("delete", 3, None)]
+        got = [served[n].to_pylist() for n in ("_litecdc_op", "id", "n")]
+        assert list(zip(*got, strict=True)) == [
+            ("upsert", 1, 1),
+            ("upsert", 2, 2),
+            ("delete", 3, None),
+        ]
         served = changes(c, "fixkey", after=after)
         assert served["_litecdc_op"].to_pylist() == ["upsert"]
         assert served["k"].to_pylist() == [1]

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -29,6 +30,7 @@ import pika  # type: ignore[import-untyped]
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+import pymysql
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from fakes.certs import make_certs, server_ssl_context
@@ -426,6 +428,52 @@ def test_mariadb_refuses_infinity_naming_the_column_and_key(
     assert sink.applied_cid() == 0 and sink.read_rows().num_rows == 0
     with pytest.raises(SchemaMismatchError, match="column 'price'"):
         sink.write_snapshot(src.chunk(0, 10, src.cid))
+
+
+@contextlib.contextmanager
+def mariadb_max_packet(url: str, limit: int) -> Iterator[None]:
+    """The server's max_allowed_packet set to ``limit`` for new connections, meanwhile."""
+    parts = urlsplit(url)
+    conn = pymysql.connect(host=parts.hostname, port=parts.port, user="root", password="")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.max_allowed_packet")
+            (before,) = cur.fetchone()
+            cur.execute(f"SET GLOBAL max_allowed_packet = {int(limit)}")
+        try:
+            yield
+        finally:
+            with conn.cursor() as cur:
+                cur.execute(f"SET GLOBAL max_allowed_packet = {int(before)}")
+    finally:
+        conn.close()
+
+
+def test_mariadb_statements_stay_under_max_allowed_packet(
+    mariadb_url: str, opened: list[Sink]
+) -> None:
+    """QA: up to 1,000 rows went into one INSERT whatever their size: 1,500 rows of 20 KB
+    (or 20 of 1 MB) made a statement past the server's max_allowed_packet, refused (or
+    the connection dropped) on every retry. A row that alone is too large is named."""
+    with mariadb_max_packet(mariadb_url, 1 << 20):  # 1 MiB
+        sink = open_tracked(opened, f"{mariadb_url}?table={fresh_name()}", SPEC)
+        src = SourceSim(SPEC)
+        rows = [{**sample_row(i), "name": f"{i:05d}" * 4000, "data": os.urandom(20_000)}
+                for i in range(1, 301)]  # fmt: skip
+        src.commit(*[("upsert", row) for row in rows[:150]])
+        sink.write_snapshot(src.chunk(0, 151, src.cid))  # about 12 MB of SQL
+        src.commit(*[("upsert", row) for row in rows[150:]])
+        assert sink.write_changes(*batch(src, 1, src.cid)) is True
+        assert_mirror(sink, src, Mirror("mariadb", lambda name: name))
+
+        src.commit(("upsert", {**sample_row(7), "data": os.urandom(600_000)}))  # 1.2 MB as hex
+        with pytest.raises(SinkError) as info:
+            sink.write_changes(*batch(src, src.cid - 1, src.cid))
+        message = str(info.value)
+        assert "the row of table items with key {'id': 7} takes " in message
+        assert "more than the server's max_allowed_packet (1,048,576 bytes)" in message
+        assert "SET GLOBAL max_allowed_packet" in message
+        assert sink.applied_cid() == src.cid - 1
 
 
 def test_mariadb_refuses_a_key_longer_than_its_column_and_skips_its_delete(

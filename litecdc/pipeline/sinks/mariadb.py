@@ -73,7 +73,27 @@ KEY_BYTES = 3072  # InnoDB's limit on an index key (DYNAMIC rows, the default)
 STATE_TABLE = "litecdc_sink_state"
 _STAGE_DEL = "litecdc_stage_deletes"
 _ROWS_PER_STATEMENT = 1000  # multi-row INSERT size (also bounded by max_allowed_packet)
+#: bytes of a statement left under max_allowed_packet (the packet's own header and more)
+_PACKET_HEADROOM = 1024
+#: the client's own cap on a statement (PyMySQL's default is 16 MiB): the server's
+#: max_allowed_packet decides, up to MariaDB's largest (1 GiB)
+_CLIENT_MAX_PACKET = 1 << 30
 _DATA_ERRORS = {1264, 1265, 1366, 1406, 1048, 1367}  # out of range, truncated, bad string…
+
+
+def _most_bytes(rows: pa.Table, names: Sequence[str]) -> list[int]:
+    """Per row, at least as many bytes as it takes as SQL values: text and blobs twice
+    their bytes (escapes) and their quotes and _binary prefix, anything else 32, and
+    the separators — from Arrow's lengths, without looking at each value in Python."""
+    total = pa.array([4 + 2 * len(names)] * rows.num_rows, pa.int64())
+    for name in names:
+        column = rows[name]
+        if pa.types.is_string(column.type) or pa.types.is_binary(column.type):
+            length = pc.fill_null(pc.binary_length(column), 0)
+            total = pc.add(total, pc.add(pc.multiply(length.cast(pa.int64()), 2), 10))
+        else:
+            total = pc.add(total, 32)
+    return list(total.to_pylist())
 
 
 def _q(name: str) -> str:
@@ -107,6 +127,7 @@ class MariaDBSink(Sink):
         self._where = f"{self.table_name} at {mask_url(url)}"
         self._conn: Any = None
         self._staged_for: TableSpec | None = None
+        self._packet_limit: int | None = None  # the server's max_allowed_packet
         #: text/blob key columns → what they hold (read from the table by ``prepare``)
         self._key_limits: dict[str, _KeyLimit] = self._created_key_limits()
 
@@ -127,6 +148,7 @@ class MariaDBSink(Sink):
                 connect_timeout=max(1, math.ceil(o.connect_timeout)),
                 autocommit=False,
                 binary_prefix=True,  # blobs sent as _binary'…': no charset conversion
+                max_allowed_packet=_CLIENT_MAX_PACKET,
                 # strict: a value that does not fit is an error, never silently cut
                 init_command="SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'",
             )
@@ -136,6 +158,7 @@ class MariaDBSink(Sink):
                 "check the server is up and the URL's credentials"
             ) from exc
         self._staged_for = None
+        self._packet_limit = None
         return self._conn
 
     def _scrub(self, exc: BaseException) -> str:
@@ -320,7 +343,7 @@ class MariaDBSink(Sink):
         except pymysql.err.MySQLError as exc:
             self._rollback()
             raise self._fail("writing a snapshot chunk to", exc) from exc
-        except SchemaMismatchError:
+        except SinkError:  # ours: a value it cannot take, a row too large…
             self._rollback()
             raise
 
@@ -361,24 +384,66 @@ class MariaDBSink(Sink):
         except pymysql.err.MySQLError as exc:
             self._rollback()
             raise self._fail(f"applying changes up to cid {batch.end_cid} to", exc) from exc
-        except SchemaMismatchError:
+        except SinkError:  # ours: a value it cannot take, a row too large…
             self._rollback()
             raise
         return True
 
-    def _insert_rows(self, cur: Any, head: str, tail: str, width: int, rows: Sequence[Any]) -> None:
-        """Multi-row INSERTs of ``_ROWS_PER_STATEMENT`` rows each.
+    def _insert_rows(
+        self, cur: Any, head: str, tail: str, names: Sequence[str], table: pa.Table
+    ) -> None:
+        """Multi-row INSERTs of at most ``_ROWS_PER_STATEMENT`` rows, each statement
+        smaller than the server's ``max_allowed_packet`` (QA: 1,500 rows of 20 KB, or 20
+        of 1 MB, made one statement the server refused, or dropped the connection over,
+        on every retry).
 
         The values are escaped by the driver (``mogrify``) on their own and the statement
         runs without arguments: with arguments PyMySQL %-formats the whole query, the
         quoted table and column names too (a table named ``x%`` failed, and one named
         ``x%s`` would have taken a value).
         """
-        one = "(" + ", ".join(["%s"] * width) + ")"
-        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-            part = rows[start : start + _ROWS_PER_STATEMENT]
+        rows = list(zip(*(table[n].to_pylist() for n in names), strict=True))
+        most_bytes = _most_bytes(table, names)
+        one = "(" + ", ".join(["%s"] * len(names)) + ")"
+        limit = self._max_packet(cur)
+        budget = limit - len(f"{head} VALUES {tail}".encode()) - _PACKET_HEADROOM
+        rest = 0
+        while rest < len(rows):  # the common case: a whole statement's rows surely fit
+            part = rows[rest : rest + _ROWS_PER_STATEMENT]
+            if sum(most_bytes[rest : rest + _ROWS_PER_STATEMENT]) > budget:
+                break
             values = cur.mogrify(", ".join([one] * len(part)), [v for r in part for v in r])
             cur.execute(f"{head} VALUES {values}{tail}")
+            rest += len(part)
+        parts: list[str] = []
+        size = 0
+        for row in rows[rest:]:
+            text = cur.mogrify(one, row)
+            # as the driver sends it: UTF-8, a blob's bytes as they are
+            length = len(text.encode("utf-8", "surrogateescape")) + 2  # and ", "
+            if length > budget:
+                key = {k: short_value(row[names.index(k)]) for k in self.spec.key}
+                raise SinkError(
+                    f"mariadb sink: {self._where}: the row of table {self.spec.name} with key "
+                    f"{key} takes {length:,} bytes as SQL, more than the server's "
+                    f"max_allowed_packet ({limit:,} bytes) allows in one statement: raise it "
+                    "on the server (SET GLOBAL max_allowed_packet = 1073741824; MariaDB "
+                    "takes up to 1 GiB)"
+                )
+            if parts and (size + length > budget or len(parts) >= _ROWS_PER_STATEMENT):
+                cur.execute(f"{head} VALUES {', '.join(parts)}{tail}")
+                parts, size = [], 0
+            parts.append(text)
+            size += length
+        if parts:
+            cur.execute(f"{head} VALUES {', '.join(parts)}{tail}")
+
+    def _max_packet(self, cur: Any) -> int:
+        """The server's max_allowed_packet, read once per connection."""
+        if self._packet_limit is None:
+            cur.execute("SELECT @@max_allowed_packet")
+            self._packet_limit = int(cur.fetchone()[0])
+        return self._packet_limit
 
     def _check_finite(self, rows: pa.Table) -> None:
         """SchemaMismatchError naming the column and key of a ±infinity: MariaDB's DOUBLE
@@ -457,7 +522,6 @@ class MariaDBSink(Sink):
         self._check_keys(rows)
         self._check_finite(rows)
         names = [*self.spec.column_names, CID_COLUMN]
-        records = list(zip(*(rows[n].to_pylist() for n in names), strict=True))
         cid = _q(CID_COLUMN)
         newer = f"VALUES({cid}) > {cid}"
         keyset = set(self.spec.key)
@@ -470,17 +534,16 @@ class MariaDBSink(Sink):
         updates.append(f"{cid} = IF({newer}, VALUES({cid}), {cid})")
         head = f"INSERT INTO {_q(self.table_name)} ({', '.join(_q(n) for n in names)})"
         tail = f" ON DUPLICATE KEY UPDATE {', '.join(updates)}"
-        self._insert_rows(cur, head, tail, len(names), records)
+        self._insert_rows(cur, head, tail, names, rows)
 
     def _delete(self, cur: Any, keys: pa.Table) -> None:
         if keys.num_rows == 0:
             return
         names = [*self.spec.key, CID_COLUMN]
-        records = list(zip(*(keys[n].to_pylist() for n in names), strict=True))
         stage = _q(_STAGE_DEL)
         cur.execute(f"DELETE FROM {stage}")
         head = f"INSERT INTO {stage} ({', '.join(_q(n) for n in names)})"
-        self._insert_rows(cur, head, "", len(names), records)
+        self._insert_rows(cur, head, "", names, keys)
         match = " AND ".join(f"t.{_q(k)} = d.{_q(k)}" for k in self.spec.key)
         cid = _q(CID_COLUMN)
         cur.execute(
