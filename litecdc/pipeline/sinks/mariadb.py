@@ -82,15 +82,16 @@ _DATA_ERRORS = {1264, 1265, 1366, 1406, 1048, 1367}  # out of range, truncated, 
 
 
 def _most_bytes(rows: pa.Table, names: Sequence[str]) -> list[int]:
-    """Per row, at least as many bytes as it takes as SQL values: text and blobs twice
-    their bytes (escapes) and their quotes and _binary prefix, anything else 32, and
-    the separators — from Arrow's lengths, without looking at each value in Python."""
+    """Per row, at least as many bytes as it takes as SQL values: text twice its bytes
+    (escapes), a blob twice its bytes (PyMySQL writes it in hex), their quotes and
+    _binary X prefix, anything else 32, and the separators — from Arrow's lengths,
+    without looking at each value in Python."""
     total = pa.array([4 + 2 * len(names)] * rows.num_rows, pa.int64())
     for name in names:
         column = rows[name]
         if pa.types.is_string(column.type) or pa.types.is_binary(column.type):
             length = pc.fill_null(pc.binary_length(column), 0)
-            total = pc.add(total, pc.add(pc.multiply(length.cast(pa.int64()), 2), 10))
+            total = pc.add(total, pc.add(pc.multiply(length.cast(pa.int64()), 2), 12))
         else:
             total = pc.add(total, 32)
     return list(total.to_pylist())
