@@ -243,6 +243,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
     defaults = tuple(c[4] for c in info)
     pk_info = sorted((c for c in info if c[3]), key=lambda c: c[3])
     pk = [c[0] for c in pk_info]
+    _refuse_our_column_names(name, [c[0] for c in info], rowid_key=not pk)
     rowid_name = None if without_rowid else _rowid_name([c[0] for c in info])
     reshaped = reshaped_cid(conn, name)
     if pk:
@@ -271,6 +272,21 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         rowid_name=rowid_name,
         reshaped_cid=reshaped,
     )
+
+
+def _refuse_our_column_names(table: str, columns: Sequence[str], *, rowid_key: bool) -> None:
+    """A column named as one the pull source adds (its version, order and op columns,
+    the rowid of a table without a key) would appear twice in what it serves and in
+    every mirror (QA: subscribed, then every sink failed on 'duplicate column'); SQLite,
+    MariaDB and the sinks' own checks take names regardless of case."""
+    ours = [CID_COLUMN, SEQ_COLUMN, OP_COLUMN, *([ROWID_COLUMN] if rowid_key else [])]
+    for column in columns:
+        if column.lower() in ours:
+            raise DataTypeError(
+                f"table {table} has a column named {column!r}, a name the pull source gives "
+                f"a column of its own ({', '.join(ours)}): rename the column to subscribe "
+                "to the table"
+            )
 
 
 def _rowid_name(columns: Sequence[str]) -> str:

@@ -106,6 +106,34 @@ def test_subscribe_checks_the_sink_and_the_table_first(
     assert [s.name for s in store.list_subscriptions()] == ["d"]
 
 
+def test_subscribe_refuses_a_table_with_a_column_named_as_the_pipelines_own(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: a column named as one of the pipeline's own was taken here, then every sink
+    failed with 'duplicate column'."""
+    with node.client() as c:
+        execute(
+            c,
+            [
+                "CREATE TABLE ours(id INTEGER PRIMARY KEY, _litecdc_cid INTEGER)",
+                "CREATE TABLE nokey(v, _LITECDC_ROWID)",
+                "CREATE TABLE keyed(id INTEGER PRIMARY KEY, _litecdc_rowid)",  # no rowid column
+            ],
+        )
+    for table, column in (("ours", "_litecdc_cid"), ("nokey", "_LITECDC_ROWID")):
+        with pytest.raises(
+            SourceError,
+            match=rf"table {table} has a column named '{column}', a name the pull source gives",
+        ):
+            control.subscribe(
+                store, name="ours", sources=node.url, table=table, sink=f"delta:{tmp_path}/d"
+            )
+    control.subscribe(
+        store, name="keyed", sources=node.url, table="keyed", sink=f"delta:{tmp_path}/k"
+    )
+    assert [s.name for s in store.list_subscriptions()] == ["keyed"]
+
+
 def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(
     node: Node, store: MetadataStore, tmp_path: Path
 ) -> None:
