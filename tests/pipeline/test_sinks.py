@@ -590,6 +590,27 @@ def test_postgresql_refuses_a_key_its_index_cannot_hold_and_applies_its_delete(
     assert_mirror(sink, src, Mirror("postgresql", fresh_name))
 
 
+def test_postgresql_refuses_names_it_would_cut_to_63_bytes(
+    postgresql_url: str, opened: list[Sink]
+) -> None:
+    """QA: PostgreSQL keeps 63 bytes of a name, with a notice only: a column added later,
+    alike in its first 63 bytes to one there, was skipped by ADD COLUMN IF NOT EXISTS,
+    and every write then failed with 'column … specified more than once'."""
+    longest = "c" * 61 + "é"  # 63 bytes: kept whole
+    spec = replace(SPEC, columns=(*SPEC.columns, Column(longest, "TEXT", "string")))
+    sink = open_tracked(opened, f"{postgresql_url}?table={fresh_name()}", spec)
+    twin = longest + "_2"
+    wider = replace(spec, columns=(*spec.columns, Column(twin, "TEXT", "string")))
+    with pytest.raises(SchemaMismatchError) as info:
+        sink.evolve(wider)
+    assert f"column name {twin!r} is 65 bytes, more than PostgreSQL keeps of a name (63" in (
+        str(info.value)
+    )
+    assert "rename it at the source" in str(info.value)
+    with pytest.raises(SchemaMismatchError, match=r"table name 't{64}' is 64 bytes"):
+        open_sink(f"{postgresql_url}?table={'t' * 64}", SPEC, "sub")
+
+
 def test_postgresql_key_probe_fires_no_trigger_of_the_mirror(
     postgresql_url: str, opened: list[Sink]
 ) -> None:

@@ -79,6 +79,8 @@ ACCEPTED_TYPES = {
     "binary": {"bytea"},
 }
 STATE_TABLE = "litecdc_sink_state"
+#: PostgreSQL's NAMEDATALEN - 1: the bytes of an identifier it keeps
+MAX_IDENTIFIER_BYTES = 63
 #: PostgreSQL's message when a btree entry is too long ('index row size 2712 exceeds btree
 #: version 4 maximum 2704 for index "t_pkey"'); over 8,191 bytes, any index says 'index
 #: row requires 10016 bytes, maximum size is 8191'
@@ -146,6 +148,24 @@ class PostgresSink(Sink):
             )
         return SinkError(f"postgresql sink: {doing} {self._where} failed: {self._scrub(exc)}")
 
+    def _check_name_lengths(self) -> None:
+        """PostgreSQL cuts a longer identifier to its first 63 bytes, with a notice only:
+        two columns alike in those became one (QA: a column added later was skipped by ADD
+        COLUMN IF NOT EXISTS, then every write failed with 'specified more than once')."""
+        names = [
+            ("schema", self.schema_name, "choose another (?schema=NAME)"),
+            ("table", self.table_name, "choose another (?table=NAME)"),
+            *(("column", c.name, "rename it at the source") for c in self.spec.columns),
+        ]
+        for kind, name, remedy in names:
+            length = len(name.encode())
+            if length > MAX_IDENTIFIER_BYTES:
+                raise SchemaMismatchError(
+                    f"postgresql sink: {self._where}: {kind} name {name!r} is {length} bytes, "
+                    f"more than PostgreSQL keeps of a name ({MAX_IDENTIFIER_BYTES}: it would "
+                    f"cut it): {remedy}"
+                )
+
     def _ident(self, name: str) -> sql.Composable:
         return sql.Identifier(name)
 
@@ -164,6 +184,7 @@ class PostgresSink(Sink):
     # -- set-up -----------------------------------------------------------------------
 
     def prepare(self) -> None:
+        self._check_name_lengths()
         conn = self._connect()
         try:
             with conn.transaction():
