@@ -455,8 +455,15 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise ConfigError("cdc config: headers must be an object of string to string")
+        seen: dict[str, str] = {}
         for name, text in headers.items():
             _check_header(name, text, signed="hmac_secret" in kwargs)
+            if name.lower() in seen:  # one header: the client would send either, or both
+                raise ConfigError(
+                    f"cdc config: headers: {name!r} is given twice (as "
+                    f"{seen[name.lower()]!r} too; header names ignore case)"
+                )
+            seen[name.lower()] = name
         kwargs["headers"] = dict(headers)
     if doc.get("tls") is not None:
         kwargs["tls"] = _tls(doc["tls"])

@@ -136,6 +136,10 @@ def test_linear_backoff() -> None:
         ({"endpoint": "http://x/h", "headers": {"X-A": "a\nb"}}, "holds a line break"),
         ({"endpoint": "http://x/h", "headers": {"X A": "b"}}, "not a valid HTTP header name"),
         (
+            {"endpoint": "http://x/h", "headers": {"X-Team": "a", "x-team": "b"}},
+            "headers: 'x-team' is given twice (as 'X-Team' too; header names ignore case)",
+        ),
+        (
             {"endpoint": "http://x/h", "headers": {"content-type": "text/plain"}},
             "Content-Type is set by litecdc",
         ),
