@@ -539,13 +539,22 @@ class Store:
         ``rollback_journal``, a DELETE journal mode copy instead of a WAL one."""
         self.engine.backup(str(destination), rollback_journal=rollback_journal)
 
-    def restore_from(self, source: str | os.PathLike[str], *, min_applied_revision: int = 0) -> int:
+    def restore_from(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        min_applied_revision: int = 0,
+        min_cid: int = 0,
+    ) -> int:
         """Install a snapshot — another node's ``/db/backup`` of the same cluster — in place
         of this node's database, while it runs; returns the log revision it had applied.
 
         FOLLOWER mode only (a cluster node catching up). The file must hold an applied
-        revision of at least ``min_applied_revision``; it is verified before anything
-        changes (Engine.restore_from) and the journal reloads its state from it.
+        revision of at least ``min_applied_revision`` and a journal reaching ``min_cid``;
+        it is verified before anything changes (Engine.restore_from) and the journal
+        reloads its state from it. A founding node that has applied no log entry yet
+        records no revision: its data counts as revision 0, asked for only by a node
+        catching up with the cluster's founding data (``min_applied_revision`` 0).
         """
         if self.journal.mode is not Mode.FOLLOWER:
             raise ModeError(
@@ -553,24 +562,30 @@ class Store:
                 f"{self.journal.mode.value.upper()} mode"
             )
 
-        def acceptable(state: dict[str, int]) -> None:
+        def acceptable(state: dict[str, int], last_cid: int) -> None:
             revision = state.get(APPLIED_REVISION)
-            if revision is None:
+            if revision is None and not (min_applied_revision <= 0 < min_cid):
                 raise LoadError(
                     "snapshot: it records no applied log revision (not taken on a cluster node)"
                 )
-            if revision < min_applied_revision:
+            if (revision or 0) < min_applied_revision:
                 raise LoadError(
                     f"snapshot: it has applied the log up to revision {revision}, "
                     f"revision {min_applied_revision} at least is needed"
+                )
+            if last_cid < min_cid:
+                raise LoadError(
+                    f"snapshot: its journal ends at cid {last_cid}, before the cluster's "
+                    f"founding data (cid {min_cid})"
                 )
 
         state = self.journal.reload_state(
             lambda: self.engine.restore_from(str(source), check=acceptable)
         )
+        revision = state.get(APPLIED_REVISION, 0)
         log.info("installed a snapshot at log revision %d (cid %d)",
-                 state[APPLIED_REVISION], self.journal.last_cid())  # fmt: skip
-        return state[APPLIED_REVISION]
+                 revision, self.journal.last_cid())  # fmt: skip
+        return revision
 
     def dump_sql(self) -> str:
         """The user tables as SQL text (rqlite's ``/db/backup?fmt=sql``)."""

@@ -484,6 +484,11 @@ class ApplyLoop:
         self._position_checked = False
         #: the log was compacted past this node's position: it needs a snapshot
         self.needs_snapshot = False
+        #: the cid the cluster's data starts from: its founding node's own data, which no
+        #: log entry holds (a standalone node grown into a cluster); a node whose journal
+        #: is behind it, with the log holding nothing after its journal, copies it by
+        #: snapshot (set by ClusterNode before ``start``)
+        self.base_cid = 0
         #: entries applied, and entries skipped because the journal already had them
         self.applied = 0
         self.skipped = 0
@@ -590,6 +595,10 @@ class ApplyLoop:
                     # cid the log has another entry for, is never caught by the watch
                     self.check_position()
                     self._position_checked = True
+                if self._behind_base():
+                    # the founder's own data is in no log entry: no watch would bring it
+                    self._catch_up(None)
+                    continue
                 watch = self.client.watch(self.prefix, prefix=True, start_revision=start)
             except ClusterError as exc:
                 self._error(f"cannot watch the log: {exc}", _level_of(exc))
@@ -618,33 +627,57 @@ class ApplyLoop:
 
     # -- catching up after compaction --------------------------------------------------------
 
-    def _catch_up(self, compacted: CompactedError) -> None:
-        """The watch's start revision was compacted (or the log's first entries are gone).
+    def _behind_base(self) -> bool:
+        """Whether this node's journal is behind the cluster's founding data with no log
+        entry after it: only a snapshot brings that data (cluster QA: a node joining a
+        cluster grown from a standalone node found an empty log, took itself for caught
+        up, served reads without the founder's tables and could lead without them)."""
+        last = self.journal.last_cid()
+        if last >= self.base_cid:
+            return False
+        return self.client.get(log_key(self.cluster, last + 1)) is None
+
+    def _catch_up(self, compacted: CompactedError | None) -> None:
+        """The watch's start revision was compacted (or the log's first entries are gone),
+        or (``compacted`` None) the journal is behind the cluster's founding data.
 
         If every entry this node lacks is still a key, read them at one revision and watch
-        from the revision after it. Otherwise the entries are gone: install a snapshot from
-        a peer (``restore``) and watch from its applied revision.
+        from the revision after it. Otherwise the entries are gone, or were never in the
+        log: install a snapshot from a peer (``restore``) and watch from its applied
+        revision.
         """
         if self.diverged is not None:  # reading on would apply the log over data not its own
             self._stall(self.diverged, diverged=True)
             self._stop.wait(self.stall_retry_interval)
             return
+        message = "catching up after compaction"
         try:
             first = self.client.range(self.prefix, prefix=True, limit=1, keys_only=True)
-            if not first.kvs or _cid_of(first.kvs[0].key, self.prefix) <= (
-                self.journal.last_cid() + 1
+            last = self.journal.last_cid()
+            first_cid = _cid_of(first.kvs[0].key, self.prefix) if first.kvs else None
+            if (first_cid is None and last >= self.base_cid) or (
+                first_cid is not None and first_cid <= last + 1
             ):
                 self._read_log(first.revision)
                 self.last_error, self.needs_snapshot = None, False
                 return
-            required = first.kvs[0].mod_revision
             self.needs_snapshot = True
-            message = (
-                f"the log was compacted past this node's position (applied revision "
-                f"{self.applied_revision()}, cid {self.journal.last_cid()}; the log starts at "
-                f"cid {_cid_of(first.kvs[0].key, self.prefix)}); it needs a snapshot to catch "
-                f"up ({compacted})"
-            )
+            if first_cid is None or first_cid <= self.base_cid + 1:
+                # no entry holds the founding data: any snapshot holding it will do (the
+                # installer takes one of at least base_cid)
+                required = 0
+                message = (
+                    f"this node's journal ends at cid {last}, and the cluster's data starts "
+                    f"at cid {self.base_cid} (its founding node's own data, in no log entry); "
+                    "it needs a snapshot to catch up"
+                )
+            else:
+                required = first.kvs[0].mod_revision
+                message = (
+                    f"the log was compacted past this node's position (applied revision "
+                    f"{self.applied_revision()}, cid {last}; the log starts at cid "
+                    f"{first_cid}); it needs a snapshot to catch up ({compacted})"
+                )
             if self._restore is None:
                 self._error(f"{message}; no snapshot source configured", logging.ERROR)
                 self._stop.wait(self.stall_retry_interval)
@@ -656,7 +689,7 @@ class ApplyLoop:
             self._stop.wait(self.stall_retry_interval)
             return
         except LitecdcError as exc:
-            self._error(f"catching up after compaction: {exc}; trying again", logging.WARNING)
+            self._error(f"{message}: {exc}; trying again", logging.WARNING)
             self._stop.wait(self.stall_retry_interval)
             return
         except Exception as exc:

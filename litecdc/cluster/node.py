@@ -540,7 +540,7 @@ class ClusterNode:
         if self.journal.mode is not Mode.FOLLOWER:
             self.election.step_down("the log was compacted past this node's position")
             raise ClusterError("a leader does not install snapshots: stepping down first")
-        return self.snapshots.install(required_revision)
+        return self.snapshots.install(required_revision, min_cid=self.apply_loop.base_cid)
 
     def _become_follower(self) -> None:
         with self._state_lock:
@@ -675,6 +675,9 @@ class ClusterNode:
         founder = self._check_shared_settings()
         if new_member and not founder:
             self._refuse_data_from_elsewhere()
+        if self.journal.last_cid() < self.apply_loop.base_cid:
+            # not ready, and no candidate to lead, until a snapshot brings the founding data
+            self.apply_loop.needs_snapshot = True
 
     def _until_etcd_answers(self, check: Callable[[], None]) -> None:
         """Run ``check`` until etcd answers it. Cluster QA: the checks were skipped when
@@ -725,10 +728,14 @@ class ClusterNode:
             "webhook": self.store.config.cdc is not None,
         }
         key = settings_key(self.cluster)
-        first = json.dumps({**mine, "founder": self.node_id}).encode()
+        # base_cid: the founder's own data (a standalone node grown into a cluster) is in no
+        # log entry; the others copy it by snapshot before anything else (ApplyLoop.base_cid)
+        base_cid = self.journal.last_cid()
+        first = json.dumps({**mine, "founder": self.node_id, "base_cid": base_cid}).encode()
         # sent again after a timeout, the txn finds this node's own record: founder still
         result = self.client.txn([Compare.absent(key)], [Put(key, first)], [Get(key)])
         if result.succeeded or not result.ranges or not result.ranges[0]:
+            self.apply_loop.base_cid = base_cid
             return True
         try:
             recorded = json.loads(result.ranges[0][0].value)
@@ -752,6 +759,8 @@ class ClusterNode:
         if set(mine) - set(recorded):  # recorded by an older version: complete it
             with contextlib.suppress(ClusterError):
                 self.client.put(key, json.dumps({**mine, **recorded}).encode())
+        base = recorded.get("base_cid", 0)  # (none recorded by an older version)
+        self.apply_loop.base_cid = base if isinstance(base, int) and base > 0 else 0
         return bool(recorded.get("founder") == self.node_id)
 
     def _refuse_data_from_elsewhere(self) -> None:

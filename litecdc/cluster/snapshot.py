@@ -144,7 +144,7 @@ class SnapshotInstaller:
         #: where the last snapshot came from: (node id, applied revision), None before any
         self.last_source: tuple[str, int] | None = None
 
-    def candidates(self, required_revision: int) -> list[Member]:
+    def candidates(self, required_revision: int, min_cid: int = 0) -> list[Member]:
         """Live peers whose snapshot would do: followers first, then the most advanced."""
         peers = [
             m
@@ -153,17 +153,20 @@ class SnapshotInstaller:
             and m.address
             and not m.needs_snapshot
             and m.applied_revision >= required_revision
+            and m.applied_cid >= min_cid
         ]
         return sorted(peers, key=lambda m: (m.mode == "leader", -m.applied_revision))
 
-    def install(self, required_revision: int) -> int:
-        """Install a snapshot whose applied revision is at least ``required_revision``;
-        returns its applied revision. Raises SnapshotError when no peer could give one."""
-        peers = self.candidates(required_revision)
+    def install(self, required_revision: int, *, min_cid: int = 0) -> int:
+        """Install a snapshot whose applied revision is at least ``required_revision`` and
+        whose journal reaches ``min_cid`` (the cluster's founding data); returns its applied
+        revision. Raises SnapshotError when no peer could give one."""
+        peers = self.candidates(required_revision, min_cid)
         if not peers:
+            reached = f" and cid {min_cid}" if min_cid > 1 else ""
             raise SnapshotError(
-                f"no live peer has applied the log up to revision {required_revision} "
-                "to take a snapshot from; waiting for one"
+                f"no live peer has applied the log up to revision {required_revision}"
+                f"{reached} to take a snapshot from; waiting for one"
             )
         failures = []
         for peer in peers:
@@ -171,7 +174,7 @@ class SnapshotInstaller:
                 started = time.monotonic()
                 size = self._fetch(peer)
                 revision = self.store.restore_from(
-                    self._download, min_applied_revision=required_revision
+                    self._download, min_applied_revision=required_revision, min_cid=min_cid
                 )
             except (LitecdcError, httpx.HTTPError, OSError) as exc:
                 log.warning("snapshot from %s (%s): %s", peer.node_id, peer.address, exc)

@@ -1428,13 +1428,13 @@ class Engine:
             mark_rollback_journal(destination)
 
     def restore_from(
-        self, source: str, *, check: Callable[[dict[str, int]], None] | None = None
+        self, source: str, *, check: Callable[[dict[str, int], int], None] | None = None
     ) -> dict[str, int]:
         """Replace the whole database with ``source``, a SQLite file made by another node's
         :meth:`backup` (a snapshot), and return the node state it holds.
 
         The file is verified first — SQLite's header, ``PRAGMA quick_check``, litecdc's
-        internal tables — and ``check(node_state)`` may refuse it by raising. It is then
+        internal tables — and ``check(node_state, last_cid)`` may refuse it by raising. It is then
         copied *into* the live database with SQLite's backup API on the writer connection,
         under the write lock: one ordinary WAL transaction, so a crash leaves the old or
         the new database, never a mix, and readers move from the old contents to the new
@@ -1475,7 +1475,8 @@ class Engine:
                 ).fetchall()
             }
             if check is not None:
-                check(state)
+                found = snapshot.execute(f"SELECT max(cid) FROM {JOURNAL_TABLE}").fetchall()
+                check(state, int(found[0][0] or 0))
             with self._write_lock:
                 if self._closed:
                     raise LoadError("snapshot: the database is closed")

@@ -673,19 +673,20 @@ class _Api:
                 status_code=503,
                 media_type=_TEXT,
             )
+        # the log no longer holds (or never held: a grown cluster's founding data) what
+        # this node misses and no snapshot could be installed yet: it cannot serve the data
+        store_line = "[-]store not ok" if status.get("needs_snapshot") else "[+]store ok"
         if leader is None:
             etcd_error = status.get("etcd_error")
             why = f": {etcd_error}" if etcd_error else ""
             return Response(
-                f"[+]node ok\n[-]leader not ok{why}\n[+]store ok",
+                f"[+]node ok\n[-]leader not ok{why}\n{store_line}",
                 status_code=503,
                 media_type=_TEXT,
             )
         if status.get("needs_snapshot"):
-            # the log no longer holds what this node misses and no snapshot could be
-            # installed yet (e.g. refused by its peers): it cannot serve current data
             return Response(
-                "[+]node ok\n[+]leader ok\n[-]store not ok", status_code=503, media_type=_TEXT
+                f"[+]node ok\n[+]leader ok\n{store_line}", status_code=503, media_type=_TEXT
             )
         if leader[0] != self.config.node_id and not self.cluster.is_leader():
             # as rqlite's readyz does: a follower that cannot reach its leader the way it

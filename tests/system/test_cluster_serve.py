@@ -7,6 +7,7 @@ write lost; the killed node restarts and catches up.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,9 @@ import httpx
 import pytest
 from e2e.litecdc_node import Node, free_port, serve_cli
 from etcd_cluster import EtcdCluster
+from serve_cluster import AnsweringNode, start_nodes
 from serve_cluster import leader as _leader
 from serve_cluster import rows as _rows
-from serve_cluster import start_nodes
 from serve_cluster import wait as _wait
 
 from litecdc.cluster.etcd import EtcdClient, EtcdSettings
@@ -388,6 +389,52 @@ def test_restarting_every_node_keeps_identical_data(nodes: list[Node]) -> None:
         with node.client() as c:
             journals.append(c.get("/journal", params={"after": 1}).json()["entries"])
     assert journals[0] == journals[1] == journals[2]
+
+
+def test_a_node_joining_a_grown_cluster_copies_the_founders_data_before_anything(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    """QA: a cluster grown from a standalone node has the founder's data in no log entry.
+    A node joining before the first write found an empty log and took itself for caught
+    up: it said ready, served reads without the founder's tables — and, the founder
+    stopped, led and wrote cid 2 over them (the founder was then refused as diverged).
+    It now waits, not ready and not leading, until a snapshot brings the founding data."""
+    founder_dir = tmp_path / "n0"
+    standalone = Node(founder_dir).start()
+    with standalone.client() as c:
+        standalone.execute(
+            c,
+            [
+                "CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)",
+                ["INSERT INTO kv(v) VALUES(?)", "founder"],
+            ],
+        )
+    assert standalone.stop() == 0
+    cluster = ("--etcd", etcd.endpoints[0], "--cluster", cluster_name)
+    founder = Node(founder_dir, *cluster, "--node-id", "n0").start()
+    assert founder.stop() == 0  # founded; down before the next node comes
+    joiner = AnsweringNode(tmp_path / "n1", *cluster, "--node-id", "n1").start()
+    nodes = [joiner]
+    try:
+        time.sleep(3)  # elections and catch-up had time to go wrong
+        with joiner.client() as c:
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and "[-]store not ok" in ready.text, ready.text
+            status = _status(joiner)["cluster"]
+            assert status["needs_snapshot"] is True and status["leader"] is None, status
+            assert "founding node's own data" in status["last_error"], status
+            write = c.post("/db/execute", json=["CREATE TABLE kv(id INTEGER PRIMARY KEY, v)"])
+            assert write.status_code == 503, write.text
+        founder.start()
+        nodes.append(founder)
+        assert _rows(joiner, 2) == [[1, "founder"]]
+        _wait(lambda: joiner.client().get("/readyz").status_code == 200, "the joiner ready")
+        with founder.client() as c:
+            cid = founder.execute(c, [["INSERT INTO kv(v) VALUES(?)", "clustered"]])["raft_index"]
+        assert _rows(joiner, cid) == _rows(founder, cid) == [[1, "founder"], [2, "clustered"]]
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def test_a_standalone_node_founds_a_cluster_with_its_data_but_cannot_join_one(
