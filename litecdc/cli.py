@@ -51,6 +51,42 @@ def cli() -> None:
     """litecdc: replicated SQLite with change data capture, speaking rqlite's HTTP API."""
 
 
+#: serve's options that only a cluster member uses
+_CLUSTER_ONLY = (
+    "cluster",
+    "etcd_ca_cert",
+    "etcd_cert",
+    "etcd_key",
+    "etcd_user",
+    "etcd_password",
+    "lease_ttl",
+    "advertise_url",
+    "node_ca_cert",
+    "node_user",
+    "node_password",
+    "compact_interval",
+    "compact_keep",
+)
+
+
+def _refuse_cluster_options_standalone(ctx: click.Context) -> None:
+    """Cluster options given without --etcd (QA: LITECDC_CLUSTER set and LITECDC_ETCD
+    forgotten started a lone node taking writes on a new directory, without a word)."""
+    given = []
+    for name in _CLUSTER_ONLY:
+        source = ctx.get_parameter_source(name)
+        if source is click.core.ParameterSource.COMMANDLINE:
+            given.append("--" + name.replace("_", "-"))
+        elif source is click.core.ParameterSource.ENVIRONMENT:
+            given.append("LITECDC_" + name.upper())
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for cluster mode, which "
+            "needs --etcd (or LITECDC_ETCD): give the etcd endpoints, or leave "
+            f"{'it' if len(given) == 1 else 'them'} out to run standalone"
+        )
+
+
 @cli.command()
 @click.option(
     "--data-dir",
@@ -233,6 +269,8 @@ def serve(
     try:
         if not data_dir:
             raise ConfigError("--data-dir is required (or set LITECDC_DATA_DIR)")
+        if not etcd:
+            _refuse_cluster_options_standalone(click.get_current_context())
         try:
             max_body = int(max_body_bytes)
         except ValueError:

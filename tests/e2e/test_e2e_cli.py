@@ -65,9 +65,30 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
             "error: --max-body-bytes must be an integer, got 'lots'",
         ),
         (
-            ("--data-dir", "{d}", "--advertise-url", "notaurl"),
+            ("--data-dir", "{d}", "--etcd", "127.0.0.1:1", "--advertise-url", "notaurl"),
             "error: --advertise-url must be an http:// or https:// URL with a host, such as "
             "http://10.0.0.5:4001; got 'notaurl'",
+        ),
+        # QA: cluster options without --etcd started a lone node without a word
+        (
+            ("--data-dir", "{d}", "--cluster", "demo"),
+            "error: --cluster is for cluster mode, which needs --etcd (or LITECDC_ETCD): give "
+            "the etcd endpoints, or leave it out to run standalone",
+        ),
+        (
+            (
+                "--data-dir",
+                "{d}",
+                "--node-id",
+                "n1",
+                "--advertise-url",
+                "http://x:1",
+                "--compact-interval",
+                "5",
+            ),
+            "error: --advertise-url, --compact-interval are for cluster mode, which needs "
+            "--etcd (or LITECDC_ETCD): give the etcd endpoints, or leave them out to run "
+            "standalone",
         ),
     ],
 )
@@ -77,6 +98,17 @@ def test_config_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> N
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == message.format(d=d) + "\n"
     assert proc.stdout == ""
+
+
+def test_a_cluster_variable_without_etcd_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    """LITECDC_CLUSTER set and LITECDC_ETCD forgotten ran a lone node (QA)."""
+    proc = serve_cli(
+        "--data-dir", str(tmp_path / "d"),
+        env={"PATH": "/usr/bin:/bin", "LITECDC_CLUSTER": "shop", "LITECDC_ETCD": ""},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: LITECDC_CLUSTER is for cluster mode, which needs")
+    assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.parametrize(
