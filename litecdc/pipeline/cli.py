@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -168,7 +169,10 @@ def subscribe(
 )
 @click.option("--poll-interval", default=1.0, show_default=True, help="Seconds between polls.")
 @click.option(
-    "--metrics-port", default=0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = off)."
+    "--metrics-port",
+    default=0,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = off).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def run(
@@ -193,6 +197,8 @@ def run(
     with _errors():
         if poll_interval <= 0:
             raise ConfigError(f"--poll-interval must be positive, got {poll_interval}")
+        if metrics_port:
+            _check_port_free(metrics_port)  # before Spark takes its time to start
         store = _open(meta, owner)
         display = _ProgressDisplay(enabled=not quiet)
         try:
@@ -201,7 +207,10 @@ def run(
                 store, spark, owner=owner, poll_interval=poll_interval, on_progress=display.update
             )
             if metrics_port:
-                server.metrics.serve(metrics_port)
+                try:
+                    server.metrics.serve(metrics_port)
+                except OSError as exc:
+                    raise ConfigError(_port_taken(metrics_port, exc)) from None
             signal.signal(signal.SIGTERM, lambda *_: server.stop())
             with display:
                 failing = server.run(until_caught_up=until_caught_up)
@@ -217,6 +226,21 @@ def run(
                     "above or `litecdc pipeline status`"
                 )
             click.echo("every subscription has caught up")
+
+
+def _port_taken(port: int, exc: OSError) -> str:
+    return f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}"
+
+
+def _check_port_free(port: int) -> None:
+    """ConfigError when nothing can listen on 127.0.0.1:``port`` (QA: a port in use ended
+    the run in a traceback, after Spark had started)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(_port_taken(port, exc)) from None
 
 
 @pipeline.command(name="list")

@@ -5,6 +5,7 @@ down)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,3 +347,29 @@ def test_a_table_name_with_a_slash_is_read_and_subscribed(
         for path in ("/cdc/tables/", "/cdc/tables//rows", "/cdc/tables/we%20ird/rows/x"):
             assert c.get(path).status_code == 404, path
         assert c.get("/cdc/tables/we%20ird/bogus").status_code == 404
+
+
+def test_run_refuses_a_metrics_port_it_cannot_listen_on_before_starting_spark(
+    tmp_path: Path,
+) -> None:
+    """QA: a port out of range or in use ended `pipeline run` in a traceback, after Spark
+    had started; it is a one-line error (exit status 2) before anything starts."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    result = CliRunner().invoke(cli, ["pipeline", "run", "--meta", meta, "--metrics-port", "99999"])
+    assert result.exit_code == 2 and "99999 is not in the range 0<=x<=65535" in result.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            cli, ["pipeline", "run", "--meta", meta, "--metrics-port", str(port)]
+        )
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+    assert not (tmp_path / "meta.db").exists()  # refused before anything was opened
