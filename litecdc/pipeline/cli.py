@@ -72,9 +72,18 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _open(meta: str | None, owner: str | None = None) -> MetadataStore:
+def _open(meta: str | None, owner: str | None = None, *, create: bool = False) -> MetadataStore:
+    """The metadata store ``--meta`` names. The default file is made by ``subscribe`` only
+    (``create``): any other command run in another directory made an empty one there and
+    said "no subscriptions" (QA)."""
     from litecdc.pipeline.metadata import MetadataStore
 
+    if meta is None and not create and not (Path.cwd() / DEFAULT_META_FILE).exists():
+        raise ConfigError(
+            f"no metadata store here: the default is {DEFAULT_META_FILE} in the working "
+            f"directory ({Path.cwd()}), made by `litecdc pipeline subscribe`; run where you "
+            "subscribed, or give --meta (or LITECDC_PIPELINE_META)"
+        )
     return MetadataStore.open(meta or default_meta_url(), owner=owner)
 
 
@@ -130,7 +139,7 @@ def subscribe(
         ):
             if value < 1:
                 raise ConfigError(f"{option} must be at least 1, got {value}")
-        store = _open(meta)
+        store = _open(meta, create=True)
         try:
             sub = add(
                 store,

@@ -373,3 +373,22 @@ def test_run_refuses_a_metrics_port_it_cannot_listen_on_before_starting_spark(
         f"error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     )
     assert not (tmp_path / "meta.db").exists()  # refused before anything was opened
+
+
+def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: Path) -> None:
+    """QA: `pipeline list` run in another directory made an empty litecdc-pipeline.db
+    there and said "no subscriptions", as if they were gone."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path) as where:
+        for args in (["list"], ["status"], ["verify", "x"], ["unsubscribe", "x"], ["run"]):
+            result = runner.invoke(cli, ["pipeline", *args], env={"LITECDC_PIPELINE_META": ""})
+            assert result.exit_code == 2, (args, result.output)
+            assert result.output.startswith(
+                "error: no metadata store here: the default is litecdc-pipeline.db in the "
+                f"working directory ({where}), made by `litecdc pipeline subscribe`"
+            ), result.output
+        assert not (Path(where) / "litecdc-pipeline.db").exists()
