@@ -356,6 +356,34 @@ def demo(data_dir: str | None, cluster: bool, no_pipeline: bool) -> None:
     sys.exit(code)
 
 
+#: what serve's options take, for --help (they are read as text and checked by the
+#: node's configuration, whose errors name the option)
+_METAVARS = {
+    "data_dir": "DIR", "http_addr": "HOST:PORT", "node_id": "ID", "auth_file": "FILE",
+    "http_cert": "FILE", "http_key": "FILE", "http_allow_origin": "ORIGIN",
+    "synchronous": "off|normal|full|extra", "max_body_bytes": "BYTES",
+    "etcd": "HOST:PORT[,…]", "cluster": "NAME", "etcd_ca_cert": "FILE", "etcd_cert": "FILE",
+    "etcd_key": "FILE", "etcd_user": "USER", "etcd_password": "PASSWORD",
+    "lease_ttl": "SECONDS", "advertise_url": "URL", "node_ca_cert": "FILE",
+    "node_user": "USER", "node_password": "PASSWORD", "compact_interval": "SECONDS",
+    "compact_keep": "N", "retention_cids": "N", "journal_retention_cids": "N",
+    "source_workers": "N", "cdc_config": "URL|stdout|FILE",
+}  # fmt: skip
+
+
+def _describe_serve_options() -> None:
+    """--help shows what each option takes and its LITECDC_* variable (QA: every option
+    said TEXT, and the variables were nowhere in the help)."""
+    for param in serve.params:
+        if isinstance(param, click.Option):
+            param.show_envvar = True
+            if param.name in _METAVARS:
+                param.metavar = _METAVARS[param.name]
+
+
+_describe_serve_options()
+
+
 def _add_pipeline() -> None:
     from litecdc.pipeline.cli import pipeline
 

@@ -49,6 +49,7 @@ def _meta_option(func: F) -> F:
     return click.option(
         "--meta",
         envvar="LITECDC_PIPELINE_META",
+        show_envvar=True,
         default=None,
         help="Metadata store: sqlite:///path or postgresql://user@host:port/db. "
         f"Default: sqlite file {DEFAULT_META_FILE} in the working directory.",

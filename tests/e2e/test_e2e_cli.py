@@ -165,6 +165,10 @@ def test_help_documents_serve() -> None:
         "--journal-retention-cids",
     ):
         assert option in proc.stdout
+    # QA: every option said TEXT and no LITECDC_* variable was named
+    text = " ".join(proc.stdout.split())
+    assert "--lease-ttl SECONDS" in text and "--retention-cids N" in text
+    assert "[env var: LITECDC_DATA_DIR]" in text and "env var: LITECDC_CDC_CONFIG" in text
 
 
 def test_a_second_node_on_a_data_directory_in_use_is_refused(fresh_node: Node) -> None:
