@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from litecdc.errors import PipelineError
+from litecdc.errors import ConfigError, PipelineError
 from litecdc.pipeline.metadata import Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url
 from litecdc.pipeline.sinks.registry import open_sink
@@ -132,8 +132,8 @@ def compare(
 
 def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
     """Compare ``sub``'s source table with its sink's mirror."""
-    if is_parquet_url(sub.sink):
-        raise PipelineError(
+    if is_parquet_url(sub.sink):  # not comparable: exit 2, not "differences" (1)
+        raise ConfigError(
             f"subscription {sub.name}: its sink is a Parquet change log, which keeps no rows "
             "to compare (read snapshot/ and changes/ with Spark)"
         )
@@ -148,7 +148,7 @@ def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
     sink = open_sink(sub.sink, spec, sub.name, prepare=False)
     try:
         if sink.kind != "mirror":
-            raise PipelineError(
+            raise ConfigError(
                 f"subscription {sub.name}: its sink ({type(sink).__name__}) sends change "
                 "events and keeps no rows, so there is nothing to compare"
             )

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.litecdc_node import Node
+from e2e.litecdc_node import Node, free_port
 from pipeline_proc import PipelineCLI, execute
 
 from litecdc.pipeline.metadata import sqlite_url
@@ -133,9 +133,35 @@ def test_parquet_log_rebuilds_the_table_with_every_event_once(tmp_path: Path, sp
         status = cli.ok("status", "items-log")
         assert "stage: incremental" in status, status
         assert re.search(r"source head: cid \d+, lag \d+ cid\(s\), 0\.0 s", status), status
+
+        # QA: commits of other tables made an idle log's lag in seconds grow (to 30 s,
+        # until the stream's next idle batch) while no change of its table waited
+        port = free_port()
+        background = cli.start("--metrics-port", str(port))
+        try:
+            lag = re.compile(r'litecdc_pipeline_lag_seconds\{subscription="items-log"\} (\S+)')
+
+            def lag_seconds() -> float | None:
+                try:  # (none until Spark started and the metrics server listens)
+                    found = lag.search(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
+                except httpx.TransportError:
+                    return None
+                return float(found[1]) if found else None
+
+            background.wait_for(lambda: lag_seconds() is not None, "the lag metric")
+            with node.client() as c:
+                execute(c, ["CREATE TABLE other(x)"])
+                seen = []
+                for k in range(12):
+                    execute(c, [["INSERT INTO other VALUES(?)", k]])
+                    time.sleep(0.25)
+                    seen.append(lag_seconds())
+            assert seen == [0.0] * 12, seen
+        finally:
+            background.kill9()
         # a log keeps no rows: verify says so instead of comparing
         done = cli.call("verify", "items-log")
-        assert done.returncode == 1 and "keeps no rows" in done.stderr, done.stderr
+        assert done.returncode == 2 and "keeps no rows" in done.stderr, done.stderr
     finally:
         node.stop()
 
