@@ -314,11 +314,27 @@ def serve(
 
         serve_http(config)
     except ConfigError as exc:
-        _fail(str(exc), EXIT_CONFIG)
+        _fail(_as_given(str(exc), click.get_current_context()), EXIT_CONFIG)
     except LitecdcError as exc:
         _fail(str(exc), 1)
     except OSError as exc:
         _fail(f"cannot start: {exc}", 1)
+
+
+def _as_given(message: str, ctx: click.Context) -> str:
+    """An error about ``--option`` whose value came from its LITECDC_* variable names the
+    variable first (QA: LITECDC_HTTP_ADDR=foo was reported as --http-addr only)."""
+    flag = message.split(maxsplit=1)[0].rstrip(":") if message.startswith("--") else ""
+    environment = click.core.ParameterSource.ENVIRONMENT
+    for param in ctx.command.params:
+        if (
+            flag in param.opts
+            and isinstance(param, click.Option)
+            and param.name
+            and ctx.get_parameter_source(param.name) is environment
+        ):
+            return f"{param.envvar}: {message}"
+    return message
 
 
 @cli.command()

@@ -93,7 +93,7 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS_LEVELS:
             raise ConfigError(
-                f"synchronous must be one of {', '.join(SYNCHRONOUS_LEVELS)}, "
+                f"--synchronous must be one of {', '.join(SYNCHRONOUS_LEVELS)}, "
                 f"got {self.synchronous!r}"
             )
         host, port = split_host_port(self.http_addr, "--http-addr")
@@ -125,16 +125,21 @@ class NodeConfig:
             )
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.cluster):
             raise ConfigError(
-                f"cluster name may hold letters, digits, '.', '_' and '-', got {self.cluster!r}"
+                f"--cluster: a cluster name may hold letters, digits, '.', '_' and '-', got "
+                f"{self.cluster!r}"
             )
         if self.compact_interval < 0:
             raise ConfigError(
-                f"compaction interval must not be negative, got {self.compact_interval}"
+                f"--compact-interval must not be negative, got {self.compact_interval}"
             )
         if self.retention_cids < 1:
-            raise ConfigError(f"retention must keep at least 1 commit, got {self.retention_cids}")
+            raise ConfigError(
+                f"--retention-cids must keep at least 1 commit, got {self.retention_cids}"
+            )
         if not 0 <= self.source_workers <= 64:
-            raise ConfigError(f"source workers must be between 0 and 64, got {self.source_workers}")
+            raise ConfigError(
+                f"--source-workers must be between 0 and 64, got {self.source_workers}"
+            )
         if self.journal_retention_cids < 0:
             raise ConfigError(
                 "--journal-retention-cids must be a number of commits, or 0 to keep every entry; "
@@ -143,10 +148,10 @@ class NodeConfig:
         if self.retention_interval <= 0:
             raise ConfigError(f"retention interval must be positive, got {self.retention_interval}")
         if self.compact_keep < 1:
-            raise ConfigError(f"compaction must keep at least 1 entry, got {self.compact_keep}")
+            raise ConfigError(f"--compact-keep must keep at least 1 entry, got {self.compact_keep}")
         if self.lease_ttl < 2:
             raise ConfigError(
-                f"lease TTL must be at least 2 seconds (etcd's minimum), got {self.lease_ttl}"
+                f"--lease-ttl must be at least 2 seconds (etcd's minimum), got {self.lease_ttl}"
             )
         if (self.etcd_cert is None) != (self.etcd_key is None):
             raise ConfigError("--etcd-cert and --etcd-key must be given together")
@@ -172,7 +177,7 @@ class NodeConfig:
             )
         if self.max_body_bytes < 1024:
             raise ConfigError(
-                f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"
+                f"--max-body-bytes must be at least 1024 bytes, got {self.max_body_bytes}"
             )
 
     @property

@@ -50,7 +50,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         ),
         (
             ("--data-dir", "{d}", "--synchronous", "sometimes"),
-            "error: synchronous must be one of off, normal, full, extra, got 'sometimes'",
+            "error: --synchronous must be one of off, normal, full, extra, got 'sometimes'",
         ),
         (
             ("--data-dir", "{d}", "--http-cert", "{d}/c.pem"),
@@ -98,6 +98,17 @@ def test_config_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> N
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == message.format(d=d) + "\n"
     assert proc.stdout == ""
+
+
+def test_an_error_in_an_option_set_by_its_variable_names_the_variable(tmp_path: Path) -> None:
+    proc = serve_cli(
+        "--data-dir", str(tmp_path / "d"),
+        env={"PATH": "/usr/bin:/bin", "LITECDC_HTTP_ADDR": "foo"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "error: LITECDC_HTTP_ADDR: --http-addr: address must look like host:port, got 'foo'\n"
+    )
 
 
 def test_a_cluster_variable_without_etcd_is_refused_naming_the_variable(tmp_path: Path) -> None:
