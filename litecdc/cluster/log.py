@@ -489,6 +489,9 @@ class ApplyLoop:
         #: is behind it, with the log holding nothing after its journal, copies it by
         #: snapshot (set by ClusterNode before ``start``)
         self.base_cid = 0
+        #: set (with needs_snapshot) while a journal behind base_cid is not yet known to
+        #: find its next entries in the log: no leading, not ready, until the loop checked
+        self.base_pending = False
         #: entries applied, and entries skipped because the journal already had them
         self.applied = 0
         self.skipped = 0
@@ -599,6 +602,8 @@ class ApplyLoop:
                     # the founder's own data is in no log entry: no watch would bring it
                     self._catch_up(None)
                     continue
+                if self.base_pending:  # the log has what follows: no snapshot needed
+                    self.base_pending = self.needs_snapshot = False
                 watch = self.client.watch(self.prefix, prefix=True, start_revision=start)
             except ClusterError as exc:
                 self._error(f"cannot watch the log: {exc}", _level_of(exc))

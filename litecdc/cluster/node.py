@@ -677,7 +677,8 @@ class ClusterNode:
             self._refuse_data_from_elsewhere()
         if self.journal.last_cid() < self.apply_loop.base_cid:
             # not ready, and no candidate to lead, until a snapshot brings the founding data
-            self.apply_loop.needs_snapshot = True
+            # (or the apply loop finds the entries after this journal still in the log)
+            self.apply_loop.needs_snapshot = self.apply_loop.base_pending = True
 
     def _until_etcd_answers(self, check: Callable[[], None]) -> None:
         """Run ``check`` until etcd answers it. Cluster QA: the checks were skipped when
