@@ -195,12 +195,6 @@ def run(
     quiet: bool,
 ) -> None:
     """Run every subscription OWNER has (Spark driver); resumes after a restart."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("httpx", "urllib3", "py4j"):  # lines per request / connection otherwise
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # pika logs its connections at INFO, and a failed one at ERROR in seven lines with a
-    # traceback, on every retry; the RabbitMQ sink reports it as one error saying what to check
-    logging.getLogger("pika").setLevel(logging.CRITICAL)
     from litecdc.pipeline.server import PipelineServer
     from litecdc.pipeline.spark import spark_session
 
@@ -210,6 +204,7 @@ def run(
         if metrics_port:
             _check_port_free(metrics_port)  # before Spark takes its time to start
         store = _open(meta, owner)
+        _configure_logging()  # (once the options passed: refused runs leave it as it was)
         display = _ProgressDisplay(enabled=not quiet)
         try:
             spark = spark_session(master)
@@ -236,6 +231,15 @@ def run(
                     "above or `litecdc pipeline status`"
                 )
             click.echo("every subscription has caught up")
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "urllib3", "py4j"):  # lines per request / connection otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # pika logs its connections at INFO, and a failed one at ERROR in seven lines with a
+    # traceback, on every retry; the RabbitMQ sink reports it as one error saying what to check
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
 def _port_taken(port: int, exc: OSError) -> str:
