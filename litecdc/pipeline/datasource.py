@@ -570,6 +570,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._held: int | None = None  # where this reader last moved the hold to
         self._committed: int | None = None  # the last offset Spark committed
         self._idle_batch_at = 0.0  # when the last batch without events was let through
+        self._retention: int | None = None  # the node's retention cap, in cids
         self._client: SourceClient | None = None
 
     @property
@@ -631,10 +632,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # this very stream, which are commits too) would make an empty batch at every
             # trigger; let one through now and then so the offset and the hold follow
             now = time.monotonic()
-            if now - self._idle_batch_at < IDLE_BATCH_INTERVAL:
+            if now - self._idle_batch_at < IDLE_BATCH_INTERVAL and end_cid - after < (
+                self._idle_cids()
+            ):
                 return {"cid": after}
             self._idle_batch_at = now
         return {"cid": max(end_cid, after)}
+
+    def _idle_cids(self) -> int:
+        """How far an idle stream may trail the head before a batch moves its hold: a
+        quarter of the node's retention cap (read once), or a busy source expires it
+        within IDLE_BATCH_INTERVAL (QA) — and a Parquet log then starts over."""
+        if self._retention is None:
+            self._retention = self.client.subscriptions().retention_cids
+        return max(self._retention // 4, 1)
 
     def reportLatestOffset(self) -> dict[str, int]:
         return {"cid": self.client.subscriptions().last_cid}

@@ -169,6 +169,10 @@ class _Running:
     #: the node's hold for this subscription, as last moved, and when
     hold_cid: int = 0
     hold_moved: float = 0.0
+    #: the node's retention cap, in cids (read at start): a hold trailing the head by a
+    #: quarter of it moves whatever the time (QA: a caught-up subscription of a quiet
+    #: table moved its hold every 300 s only, and busy other tables expired it)
+    retention_cids: int | None = None
     #: the cid its copy of the table began at (its registration), as recorded
     init_cid: int | None = None
 
@@ -313,6 +317,11 @@ class PipelineServer:
             running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
         self._running[sub.name] = running  # from here on, a failure closes it
         progress = self.meta.progress(sub.name)
+        holds = client.subscriptions()
+        running.retention_cids = holds.retention_cids
+        if progress.stage not in (None, "register") and holds.get(sub.name) is None:
+            # registered, yet the node has no hold (placed when it registered)
+            raise _history_replaced(sub.name, "the node has no hold for it")
         if progress.stage not in (None, "register"):
             # the source gained a column with a DEFAULT, or was reshaped, while we were not
             # running: whatever the sink (a mirror, a log of messages), its rows are stale
@@ -540,6 +549,7 @@ class PipelineServer:
         max_events = int(sub.options.get("max_events", DEFAULT_MAX_EVENTS))
         position = running.client.position(sub.table_name, after=after, max_events=max_events)
         state.source_cid = position.last_cid
+        _check_not_behind(sub.name, position.last_cid, after)
         now = time.monotonic()
         if position.end_cid <= after:
             state.behind_since = None
@@ -703,6 +713,7 @@ class PipelineServer:
         # are no lag (QA: an idle table's log showed a lag growing to 30 s)
         position = running.client.position(sub.table_name, after=state.applied_cid, max_events=1)
         state.source_cid = position.last_cid
+        _check_not_behind(sub.name, position.last_cid, state.applied_cid)
         if position.events == 0:
             state.behind_since = None
         elif state.behind_since is None:
@@ -721,12 +732,20 @@ class PipelineServer:
         """Let the node prune what the sink has applied. Moving the hold is itself a
         commit on the node, so it is done after batches that carried events (at most
         every HOLD_INTERVAL seconds) and otherwise only every IDLE_HOLD_INTERVAL — an idle
-        subscription must not keep writing to an idle source."""
+        subscription must not keep writing to an idle source — or once it trails by a
+        quarter of the node's retention cap (a busy source: it would expire first)."""
         now = time.monotonic()
         every = HOLD_INTERVAL if applied else IDLE_HOLD_INTERVAL
-        if cid <= running.hold_cid or now - running.hold_moved < every:
+        cap = running.retention_cids
+        far = cap is not None and cid - running.hold_cid >= max(cap // 4, 1)
+        if cid <= running.hold_cid or (now - running.hold_moved < every and not far):
             return
-        running.client.progress(running.subscription.name, cid)
+        try:
+            running.client.progress(running.subscription.name, cid)
+        except NotFoundError as exc:
+            raise _history_replaced(
+                running.subscription.name, "the node has no hold for it"
+            ) from exc
         running.hold_cid, running.hold_moved = cid, now
 
     # -- reading through Spark -----------------------------------------------------------
@@ -870,6 +889,27 @@ class PipelineServer:
             "subscription %s: source added column(s) %s; the sink follows",
             running.subscription.name, ", ".join(c.name for c in added),
         )  # fmt: skip
+
+
+def _history_replaced(name: str, what: str) -> SourceError:
+    """The source no longer continues the history the mirror follows (QA: a node rebuilt
+    from an older backup had no hold and its head behind the applied cid; its changes were
+    taken for the old history's and the mirror stayed wrong, `status` saying lag 0). A new
+    copy cannot fix it either: the mirror's versions are the old history's cids, and the
+    version guard would keep them. The subscription fails until rebuilt."""
+    return SourceError(
+        f"subscription {name}: {what}: the source's database was replaced (a restored "
+        "backup, a new data directory) or the subscription's hold deleted there, so its "
+        "changes may not follow what the mirror holds; rebuild the mirror: `litecdc "
+        f"pipeline unsubscribe {name}`, empty or drop the mirror, and subscribe again"
+    )
+
+
+def _check_not_behind(name: str, head: int, applied: int) -> None:
+    if head < applied:
+        raise _history_replaced(
+            name, f"the source's head (cid {head}) is behind what it applied (cid {applied})"
+        )
 
 
 def _same_subscription(a: Subscription, b: Subscription) -> bool:

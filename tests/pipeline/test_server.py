@@ -7,6 +7,7 @@ and created again, its last column dropped and added again) is copied again."""
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -328,4 +329,98 @@ def test_a_table_created_again_under_another_letter_case_keeps_its_mirror(
         assert restarted.run(until_caught_up=True) == 0, restarted.states["kk"].last_error
         _mirror_is_exact(store, "kk", 2)
     finally:
+        store.close()
+
+
+@pytest.mark.spark
+def test_a_quiet_tables_hold_keeps_up_with_a_busy_source(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    """QA: a caught-up subscription of a quiet table moved its hold every 300 s only;
+    commits to other tables expired it past the node's retention cap, and the table was
+    copied again and again. The hold now moves once it trails by a quarter of the cap."""
+    node = Node(tmp_path / "node", "--retention-cids", "40").start()
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        with node.client() as c:
+            execute(c, ["CREATE TABLE quiet(id INTEGER PRIMARY KEY, v)", "CREATE TABLE busy(x)"])
+            execute(c, [["INSERT INTO quiet VALUES(?, ?)", i, i] for i in range(10)])
+        control.subscribe(
+            store, name="quiet", sources=node.url, table="quiet", sink=f"delta:{tmp_path / 'q'}"
+        )
+        rounds_until_caught_up(server, node, "quiet")
+        copied = store.progress("quiet").init_snapshot_version
+        for _ in range(6):
+            with node.client() as c:
+                for k in range(15):
+                    execute(c, [["INSERT INTO busy VALUES(?)", k]])
+            rounds_until_caught_up(server, node, "quiet")
+        assert store.progress("quiet").init_snapshot_version == copied  # never copied again
+        with node.client() as c:
+            holds = c.get("/cdc/subscriptions").json()
+        (hold,) = [h for h in holds["subscriptions"] if h["name"] == "quiet"]
+        assert not hold["expired"] and holds["last_cid"] - hold["cid"] <= 40, holds
+    finally:
+        server.close()
+        store.close()
+        node.stop()
+
+
+@pytest.mark.spark
+def test_a_source_whose_database_was_replaced_fails_the_subscription_until_rebuilt(
+    node: Node, tmp_path: Path, spark: SparkSession
+) -> None:
+    """QA: a node rebuilt from an older backup (a new data directory, POST /db/load) has
+    another history, its head behind the applied cid and no hold for the subscription; it
+    was taken for the old history (nothing to apply, `status` said lag 0) and the mirror
+    stayed wrong. A new copy would not do either: the mirror's versions are the old
+    history's cids. The subscription fails, saying so, at once and after a restart."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO t VALUES(?, ?)", i, "start"] for i in range(1, 101)])
+        backup = c.get("/db/backup").content
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        control.subscribe(
+            store, name="t", sources=node.url, table="t", sink=f"delta:{tmp_path / 'l'}"
+        )
+        rounds_until_caught_up(server, node, "t")
+        with node.client() as c:
+            for i in range(1, 41):
+                execute(c, [["UPDATE t SET v = ? WHERE id = ?", f"first {i}", i]])
+        rounds_until_caught_up(server, node, "t")
+        applied = server.states["t"].applied_cid
+        node.stop()
+        shutil.rmtree(node.data_dir)
+        node.start()
+        with node.client() as c:
+            loaded = c.post(
+                "/db/load", content=backup, headers={"Content-Type": "application/octet-stream"}
+            )
+            assert loaded.status_code == 200, loaded.text
+            for i in range(1, 31):
+                execute(
+                    c,
+                    [
+                        ["UPDATE t SET v = ? WHERE id = ?", f"second {i}", i],
+                        ["DELETE FROM t WHERE id = ?", i + 50],
+                    ],
+                )
+        server.run_round()
+        error = server.states["t"].last_error or ""
+        assert f"is behind what it applied (cid {applied})" in error, error
+        assert "the source's database was replaced" in error
+        assert "litecdc pipeline unsubscribe t" in error
+        assert store.progress("t").last_log_index == applied  # nothing of it applied
+    finally:
+        server.close()
+    restarted = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        assert restarted.run(until_caught_up=True) == 1
+        error = restarted.states["t"].last_error or ""
+        assert "the node has no hold for it" in error and "was replaced" in error, error
+    finally:
+        restarted.close()
         store.close()
