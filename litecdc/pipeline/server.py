@@ -899,7 +899,8 @@ def _history_replaced(name: str, what: str) -> SourceError:
     version guard would keep them. The subscription fails until rebuilt."""
     return SourceError(
         f"subscription {name}: {what}: the source's database was replaced (a restored "
-        "backup, a new data directory) or the subscription's hold deleted there, so its "
+        "backup, a new data directory) or the subscription's hold deleted there — unless "
+        "it is a cluster node still catching up, for a moment (the run retries) — so its "
         "changes may not follow what the mirror holds; rebuild the mirror: `litecdc "
         f"pipeline unsubscribe {name}`, empty or drop the mirror, and subscribe again"
     )
@@ -908,7 +909,8 @@ def _history_replaced(name: str, what: str) -> SourceError:
 def _check_not_behind(name: str, head: int, applied: int) -> None:
     if head < applied:
         raise _history_replaced(
-            name, f"the source's head (cid {head}) is behind what it applied (cid {applied})"
+            name,
+            f"the source's head (cid {head}) is behind what it applied (cid {applied})",
         )
 
 
