@@ -420,7 +420,7 @@ class MariaDBSink(Sink):
         size = 0
         for row in rows[rest:]:
             text = cur.mogrify(one, row)
-            # as the driver sends it: UTF-8, a blob's bytes as they are
+            # as the driver sends it: UTF-8 (a blob is written in hex already)
             length = len(text.encode("utf-8", "surrogateescape")) + 2  # and ", "
             if length > budget:
                 key = {k: short_value(row[names.index(k)]) for k in self.spec.key}
