@@ -736,7 +736,8 @@ def _settle_misfits(
 
 
 def _fits_mirror(arrow: str, value: Any) -> bool:
-    """Whether ``_coerced`` takes ``value`` for a column mirrored as ``arrow``."""
+    """Whether a column mirrored as ``arrow`` takes ``value`` (``_coerced`` converts a
+    number for a float or text column)."""
     if value is None:
         return True
     if arrow == "float64" and isinstance(value, int):
@@ -800,17 +801,7 @@ def _coerced(
 ) -> pa.Array:
     values: list[Any] = []
     for n, value in enumerate(column):
-        if value is None:
-            values.append(None)
-        elif arrow == "float64" and isinstance(value, int) and abs(value) <= 2**53:
-            values.append(float(value))
-        elif arrow == "string" and isinstance(value, int):
-            values.append(str(value))
-        elif arrow == "string" and isinstance(value, float):
-            values.append(repr(value))
-        elif _fits(arrow, value):
-            values.append(value)
-        else:
+        if not _fits_mirror(arrow, value):
             key = [rows[n][k] for k in key_positions]
             raise DataTypeError(
                 f"table {table.name} column {name}: a {_storage_class(value)} value at key "
@@ -818,6 +809,14 @@ def _coerced(
                 f"{declared or 'no type'!r}); give the column a type that matches its values, "
                 "or fix the row"
             )
+        if arrow == "float64" and isinstance(value, int):
+            values.append(float(value))  # (up to 2**53: exact)
+        elif arrow == "string" and isinstance(value, int):
+            values.append(str(value))
+        elif arrow == "string" and isinstance(value, float):
+            values.append(repr(value))
+        else:
+            values.append(value)
     return pa.array(values, ARROW_TYPES[arrow])
 
 
