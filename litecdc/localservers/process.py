@@ -3,6 +3,7 @@ executor that waits on a real readiness probe and keeps the server's output in a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -13,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -84,6 +85,23 @@ def log_tail(path: Path, lines: int = 20) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it, parents first, from /proc (a
+    process group is not enough: PostgreSQL's children start sessions of their own)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid …": comm may hold spaces and parentheses
+        parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2 :].split()[1])
+    tree = [root]
+    for pid in tree:  # grows as it goes: breadth first
+        tree.extend(child for child, parent in parents.items() if parent == pid)
+    return tree
 
 
 _PR_SET_PDEATHSIG = 1
@@ -195,6 +213,26 @@ class LocalServer:
         if self._process is not None:
             self._process.stop_quietly()
             self._process = None
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every process of the server stopped (SIGSTOP) for the block, then let go on:
+        its connections stay open and it answers nothing, as a hung server or a network
+        path that drops packets does."""
+        if self._process is None or self._process.process is None:
+            raise ServerUnavailableError("the server is not running")
+        root = self._process.process.pid
+        os.kill(root, signal.SIGSTOP)  # first: a stopped parent starts no more children
+        tree = process_tree(root)
+        try:
+            for pid in tree[1:]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            yield
+        finally:
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         self._stop_processes()

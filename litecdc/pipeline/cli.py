@@ -179,6 +179,13 @@ def subscribe(
 )
 @click.option("--poll-interval", default=1.0, show_default=True, help="Seconds between polls.")
 @click.option(
+    "--parallel",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Subscriptions stepped at once, each in a thread (a hung sink holds up only its own).",
+)
+@click.option(
     "--metrics-port",
     default=0,
     type=click.IntRange(0, 65535),
@@ -191,6 +198,7 @@ def run(
     master: str,
     until_caught_up: bool,
     poll_interval: float,
+    parallel: int,
     metrics_port: int,
     quiet: bool,
 ) -> None:
@@ -209,7 +217,12 @@ def run(
         try:
             spark = spark_session(master)
             server = PipelineServer(
-                store, spark, owner=owner, poll_interval=poll_interval, on_progress=display.update
+                store,
+                spark,
+                owner=owner,
+                poll_interval=poll_interval,
+                parallel=parallel,
+                on_progress=display.update,
             )
             if metrics_port:
                 try:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import re
 import threading
 import time
@@ -76,6 +77,7 @@ from litecdc.pipeline.sinks.base import (
     ChangeBatch,
     Sink,
     UnstorableKeyError,
+    probe_sink,
     registration_id,
 )
 from litecdc.pipeline.sinks.registry import open_sink
@@ -106,6 +108,17 @@ GIVE_UP_FAILURES = 5
 RETRY_DELAY = 0.5
 RETRY_MAX_DELAY = 30.0
 SCHEMA_CHECK_INTERVAL = 5.0
+#: a step of `run` going on this long gets its sink's server asked for a new connection,
+#: and again as often while it lasts: a server that does not answer (a frozen process, a
+#: network path that drops packets) has the step's connection broken, so the subscription
+#: fails and is retried instead of waiting for ever; one that answers is only slow
+STALL_PROBE_AFTER = 30.0
+#: how long a stopping `run` waits for the steps in progress to end
+STOP_WAIT = 10.0
+#: subscriptions `run` steps at once, by default (each step holds a batch in memory)
+DEFAULT_PARALLEL = 4
+#: how often `run` looks for added, changed and removed subscriptions, and for stalls
+WATCH_INTERVAL = 0.5
 IDLE_HOLD_INTERVAL = 300.0
 #: the most key ranges a snapshot is cut into (the most a node's /splits gives)
 MAX_CHUNKS = 1024
@@ -175,6 +188,25 @@ class _Running:
     retention_cids: int | None = None
     #: the cid its copy of the table began at (its registration), as recorded
     init_cid: int | None = None
+    #: why its sink's connection was broken under a step (the server stopped answering)
+    stalled: str | None = None
+
+
+@dataclass
+class _Scheduled:
+    """One subscription as `run` schedules it: when its next step is due, whether a
+    step is in progress (and since when)."""
+
+    subscription: Subscription
+    due_at: float = 0.0
+    in_flight: bool = False
+    #: the subscription is gone, or was removed and added again under its name: step it
+    #: no more, drop it once its step in progress ended
+    retired: bool = False
+    #: when the step in progress began (monotonic), None while queued or between steps
+    step_started: float | None = None
+    #: when its sink's server was last asked, during this step
+    probed_at: float = 0.0
 
 
 class PipelineServer:
@@ -190,11 +222,19 @@ class PipelineServer:
         metrics: PipelineMetrics | None = None,
         on_progress: Callable[[SubscriptionState], None] | None = None,
         retry_delay: float = RETRY_DELAY,
+        stall_probe_after: float = STALL_PROBE_AFTER,
+        parallel: int = DEFAULT_PARALLEL,
     ) -> None:
         """``retry_delay``: seconds before a failed subscription's first retry, doubling
-        up to 30 s (default 0.5)."""
+        up to 30 s (default 0.5); ``stall_probe_after``: seconds a step of `run` goes on
+        before its sink's server is asked whether it still answers (default 30);
+        ``parallel``: how many subscriptions `run` steps at once (default 4)."""
+        if parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {parallel}")
         self.meta = meta
         self.retry_delay = retry_delay
+        self.stall_probe_after = stall_probe_after
+        self.parallel = parallel
         self.spark = spark
         self.owner = owner
         self.poll_interval = poll_interval
@@ -208,40 +248,67 @@ class PipelineServer:
         self._stop = threading.Event()
         #: until_caught_up: Parquet change logs run availableNow queries to completion
         self._available_now = False
+        #: `run`: every owned subscription, the steps waiting for a thread, a nudge for
+        #: the scheduler when a step ends
+        self._scheduled: dict[str, _Scheduled] = {}
+        self._queue: queue.SimpleQueue[_Scheduled | None] = queue.SimpleQueue()
+        self._step_ended = threading.Event()
+        self._stopping = False
 
     # -- lifecycle -------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
+        self._step_ended.set()
 
-    def run(self, *, until_caught_up: bool = False, max_rounds: int | None = None) -> int:
-        """Run every owned subscription until stopped; with ``until_caught_up``, return
-        once each has applied every change committed at its source before this call, or
-        once one has failed GIVE_UP_FAILURES times in a row (it would never catch up).
-        Returns how many subscriptions are still failing (0 = all healthy)."""
-        targets: dict[str, int] = {}
-        rounds = 0
+    def run(self, *, until_caught_up: bool = False) -> int:
+        """Run every owned subscription until stopped. Steps run on ``parallel`` threads,
+        in turn (a subscription with work left queues up again behind the others), so a
+        slow sink, or one whose server hangs, holds up no other subscription (the watch
+        on stalled steps breaks a hung one's connection). With ``until_caught_up``,
+        return once each has applied every change committed at its source before this
+        call, or once one has failed GIVE_UP_FAILURES times in a row (it would never
+        catch up). Returns how many subscriptions are still failing (0 = all healthy)."""
+        targets: dict[str, int] | None = {} if until_caught_up else None
         self._available_now = until_caught_up
+        self._scheduled = {}
+        self._queue = queue.SimpleQueue()
+        self._stopping = False
+        threads = [
+            threading.Thread(
+                target=self._steps, args=(targets,), name=f"litecdc-step-{i}", daemon=True
+            )
+            for i in range(self.parallel)
+        ]
+        for thread in threads:
+            thread.start()
+        listed = 0.0
         try:
             while not self._stop.is_set():
-                busy = self.run_round(targets if until_caught_up else None)
-                rounds += 1
-                if until_caught_up and self._caught_up(targets):
+                if targets is not None and self._gave_up():
                     break
-                if until_caught_up and any(
-                    s.failures >= GIVE_UP_FAILURES for s in self.states.values()
-                ):
-                    break
-                if max_rounds is not None and rounds >= max_rounds:
-                    break
-                if not busy:
-                    self._stop.wait(self.poll_interval)
+                if time.monotonic() - listed >= WATCH_INTERVAL:
+                    listed = time.monotonic()
+                    self._tend()
+                    self._watch_stalls()
+                    if targets is not None and self._caught_up(targets):
+                        break
+                self._step_ended.clear()  # before dispatching: no step's end is missed
+                next_due = self._dispatch(give_up=targets is not None)
+                self._step_ended.wait(min(max(next_due - time.monotonic(), 0), WATCH_INTERVAL))
         finally:
+            self._stop_threads(threads)
             self.close()
         return sum(1 for s in self.states.values() if s.last_error)
 
     def close(self) -> None:
         for name in list(self._running):
+            scheduled = self._scheduled.get(name)
+            if scheduled is not None and scheduled.in_flight:
+                continue  # a step still in it: its connections are that thread's
             self._forget_connections(name)
+
+    def _gave_up(self) -> bool:
+        return any(s.failures >= GIVE_UP_FAILURES for s in self.states.values())
 
     def _caught_up(self, targets: dict[str, int]) -> bool:
         owned = self.meta.list_subscriptions(owner=self.owner)
@@ -255,9 +322,127 @@ class PipelineServer:
                 return False
         return True
 
+    # -- `run`'s scheduling ---------------------------------------------------------------
+    def _tend(self) -> None:
+        """Schedule every owned subscription; one gone, or removed and added again under
+        its name (another sink, another registration), is retired: its state and
+        connections are dropped once no step of it is in progress (a new one of the name
+        starts afresh then)."""
+        owned = {
+            s.name: s
+            for s in self.meta.list_subscriptions(owner=self.owner, include_cancelled=True)
+        }
+        for name, scheduled in list(self._scheduled.items()):
+            current = owned.get(name)
+            if current is None or not _same_subscription(scheduled.subscription, current):
+                scheduled.retired = True
+            elif current.cancel and not scheduled.subscription.cancel:
+                scheduled.subscription = current  # unsubscribed meanwhile: release it
+            if scheduled.retired and not scheduled.in_flight:
+                del self._scheduled[name]
+                self._forget(name)
+        for name, sub in owned.items():
+            if name not in self._scheduled:
+                self._scheduled[name] = _Scheduled(sub)
+
+    def _dispatch(self, *, give_up: bool) -> float:
+        """Queue every due subscription with no step in progress; when the next is due.
+        ``give_up`` (until_caught_up): not one that failed GIVE_UP_FAILURES times."""
+        now = time.monotonic()
+        next_due = now + WATCH_INTERVAL
+        for name, scheduled in self._scheduled.items():
+            if scheduled.in_flight or scheduled.retired:
+                continue
+            state = self.states.get(name)
+            if give_up and state is not None and state.failures >= GIVE_UP_FAILURES:
+                continue
+            if scheduled.due_at <= now:
+                scheduled.in_flight = True
+                self._queue.put(scheduled)
+            else:
+                next_due = min(next_due, scheduled.due_at)
+        return next_due
+
+    def _steps(self, targets: dict[str, int] | None) -> None:
+        """A stepping thread: one queued step after the other."""
+        while (scheduled := self._queue.get()) is not None:
+            if self._stop.is_set() or self._stopping:
+                scheduled.in_flight = False  # queued, not begun: left for the next run
+                continue
+            sub = scheduled.subscription
+            state = self.states.setdefault(sub.name, SubscriptionState(sub.name))
+            scheduled.step_started = time.monotonic()
+            try:
+                busy = self._step_one(sub, state, targets)
+            except Exception:  # _step_one records every failure: this is a bug of ours
+                log.exception("subscription %s: step failed", sub.name)
+                busy = False
+            scheduled.step_started = None
+            if busy is None:
+                scheduled.retired = True  # unsubscribed
+            elif state.last_error is not None:
+                scheduled.due_at = state.retry_at
+            else:
+                scheduled.due_at = time.monotonic() + (0.0 if busy else self.poll_interval)
+            scheduled.in_flight = False
+            self._step_ended.set()
+
+    def _stop_threads(self, threads: list[threading.Thread]) -> None:
+        """End the stepping threads; a step still waiting on its sink after STOP_WAIT has
+        its sink's connection broken, and is left behind (daemon) if even that fails."""
+        self._stopping = True  # steps queued and not begun are skipped
+        for _ in threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + STOP_WAIT
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        for name, scheduled in self._scheduled.items():
+            running = self._running.get(name)
+            if scheduled.in_flight and running is not None and running.sink is not None:
+                running.sink.abort()
+        for thread in threads:
+            thread.join(1.0)
+            if thread.is_alive():
+                log.warning("a step did not end when the server stopped; left behind")
+
+    def _watch_stalls(self) -> None:
+        """Ask the server of every sink a step has waited on for stall_probe_after (and
+        as often again) whether it still answers, in a thread of its own."""
+        now = time.monotonic()
+        for name, scheduled in self._scheduled.items():
+            started = scheduled.step_started
+            if started is None or now - started < self.stall_probe_after:
+                continue
+            if now - max(scheduled.probed_at, started) < self.stall_probe_after:
+                continue
+            running = self._running.get(name)
+            if running is None or running.sink is None:
+                continue
+            scheduled.probed_at = now
+            threading.Thread(
+                target=self._probe, args=(running, started), name=f"litecdc-probe-{name}",
+                daemon=True,
+            ).start()  # fmt: skip
+
+    def _probe(self, running: _Running, started: float) -> None:
+        sink = running.sink
+        assert sink is not None
+        name = running.subscription.name
+        error = probe_sink(sink)
+        waited = time.monotonic() - started
+        if error is None:
+            log.info("subscription %s: a step has run %.0f s; its sink answers", name, waited)
+            return
+        running.stalled = (
+            f"{error}; a write to it had waited {waited:.0f} s: its connection was broken"
+        )
+        log.warning("subscription %s: %s", name, running.stalled)
+        sink.abort()
+
     # -- one round over every subscription ------------------------------------------------
     def run_round(self, targets: dict[str, int] | None = None) -> bool:
-        """One step of every owned subscription; True when any had work left."""
+        """One step of every owned subscription, one after the other, in this thread (tests
+        step a server this way); True when any had work left."""
         busy = False
         owned = {
             s.name: s
@@ -273,30 +458,45 @@ class PipelineServer:
             if self._stop.is_set():
                 break
             state = self.states.setdefault(name, SubscriptionState(name))
-            now = time.monotonic()
-            if state.retry_at > now:
+            if state.retry_at > time.monotonic():
                 continue
-            try:
-                if sub.cancel:
-                    self._unsubscribe(sub)
-                    continue
-                running = self._running.get(name) or self._start(sub, state)
-                if targets is not None and name not in targets:
-                    targets[name] = running.client.table_info(running.spec.name).last_cid
-                    state.source_cid = max(state.source_cid, targets[name])
-                busy = self._step(running) or busy
-                if name not in self._cleared:
-                    self._record_failure(name, None)
-                    self._cleared.add(name)
-                state.last_error = None
-                state.failures = 0
-            except Exception as exc:
-                self._failed(state, exc)
-                self._record_failure(name, state.last_error)
-                self._cleared.discard(name)
-            self.metrics.observe(state)
-            if self.on_progress is not None:
-                self.on_progress(state)
+            busy = bool(self._step_one(sub, state, targets)) or busy
+        return busy
+
+    def _step_one(
+        self, sub: Subscription, state: SubscriptionState, targets: dict[str, int] | None
+    ) -> bool | None:
+        """One step of ``sub``, its failure recorded (and its retry time set); True when it
+        has work left, None once it is unsubscribed."""
+        name = sub.name
+        busy: bool | None = False
+        try:
+            if sub.cancel:
+                self._unsubscribe(sub)
+                return None
+            running = self._running.get(name) or self._start(sub, state)
+            running.stalled = None  # (a probe that ended after the last step found it)
+            if targets is not None and name not in targets:
+                targets[name] = running.client.table_info(running.spec.name).last_cid
+                state.source_cid = max(state.source_cid, targets[name])
+            busy = self._step(running)
+            if name not in self._cleared:
+                self._record_failure(name, None)
+                self._cleared.add(name)
+            state.last_error = None
+            state.failures = 0
+        except Exception as exc:
+            failure: Exception = exc
+            running_now = self._running.get(name)
+            if running_now is not None and running_now.stalled is not None:
+                # what the watch found, not the broken connection's own error
+                failure = SinkError(running_now.stalled)
+            self._failed(state, failure)
+            self._record_failure(name, state.last_error)
+            self._cleared.discard(name)
+        self.metrics.observe(state)
+        if self.on_progress is not None:
+            self.on_progress(state)
         return busy
 
     def _start(self, sub: Subscription, state: SubscriptionState) -> _Running:
@@ -314,8 +514,11 @@ class PipelineServer:
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
             )
         else:
-            running = _Running(sub, client, spec, open_sink(sub.sink, spec, sub.name), state)
+            sink = open_sink(sub.sink, spec, sub.name, prepare=False)
+            running = _Running(sub, client, spec, sink, state)
         self._running[sub.name] = running  # from here on, a failure closes it
+        if running.sink is not None:
+            running.sink.prepare()  # once running: a server that hangs in it is watched
         progress = self.meta.progress(sub.name)
         holds = client.subscriptions()
         running.retention_cids = holds.retention_cids

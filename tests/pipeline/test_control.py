@@ -375,6 +375,19 @@ def test_run_refuses_a_metrics_port_it_cannot_listen_on_before_starting_spark(
     assert not (tmp_path / "meta.db").exists()  # refused before anything was opened
 
 
+@pytest.mark.parametrize("given", ["0", "-1", "65", "two"])
+def test_run_refuses_a_parallel_count_out_of_range(tmp_path: Path, given: str) -> None:
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    result = CliRunner().invoke(cli, ["pipeline", "run", "--meta", meta, "--parallel", given])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--parallel'" in result.output
+    assert not (tmp_path / "meta.db").exists()
+
+
 def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: Path) -> None:
     """QA: `pipeline list` run in another directory made an empty litecdc-pipeline.db
     there and said "no subscriptions", as if they were gone."""

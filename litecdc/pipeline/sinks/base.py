@@ -27,6 +27,9 @@ stable id (``message_id``) so consumers can de-duplicate.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +39,9 @@ import pyarrow as pa
 
 from litecdc.errors import SchemaMismatchError
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+
+#: seconds a probe of a sink's server may take on top of the sink's connect_timeout
+PROBE_GRACE = 5.0
 
 
 class UnstorableKeyError(SchemaMismatchError):
@@ -174,3 +180,53 @@ class Sink(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
+
+    #: what a probe's deadline message calls the sink, and the deadline (seconds)
+    label: str = "sink"
+    probe_timeout: float = 15.0
+
+    def probe(self) -> None:  # noqa: B027 - sinks that wait on no server of their own
+        """Raise SinkError when the sink's server does not answer a new connection now.
+        The pipeline server asks, from another thread, when a write has waited long: a
+        frozen server or a network path that drops packets answers no one, a busy server
+        answers. Sinks whose waits are bounded by their own timeouts ask nothing."""
+
+    def abort(self) -> None:  # noqa: B027 - see probe
+        """Break the connection a write is waiting on, from another thread, so the write
+        returns (with an error). Must not touch the connection otherwise: another thread
+        is in it."""
+
+
+def probe_sink(sink: Sink) -> str | None:
+    """What ``sink.probe()`` found wrong, one line; None when the server answered. A
+    probe still waiting after ``sink.probe_timeout`` seconds found no answer."""
+    found: list[str | None] = []
+
+    def ask() -> None:
+        try:
+            sink.probe()
+            found.append(None)
+        except Exception as exc:
+            found.append(" ".join(str(exc).split()))
+
+    prober = threading.Thread(target=ask, name="litecdc-sink-probe", daemon=True)
+    prober.start()
+    prober.join(sink.probe_timeout)
+    if not found:
+        return (
+            f"{sink.label}: its server did not answer a new connection within "
+            f"{sink.probe_timeout:g} s"
+        )
+    return found[0]
+
+
+def shut_down_socket(fd: int) -> None:
+    """Shut the socket behind ``fd`` down for both directions: a thread blocked reading
+    or writing it returns at once (end of stream), and the descriptor stays valid for
+    its owner to close. Shutting a socket down is safe from any thread; closing a
+    connection another thread is in is not."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed already, or never connected

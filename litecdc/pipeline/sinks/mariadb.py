@@ -50,11 +50,13 @@ import pymysql
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import (
+    PROBE_GRACE,
     ChangeBatch,
     Sink,
     UnstorableKeyError,
     check_mirror_columns,
     short_value,
+    shut_down_socket,
 )
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
@@ -117,6 +119,7 @@ class _KeyLimit:
 
 class MariaDBSink(Sink):
     kind = "mirror"
+    label = "mariadb sink"
 
     def __init__(self, url: str, spec: TableSpec, subscription: str) -> None:
         super().__init__(url, spec, subscription)
@@ -131,28 +134,42 @@ class MariaDBSink(Sink):
         self._packet_limit: int | None = None  # the server's max_allowed_packet
         #: text/blob key columns → what they hold (read from the table by ``prepare``)
         self._key_limits: dict[str, _KeyLimit] = self._created_key_limits()
+        self.probe_timeout = max(1, math.ceil(options.connect_timeout)) + PROBE_GRACE
 
     # -- connection -------------------------------------------------------------------
+
+    def _params(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "host": o.host,
+            "port": o.port,
+            "user": o.user or "root",
+            "password": o.password or "",
+            "database": o.database,
+            "charset": "utf8mb4",
+            "connect_timeout": max(1, math.ceil(o.connect_timeout)),
+        }
 
     def _connect(self) -> Any:
         if self._conn is not None and self._conn.open:
             return self._conn
-        o = self.options
+        handshake = self._params()["connect_timeout"]
         try:
-            self._conn = pymysql.connect(
-                host=o.host,
-                port=o.port,
-                user=o.user or "root",
-                password=o.password or "",
-                database=o.database,
-                charset="utf8mb4",
-                connect_timeout=max(1, math.ceil(o.connect_timeout)),
+            # PyMySQL's connect_timeout bounds the TCP connect only: the read and write
+            # timeouts bound the handshake (a frozen server accepts, then never answers),
+            # and are lifted once connected — a statement may take its time
+            conn = pymysql.connect(
+                **self._params(),
                 autocommit=False,
                 binary_prefix=True,  # blobs sent as _binary'…': no charset conversion
                 max_allowed_packet=_CLIENT_MAX_PACKET,
                 # strict: a value that does not fit is an error, never silently cut
                 init_command="SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'",
+                read_timeout=handshake,
+                write_timeout=handshake,
             )
+            conn._read_timeout = conn._write_timeout = None  # PyMySQL applies it per packet
+            self._conn = conn
         except pymysql.err.MySQLError as exc:
             raise SinkError(
                 f"mariadb sink: cannot connect to {mask_url(self.url)}: {self._scrub(exc)}: "
@@ -161,6 +178,25 @@ class MariaDBSink(Sink):
         self._staged_for = None
         self._packet_limit = None
         return self._conn
+
+    def probe(self) -> None:
+        try:
+            conn = pymysql.connect(**self._params(), read_timeout=PROBE_GRACE)
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+            finally:
+                conn.close()
+        except pymysql.err.MySQLError as exc:
+            raise SinkError(
+                f"mariadb sink: the server of {mask_url(self.url)} does not answer: "
+                f"{self._scrub(exc)}"
+            ) from exc
+
+    def abort(self) -> None:
+        sock = getattr(self._conn, "_sock", None)  # PyMySQL's socket (None once closed)
+        if sock is not None:
+            shut_down_socket(sock.fileno())
 
     def _scrub(self, exc: BaseException) -> str:
         text = str(exc.args[-1] if exc.args else exc)

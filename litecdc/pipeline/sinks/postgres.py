@@ -57,11 +57,13 @@ from psycopg import sql
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import (
+    PROBE_GRACE,
     ChangeBatch,
     Sink,
     UnstorableKeyError,
     check_mirror_columns,
     short_value,
+    shut_down_socket,
 )
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
@@ -91,6 +93,7 @@ _STAGE_DEL = "litecdc_stage_deletes"
 
 class PostgresSink(Sink):
     kind = "mirror"
+    label = "postgresql sink"
 
     def __init__(self, url: str, spec: TableSpec, subscription: str) -> None:
         super().__init__(url, spec, subscription)
@@ -104,12 +107,11 @@ class PostgresSink(Sink):
         self._conn: psycopg.Connection[Any] | None = None
         self._staged_for: TableSpec | None = None  # spec the staging tables were made for
         self._btree_max_entry = 2704  # bytes, with 8 kB pages (read from the server)
+        self.probe_timeout = max(1, math.ceil(options.connect_timeout)) + PROBE_GRACE
 
     # -- connection -------------------------------------------------------------------
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        if self._conn is not None and not self._conn.closed and not self._conn.broken:
-            return self._conn
+    def _params(self) -> dict[str, Any]:
         o = self.options
         params: dict[str, Any] = {
             "host": o.host,
@@ -125,8 +127,13 @@ class PostgresSink(Sink):
             params["password"] = o.password
         if o.sslmode is not None:
             params["sslmode"] = o.sslmode
+        return params
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
         try:
-            self._conn = psycopg.connect(**params)
+            self._conn = psycopg.connect(**self._params())
         except psycopg.Error as exc:
             raise SinkError(
                 f"postgresql sink: cannot connect to {mask_url(self.url)}: "
@@ -134,6 +141,21 @@ class PostgresSink(Sink):
             ) from exc
         self._staged_for = None
         return self._conn
+
+    def probe(self) -> None:
+        try:
+            with psycopg.connect(**self._params()) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            raise SinkError(
+                f"postgresql sink: the server of {mask_url(self.url)} does not answer: "
+                f"{self._scrub(exc)}"
+            ) from exc
+
+    def abort(self) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            shut_down_socket(conn.pgconn.socket)
 
     def _scrub(self, exc: BaseException) -> str:
         # one line: libpq's messages span several ("…Connection refused\n\tIs the server…")
