@@ -204,13 +204,14 @@ def run(
 ) -> None:
     """Run every subscription OWNER has (Spark driver); resumes after a restart."""
     from litecdc.pipeline.server import PipelineServer
-    from litecdc.pipeline.spark import spark_session
+    from litecdc.pipeline.spark import check_master, spark_session
 
     with _errors():
         if poll_interval <= 0:
             raise ConfigError(f"--poll-interval must be positive, got {poll_interval}")
+        check_master(master)  # before Spark takes its time to start
         if metrics_port:
-            _check_port_free(metrics_port)  # before Spark takes its time to start
+            _check_port_free(metrics_port)
         store = _open(meta, owner)
         _configure_logging()  # (once the options passed: refused runs leave it as it was)
         display = _ProgressDisplay(enabled=not quiet)

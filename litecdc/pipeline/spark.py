@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
-from litecdc.errors import PipelineError
+from litecdc.errors import ConfigError, PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -16,6 +17,26 @@ log = logging.getLogger("litecdc.pipeline")
 
 DEFAULT_MASTER = "local[*]"
 
+#: the master URLs Spark takes (its SparkContext.createTaskScheduler, Spark 4)
+_MASTERS = re.compile(
+    r"local"
+    r"|local\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\]"  # threads, and failures allowed per task
+    r"|local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]"
+    r"|spark://[^\s/,:]+:[0-9]+(,[^\s/,:]+:[0-9]+)*"  # masters under ZooKeeper: several
+    r"|yarn"
+    r"|k8s://\S+"
+)
+
+
+def check_master(master: str) -> None:
+    """ConfigError unless ``master`` is a Spark master URL (QA: `--master bogus` printed
+    the JVM's stack trace, then the error, after Spark took its time to start)."""
+    if not _MASTERS.fullmatch(master):
+        raise ConfigError(
+            f"--master {master!r} is not a Spark master URL: use local[*], local[N], "
+            "spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+
 
 def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipeline") -> SparkSession:
     """A SparkSession with the ``litecdc`` data source registered.
@@ -23,6 +44,7 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
     Spark's Python workers run this interpreter (PYSPARK_PYTHON), so they import the same
     litecdc and pyarrow as the driver; Arrow carries the data between Python and the JVM.
     """
+    check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

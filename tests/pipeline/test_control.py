@@ -388,6 +388,28 @@ def test_run_refuses_a_parallel_count_out_of_range(tmp_path: Path, given: str) -
     assert not (tmp_path / "meta.db").exists()
 
 
+@pytest.mark.parametrize(
+    "master", ["bogus", "local[0]", "spark://host-without-port", "mesos://h:5050"]
+)
+def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
+    tmp_path: Path, master: str
+) -> None:
+    """QA: `--master bogus` printed the JVM's stack trace, then the error, after Spark had
+    taken its time to start; now one line before anything starts."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    result = CliRunner().invoke(cli, ["pipeline", "run", "--meta", meta, "--master", master])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: --master {master!r} is not a Spark master URL: use local[*], local[N], "
+        "spark://HOST:PORT, yarn or k8s://HOST:PORT\n"
+    )
+    assert not (tmp_path / "meta.db").exists()
+
+
 def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: Path) -> None:
     """QA: `pipeline list` run in another directory made an empty litecdc-pipeline.db
     there and said "no subscriptions", as if they were gone."""
