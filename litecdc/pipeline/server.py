@@ -52,7 +52,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +70,7 @@ from litecdc.errors import (
     SourceError,
 )
 from litecdc.pipeline import parquet_log
-from litecdc.pipeline.metadata import MetadataStore, Subscription
+from litecdc.pipeline.metadata import MetadataStore, RangeProgress, Subscription
 from litecdc.pipeline.metrics import PipelineMetrics
 from litecdc.pipeline.parquet_log import ParquetLog
 from litecdc.pipeline.sinks.base import (
@@ -102,6 +102,9 @@ DEFAULT_PAGE_ROWS = 200_000
 DEFAULT_MAX_EVENTS = 100_000
 DEFAULT_PARTITIONS = 2
 HOLD_INTERVAL = 5.0
+#: how often a snapshot asks the node whether its hold still stands (a copy that outlasts
+#: the node's retention cap is re-started at once, not after the rest of it was copied)
+HOLD_CHECK_INTERVAL = 5.0
 #: --until-caught-up gives up after this many failures in a row of one subscription
 #: (with the back-off, about 15 s)
 GIVE_UP_FAILURES = 5
@@ -182,6 +185,8 @@ class _Running:
     #: the node's hold for this subscription, as last moved, and when
     hold_cid: int = 0
     hold_moved: float = 0.0
+    #: when a snapshot round last asked the node whether the hold still stands
+    hold_checked: float = field(default_factory=time.monotonic)
     #: the node's retention cap, in cids (read at start): a hold trailing the head by a
     #: quarter of it moves whatever the time (QA: a caught-up subscription of a quiet
     #: table moved its hold every 300 s only, and busy other tables expired it)
@@ -720,6 +725,7 @@ class PipelineServer:
             self.metrics.snapshot_rows(sub.name, rows_written)
             return True
         assert running.sink is not None
+        self._check_hold_during_snapshot(running, progress.ranges)
         # every range is a chunk of about --page-rows rows, cut by the node: read whole,
         # --partitions of them in parallel, so the node alone compares keys (collations,
         # NULLs, values of several types: a key's mirrored text may not be its value)
@@ -922,6 +928,28 @@ class PipelineServer:
         elif state.behind_since is None:
             state.behind_since = time.monotonic()
         return False
+
+    def _check_hold_during_snapshot(
+        self, running: _Running, ranges: Sequence[RangeProgress]
+    ) -> None:
+        """PositionUnavailableError (re-snapshot) once the node has dropped the hold while
+        the table was being copied: the changes since the copy began are gone, so the rest
+        of the copy would be wasted (before, it was found out only after the copy)."""
+        now = time.monotonic()
+        if now - running.hold_checked < HOLD_CHECK_INTERVAL:
+            return
+        running.hold_checked = now
+        if not self._hold_expired(running):
+            return
+        done = sum(1 for r in ranges if r.done)
+        cap = running.retention_cids
+        raise PositionUnavailableError(
+            f"subscription {running.subscription.name}: its hold on the source expired while "
+            f"the table was being copied ({done} of {len(ranges)} ranges done): the node "
+            f"keeps {cap if cap is not None else 'a limited number of'} commits behind a "
+            "hold; a copy that takes longer than the source needs to make them never ends "
+            "— raise the node's --retention-cids, or copy faster (--partitions)"
+        )
 
     def _hold_expired(self, running: _Running) -> bool:
         """Whether the node dropped this subscription's hold (past its retention cap)."""

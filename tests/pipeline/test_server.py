@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 import pytest
 from deltalake import DeltaTable
 from e2e.litecdc_node import Node, free_port
-from pipeline_proc import execute, rounds_until_caught_up
+from pipeline_proc import execute, rounds_until_caught_up, wait_until_pruned_past
 
 from litecdc.pipeline import control
+from litecdc.pipeline import server as server_module
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 from litecdc.pipeline.server import GIVE_UP_FAILURES, PipelineServer
 from litecdc.pipeline.verify import verify
@@ -361,6 +362,47 @@ def test_a_quiet_tables_hold_keeps_up_with_a_busy_source(
             holds = c.get("/cdc/subscriptions").json()
         (hold,) = [h for h in holds["subscriptions"] if h["name"] == "quiet"]
         assert not hold["expired"] and holds["last_cid"] - hold["cid"] <= 40, holds
+    finally:
+        server.close()
+        store.close()
+        node.stop()
+
+
+@pytest.mark.spark
+def test_a_hold_that_expires_during_the_snapshot_restarts_the_copy_at_once(
+    tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the rest of the table was copied first and the expiry found by the first
+    incremental round: a copy slower than the node keeps changes was redone whole, for
+    ever. Now a snapshot round asks the node (every HOLD_CHECK_INTERVAL) first."""
+    monkeypatch.setattr(server_module, "HOLD_CHECK_INTERVAL", 0.0)
+    node = Node(tmp_path / "node", "--retention-cids", "5").start()
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        with node.client() as c:
+            execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v)", "CREATE TABLE busy(x)"])
+            execute(c, [["INSERT INTO t VALUES(?, ?)", i, i] for i in range(40)])
+        control.subscribe(
+            store, name="slow", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}",
+            options={"partitions": 1, "page_rows": 10},
+        )  # fmt: skip
+        server.run_round()  # registers
+        server.run_round()  # copies the first of 4 ranges
+        first = store.progress("slow")
+        assert first.stage == "snapshot" and sum(r.done for r in first.ranges) == 1
+        with node.client() as c:
+            for k in range(12):
+                execute(c, [["INSERT INTO busy VALUES(?)", k]])
+        wait_until_pruned_past(node, "slow", first.init_snapshot_version or 0)
+        server.run_round()
+        again = store.progress("slow")
+        # copied again from a new registration, not on from the expired one
+        assert (again.init_snapshot_version or 0) > (first.init_snapshot_version or 0)
+        assert sum(r.done for r in again.ranges) == 0
+        assert server.states["slow"].last_error is None
+        rounds_until_caught_up(server, node, "slow")
+        assert verify(store.get_subscription("slow")).ok
     finally:
         server.close()
         store.close()
