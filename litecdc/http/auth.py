@@ -99,9 +99,18 @@ class CredentialStore:
                 '{"username", "password", "perms"} objects'
             )
         users: dict[str, _User] = {}
+        entry_of: dict[str, int] = {}
         for i, entry in enumerate(doc, start=1):
-            users_entry = _parse_user(entry, i, source)
-            users[users_entry[0]] = users_entry[1]
+            username, user = _parse_user(entry, i, source)
+            if username in entry_of:
+                # rqlite keeps the last (and, when it has no perms, the previous one's
+                # perms): which one the author meant cannot be told
+                raise ConfigError(
+                    f"--auth: {source}: user {username!r} is listed twice (entries "
+                    f"{entry_of[username]} and {i}): give each user one entry"
+                )
+            entry_of[username] = i
+            users[username] = user
         return cls(users)
 
     def allows(self, username: str | None, password: str | None, perm: str) -> bool:

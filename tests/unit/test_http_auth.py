@@ -49,14 +49,6 @@ def test_star_with_all() -> None:
     assert creds.allows(None, None, "execute")
 
 
-def test_later_entry_replaces_earlier() -> None:
-    creds = CredentialStore.from_json(
-        b'[{"username": "u", "password": "1", "perms": ["query"]},'
-        b' {"username": "u", "password": "2", "perms": ["execute"]}]'
-    )
-    assert creds.allows("u", "2", "execute") and not creds.allows("u", "1", "query")
-
-
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -83,6 +75,16 @@ def test_later_entry_replaces_earlier() -> None:
         (
             b'[{"username": "u", "password": "p", "role": "x"}]',
             "--auth: auth file, entry 1 has unknown field(s) role",
+        ),
+        (  # rqlite keeps the last, and the first one's perms when the last has none
+            b'[{"username": "u", "password": "p", "perms": ["all"]}, {"username": "v", '
+            b'"password": "q"}, {"username": "u", "password": "p2"}]',
+            "--auth: auth file: user 'u' is listed twice (entries 1 and 3): give each user "
+            "one entry",
+        ),
+        (
+            b'[{"username": "*", "perms": ["status"]}, {"username": "*", "perms": []}]',
+            "--auth: auth file: user '*' is listed twice (entries 1 and 2)",
         ),
     ],
 )
