@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +40,9 @@ class Node:
             CredentialStore.from_file(config.auth_file)  # the HTTP API reads it again
         if not config.clustered:
             _refuse_a_cluster_member(Path(config.data_dir))
+        data_dir = Path(config.data_dir)
+        existed = data_dir.exists()
+        fresh = not existed or not any(data_dir.iterdir())
         self.store = Store(config)
         self.cluster: ClusterNode | None = None
         self.cdc: CDCService | None = None
@@ -74,10 +78,14 @@ class Node:
                 )
             self.store.route_internal_writes(leadership.write_internal)
             self.retention = RetentionKeeper(self.store, leadership, config.retention_interval)
-        except BaseException:
+        except BaseException as exc:
             if self.cluster is not None:
                 self.cluster.close()
             self.store.close()
+            if fresh and isinstance(exc, ConfigError):
+                # refused by the cluster (a taken node id, other settings): what the store
+                # just made goes, so a refused start leaves no empty database behind
+                _remove_made(data_dir, keep_dir=existed)
             raise
 
     def start(self) -> None:
@@ -102,6 +110,18 @@ class Node:
 
 #: in a data directory: the name of the cluster whose node it is
 CLUSTER_FILE = "cluster"
+
+
+def _remove_made(data_dir: Path, *, keep_dir: bool) -> None:
+    """Remove what a refused start made in a data directory that was new or empty."""
+    if not keep_dir:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        return
+    for made in data_dir.iterdir():
+        if made.is_dir() and not made.is_symlink():
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            made.unlink(missing_ok=True)
 
 
 def _check_cluster_claim(data_dir: Path, cluster: str) -> bool:

@@ -319,7 +319,12 @@ def test_a_refused_node_does_not_tie_its_data_directory_to_the_cluster(
     Node(config(cluster_name, "first", fk=False)).close()
     with pytest.raises(ConfigError, match="runs without --fk"):
         Node(config(cluster_name, "refused", fk=True))
-    assert not (tmp_path / "refused" / CLUSTER_FILE).exists()
+    # a new directory: the refused start leaves nothing (it left an empty db.sqlite)
+    assert not (tmp_path / "refused").exists()
+    (tmp_path / "refused").mkdir()
+    with pytest.raises(ConfigError, match="runs without --fk"):
+        Node(config(cluster_name, "refused", fk=True))
+    assert list((tmp_path / "refused").iterdir()) == []  # an empty one stays empty
     Node(config(cluster_name + "-other", "refused", fk=True)).close()
     assert (tmp_path / "refused" / CLUSTER_FILE).read_text() == f"{cluster_name}-other\n"
 
