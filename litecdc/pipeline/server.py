@@ -726,6 +726,8 @@ class PipelineServer:
             return True
         assert running.sink is not None
         self._check_hold_during_snapshot(running, progress.ranges)
+        if self._check_schema(running, force=False):
+            return True  # reshaped while being copied: copied again at once, not after
         # every range is a chunk of about --page-rows rows, cut by the node: read whole,
         # --partitions of them in parallel, so the node alone compares keys (collations,
         # NULLs, values of several types: a key's mirrored text may not be its value)

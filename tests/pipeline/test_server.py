@@ -410,6 +410,41 @@ def test_a_hold_that_expires_during_the_snapshot_restarts_the_copy_at_once(
 
 
 @pytest.mark.spark
+def test_a_table_reshaped_during_its_snapshot_is_copied_again_at_once(
+    node: Node, tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the rest of the old table's copy went on, and the reshape was found by the
+    first incremental round, which then copied the whole table again."""
+    monkeypatch.setattr(server_module, "SCHEMA_CHECK_INTERVAL", 0.0)
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        with node.client() as c:
+            execute(c, ["CREATE TABLE rs(id INTEGER PRIMARY KEY, v)"])
+            execute(c, [["INSERT INTO rs VALUES(?, ?)", i, i] for i in range(40)])
+        control.subscribe(
+            store, name="rs", sources=node.url, table="rs", sink=f"delta:{tmp_path / 'lake'}",
+            options={"partitions": 1, "page_rows": 10},
+        )  # fmt: skip
+        server.run_round()  # registers
+        server.run_round()  # copies the first of 4 ranges
+        first = store.progress("rs")
+        assert first.stage == "snapshot" and sum(r.done for r in first.ranges) == 1
+        with node.client() as c:
+            execute(c, ["DROP TABLE rs", "CREATE TABLE rs(id INTEGER PRIMARY KEY, v)"])
+            execute(c, [["INSERT INTO rs VALUES(?, ?)", i, f"new {i}"] for i in range(5)])
+        server.run_round()
+        again = store.progress("rs")
+        assert (again.init_snapshot_version or 0) > (first.init_snapshot_version or 0)
+        assert again.stage == "snapshot" and sum(r.done for r in again.ranges) == 0
+        rounds_until_caught_up(server, node, "rs")
+        assert verify(store.get_subscription("rs")).ok
+    finally:
+        server.close()
+        store.close()
+
+
+@pytest.mark.spark
 def test_a_source_whose_database_was_replaced_fails_the_subscription_until_rebuilt(
     node: Node, tmp_path: Path, spark: SparkSession
 ) -> None:
