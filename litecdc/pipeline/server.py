@@ -303,7 +303,7 @@ class PipelineServer:
         finally:
             self._stop_threads(threads)
             self.close()
-        return sum(1 for s in self.states.values() if s.last_error)
+        return sum(1 for s in list(self.states.values()) if s.last_error)
 
     def close(self) -> None:
         for name in list(self._running):
@@ -313,7 +313,8 @@ class PipelineServer:
             self._forget_connections(name)
 
     def _gave_up(self) -> bool:
-        return any(s.failures >= GIVE_UP_FAILURES for s in self.states.values())
+        # (a copy: stepping threads add and drop states meanwhile)
+        return any(s.failures >= GIVE_UP_FAILURES for s in list(self.states.values()))
 
     def _caught_up(self, targets: dict[str, int]) -> bool:
         owned = self.meta.list_subscriptions(owner=self.owner)
@@ -491,6 +492,10 @@ class PipelineServer:
             state.last_error = None
             state.failures = 0
         except Exception as exc:
+            if self._stopping:  # cut short by `run` stopping (its connection broken)
+                log.info("subscription %s: stopped mid-step (%s); it goes on next run", name, exc)
+                self._forget_connections(name)
+                return False
             failure: Exception = exc
             running_now = self._running.get(name)
             if running_now is not None and running_now.stalled is not None:

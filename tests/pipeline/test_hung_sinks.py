@@ -25,6 +25,7 @@ from sink_contract import SPEC, SourceSim, canonical_rows, sample_row, table_row
 from litecdc.errors import SinkError
 from litecdc.localservers.process import LocalServer
 from litecdc.pipeline import control
+from litecdc.pipeline import server as server_module
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 from litecdc.pipeline.server import PipelineServer
 from litecdc.pipeline.sinks.base import ChangeBatch, probe_sink
@@ -191,5 +192,52 @@ def test_a_frozen_sink_server_holds_up_no_other_subscription_and_fails_its_own(
         assert DeltaTable(str(lake)).to_pyarrow_table().num_rows == 51
         report = verify(store.get_subscription("pg"))
         assert report.ok, report
+    finally:
+        store.close()
+
+
+@pytest.mark.spark
+def test_stopping_run_while_a_step_waits_on_a_frozen_server_ends_it(
+    node: Node,
+    tmp_path: Path,
+    spark: SparkSession,
+    postgresql_server: LocalServer,
+    postgresql_db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM (`stop()`) waits STOP_WAIT for a step in progress, then breaks its sink's
+    connection: `run` returns, and the cut step is not recorded as a failure."""
+    monkeypatch.setattr(server_module, "STOP_WAIT", 2.0)
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO t VALUES(?, ?)", i, f"v{i}"] for i in range(10)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(store, name="pg", sources=node.url, table="t", sink=postgresql_db_url)
+        # no probe before the stop: the step is only ever cut by it
+        server = PipelineServer(store, spark, poll_interval=0.1, stall_probe_after=3600)
+        running = Running(server).__enter__()
+        wait_for("caught up", lambda: running.applied("pg") >= head(node))
+        with postgresql_server.frozen():
+            with node.client() as c:
+                execute(c, [["INSERT INTO t VALUES(?, ?)", 100, "while frozen"]])
+            wait_for(
+                "a step waiting on the frozen server",
+                lambda: any(
+                    s.step_started is not None and time.monotonic() - s.step_started > 1
+                    for s in server._scheduled.values()
+                ),
+            )
+            stopped = time.monotonic()
+            server.stop()
+            running.thread.join(30)
+            assert not running.thread.is_alive()
+            assert time.monotonic() - stopped < 2.0 + 5
+            assert running.result == [0]  # the cut step is no failure
+            assert store.failure("pg") is None
+        # the next run applies what the cut step had not committed
+        again = PipelineServer(store, spark, poll_interval=0.1)
+        assert again.run(until_caught_up=True) == 0
+        assert verify(store.get_subscription("pg")).ok
     finally:
         store.close()
