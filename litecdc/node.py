@@ -42,7 +42,7 @@ class Node:
             _refuse_a_cluster_member(Path(config.data_dir))
         data_dir = Path(config.data_dir)
         existed = data_dir.exists()
-        fresh = not existed or not any(data_dir.iterdir())
+        fresh = not existed or _empty_dir(data_dir)
         self.store = Store(config)
         self.cluster: ClusterNode | None = None
         self.cdc: CDCService | None = None
@@ -110,6 +110,15 @@ class Node:
 
 #: in a data directory: the name of the cluster whose node it is
 CLUSTER_FILE = "cluster"
+
+
+def _empty_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory with nothing in it (not a file, not unreadable:
+    the store says what is wrong with those)."""
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
 
 
 def _remove_made(data_dir: Path, *, keep_dir: bool) -> None:
