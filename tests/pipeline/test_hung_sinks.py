@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+import pymysql
 import pytest
 from deltalake import DeltaTable
 from e2e.litecdc_node import Node
@@ -91,6 +93,8 @@ def test_a_write_waiting_on_a_frozen_server_is_found_by_a_probe_and_broken_by_ab
             retry.join(10.0)
             assert not retry.is_alive()
             assert isinstance(outcome[1], SinkError) and "cannot connect" in str(outcome[1])
+            if kind == "mariadb":  # (was PyMySQL's "Lost connection … during query")
+                assert "did not answer within connect_timeout (1 s)" in str(outcome[1])
         # the server answers again: the same sink reconnects and the batch goes in whole
         assert sink.write_changes(events, batch) is True
         assert sink.applied_cid() == src.cid
@@ -104,6 +108,36 @@ def test_a_write_waiting_on_a_frozen_server_is_found_by_a_probe_and_broken_by_ab
             else src.expected_rows()
         )
         assert canonical_rows(table_rows(sink.read_rows())) == canonical_rows(want)
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
+def test_a_server_that_answers_with_a_refusal_is_alive_to_the_probe(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """QA: a role allowed one connection — held by the sink's write, waiting on a lock —
+    got "too many connections" for the probe's, taken as "does not answer": the waiting
+    write was broken, and every retry refused until the lock went."""
+    base = request.getfixturevalue(f"{kind}_url")
+    role = f"lim_{uuid.uuid4().hex[:8]}"
+    host, db = base.split("@", 1)[1].rsplit("/", 1)
+    scheme = base.split("://", 1)[0]
+    if kind == "postgresql":
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' CONNECTION LIMIT 1")
+            admin.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
+        url = f"{scheme}://{role}:pw@{host}/{db}?schema={role}&table=t"
+    else:
+        admin = pymysql.connect(host="127.0.0.1", port=int(host.rsplit(":", 1)[1]), user="root")
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE USER '{role}'@'%' IDENTIFIED BY 'pw' WITH MAX_USER_CONNECTIONS 1")
+            cur.execute(f"GRANT ALL ON `{db}`.* TO '{role}'@'%'")
+        admin.close()
+        url = f"{scheme}://{role}:pw@{host}/{db}?table={role}"
+    sink = open_sink(url, SPEC, "lim")  # holds the role's one connection
+    try:
+        assert probe_sink(sink) is None
     finally:
         sink.close()
 

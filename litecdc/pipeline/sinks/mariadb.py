@@ -72,6 +72,9 @@ ACCEPTED_TYPES = {
     "binary": {"longblob", "mediumblob", "blob", "varbinary"},
 }
 KEY_BYTES = 3072  # InnoDB's limit on an index key (DYNAMIC rows, the default)
+#: error codes from here on are the client's (CR_*: could not connect, lost the
+#: connection, timed out); below, the server answered with them (ER_*)
+_CLIENT_ERRORS = 2000
 STATE_TABLE = "litecdc_sink_state"
 _STAGE_DEL = "litecdc_stage_deletes"
 _ROWS_PER_STATEMENT = 1000  # multi-row INSERT size (also bounded by max_allowed_packet)
@@ -171,8 +174,14 @@ class MariaDBSink(Sink):
             conn._read_timeout = conn._write_timeout = None  # PyMySQL applies it per packet
             self._conn = conn
         except pymysql.err.MySQLError as exc:
+            why = self._scrub(exc)
+            if "timed out" in why:  # PyMySQL: "Lost connection … during query (timed out)"
+                why = (
+                    "the server took the connection and did not answer within "
+                    f"connect_timeout ({handshake} s)"
+                )
             raise SinkError(
-                f"mariadb sink: cannot connect to {mask_url(self.url)}: {self._scrub(exc)}: "
+                f"mariadb sink: cannot connect to {mask_url(self.url)}: {why}: "
                 "check the server is up and the URL's credentials"
             ) from exc
         self._staged_for = None
@@ -188,6 +197,9 @@ class MariaDBSink(Sink):
             finally:
                 conn.close()
         except pymysql.err.MySQLError as exc:
+            code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+            if 0 < code < _CLIENT_ERRORS:
+                return  # the server answered, refusing (too many connections…): alive
             raise SinkError(
                 f"mariadb sink: the server of {mask_url(self.url)} does not answer: "
                 f"{self._scrub(exc)}"

@@ -147,6 +147,11 @@ class PostgresSink(Sink):
             with psycopg.connect(**self._params()) as conn:
                 conn.execute("SELECT 1")
         except psycopg.Error as exc:
+            if "FATAL" in str(exc):
+                # the server answered, refusing (too many connections, a password changed,
+                # shutting down): it is alive, the write it serves only waits (QA: a write
+                # waiting on a lock was broken when the role's one connection was in use)
+                return
             raise SinkError(
                 f"postgresql sink: the server of {mask_url(self.url)} does not answer: "
                 f"{self._scrub(exc)}"
