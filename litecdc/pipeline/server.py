@@ -80,7 +80,7 @@ from litecdc.pipeline.sinks.base import (
     probe_sink,
     registration_id,
 )
-from litecdc.pipeline.sinks.registry import open_sink
+from litecdc.pipeline.sinks.registry import open_sink, sink_server
 from litecdc.pipeline.source_client import KeyRange, SourceClient, TableInfo
 from litecdc.pipeline.tables import (
     CID_COLUMN,
@@ -203,6 +203,8 @@ class _Scheduled:
     step is in progress (and since when)."""
 
     subscription: Subscription
+    #: the host:port its sink writes to (None: files)
+    server: str | None = None
     due_at: float = 0.0
     in_flight: bool = False
     #: the subscription is gone, or was removed and added again under its name: step it
@@ -349,25 +351,39 @@ class PipelineServer:
                 self._forget(name)
         for name, sub in owned.items():
             if name not in self._scheduled:
-                self._scheduled[name] = _Scheduled(sub)
+                self._scheduled[name] = _Scheduled(sub, server=sink_server(sub.sink))
 
     def _dispatch(self, *, give_up: bool) -> float:
         """Queue every due subscription with no step in progress; when the next is due.
         ``give_up`` (until_caught_up): not one that failed GIVE_UP_FAILURES times."""
         now = time.monotonic()
         next_due = now + WATCH_INTERVAL
+        # failing subscriptions retry one at a time per sink server: each retry against a
+        # server that does not answer holds a thread for its connect_timeout, and those of
+        # its subscriptions together held every thread (QA: the other sinks stalled)
+        retrying = {
+            s.server for n, s in self._scheduled.items() if s.in_flight and self._failing(n)
+        }
         for name, scheduled in self._scheduled.items():
             if scheduled.in_flight or scheduled.retired:
                 continue
             state = self.states.get(name)
             if give_up and state is not None and state.failures >= GIVE_UP_FAILURES:
                 continue
-            if scheduled.due_at <= now:
-                scheduled.in_flight = True
-                self._queue.put(scheduled)
-            else:
+            if scheduled.due_at > now:
                 next_due = min(next_due, scheduled.due_at)
+                continue
+            if self._failing(name) and scheduled.server is not None:
+                if scheduled.server in retrying:
+                    continue  # after that one's retry (its end wakes the scheduler)
+                retrying.add(scheduled.server)
+            scheduled.in_flight = True
+            self._queue.put(scheduled)
         return next_due
+
+    def _failing(self, name: str) -> bool:
+        state = self.states.get(name)
+        return state is not None and state.last_error is not None
 
     def _steps(self, targets: dict[str, int] | None) -> None:
         """A stepping thread: one queued step after the other."""

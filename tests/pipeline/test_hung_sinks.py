@@ -231,6 +231,65 @@ def test_a_frozen_sink_server_holds_up_no_other_subscription_and_fails_its_own(
 
 
 @pytest.mark.spark
+def test_retries_against_a_frozen_server_hold_one_thread_not_all(
+    node: Node,
+    tmp_path: Path,
+    spark: SparkSession,
+    postgresql_server: LocalServer,
+    postgresql_db_url: str,
+) -> None:
+    """QA: with as many subscriptions on a frozen server as threads, their retries — each
+    waiting its connect_timeout — held every thread, and the other sinks stalled. Failing
+    subscriptions now retry one at a time per sink server."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO t VALUES(?, ?)", i, f"v{i}"] for i in range(10)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    pg_names = ["pg1", "pg2", "pg3"]
+    try:
+        for name in pg_names:
+            sink = f"{postgresql_db_url}?table={name}&connect_timeout=2"
+            control.subscribe(store, name=name, sources=node.url, table="t", sink=sink)
+        lake = f"delta:{tmp_path / 'lake'}"
+        control.subscribe(store, name="lake", sources=node.url, table="t", sink=lake)
+        server = PipelineServer(
+            store, spark, poll_interval=0.1, retry_delay=0.1, stall_probe_after=1.0, parallel=2
+        )
+        pg_server = f"127.0.0.1:{postgresql_server.port}"  # type: ignore[attr-defined]
+        with Running(server) as running:
+            names = [*pg_names, "lake"]
+            wait_for("all caught up", lambda: min(running.applied(n) for n in names) >= head(node))
+            with postgresql_server.frozen():
+                with node.client() as c:
+                    execute(c, [["INSERT INTO t VALUES(?, ?)", 100, "while frozen"]])
+                wait_for(
+                    "every pg subscription failing",
+                    lambda: all(server.states[n].last_error for n in pg_names),
+                )
+                most = 0
+                for k in range(40):  # 4 s: each retry waits connect_timeout (2 s)
+                    retrying = [
+                        n
+                        for n, s in list(server._scheduled.items())
+                        if s.in_flight and s.server == pg_server and server.states[n].last_error
+                    ]
+                    most = max(most, len(retrying))
+                    if k == 0:
+                        with node.client() as c:
+                            execute(c, [["INSERT INTO t VALUES(?, ?)", 101, "still frozen"]])
+                    time.sleep(0.1)
+                assert most == 1  # one retry at a time on the frozen server
+                wait_for("the lake kept up", lambda: running.applied("lake") >= head(node))
+            wait_for(
+                "all caught up again", lambda: min(running.applied(n) for n in names) >= head(node)
+            )
+        for name in pg_names:
+            assert verify(store.get_subscription(name)).ok
+    finally:
+        store.close()
+
+
+@pytest.mark.spark
 def test_stopping_run_while_a_step_waits_on_a_frozen_server_ends_it(
     node: Node,
     tmp_path: Path,

@@ -116,6 +116,25 @@ class WebhookOptions:
 SinkOptions = DeltaOptions | SqlOptions | NatsOptions | AmqpOptions | WebhookOptions
 
 
+def sink_server(url: str) -> str | None:
+    """The ``host:port`` of the server a sink URL writes to; None for a sink on files
+    (Delta, a Parquet log) or a URL that does not parse."""
+    try:
+        options = parse_sink_url(url)
+    except Exception:  # a Parquet log's URL, or one the sink reports on its own
+        return None
+    if isinstance(options, SqlOptions | AmqpOptions):
+        return f"{options.host}:{options.port}"
+    if isinstance(options, NatsOptions | WebhookOptions):
+        parts = urlsplit(options.server if isinstance(options, NatsOptions) else options.url)
+        try:
+            port = parts.port or {"https": 443, "http": 80, "tls": 4222}.get(parts.scheme, 4222)
+        except ValueError:
+            return None
+        return f"{parts.hostname}:{port}"
+    return None
+
+
 def mask_url(url: str) -> str:
     """The URL with its password and secret parameters replaced by ``***``."""
     try:
