@@ -42,6 +42,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from litecdc.errors import MetadataError
+from litecdc.sockets import shut_down_socket
 from litecdc.wire import subscriber_name_problem
 
 log = logging.getLogger("litecdc.pipeline")
@@ -72,6 +74,9 @@ DEFAULT_OWNER = "default"
 DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds a SQLite writer waits for another writer's lock before failing.
 DEFAULT_BUSY_TIMEOUT = 30.0
+#: seconds a PostgreSQL store's transaction may take before its connection is broken (the
+#: store's transactions are a few small statements: this long, the server answers no one)
+TRANSACTION_DEADLINE = 30.0
 
 SCHEMA_VERSION = 1
 
@@ -305,7 +310,28 @@ class _PostgresBackend:
         self._url = url
         self._connect_timeout = connect_timeout
         self._conn: Any = None
+        #: the transaction in progress began (monotonic); the watchdog breaks one that
+        #: outlasts TRANSACTION_DEADLINE (a frozen server answers no one: QA, a frozen
+        #: store hung `pipeline run` and `status` for good, SIGTERM included)
+        self._tx_started: float | None = None
+        self._timed_out = False
+        self._closed = threading.Event()
         self._connect()
+        threading.Thread(
+            target=self._watchdog, name="litecdc-metadata-watchdog", daemon=True
+        ).start()
+
+    def _watchdog(self) -> None:
+        while not self._closed.wait(1.0):
+            started, conn = self._tx_started, self._conn
+            if started is None or conn is None or conn.closed:
+                continue
+            if time.monotonic() - started > TRANSACTION_DEADLINE:
+                self._timed_out = True
+                try:
+                    shut_down_socket(conn.pgconn.socket)
+                except Exception as exc:  # a connection gone meanwhile: nothing to break
+                    log.debug("metadata watchdog: %s", exc)
 
     def _connect(self) -> None:
         import psycopg
@@ -330,10 +356,25 @@ class _PostgresBackend:
             # A restarted server or dropped connection: one reconnect per call.
             log.info("reconnecting to the metadata database %s", self.description)
             self._connect()
-        with self._conn.transaction(), self._conn.cursor() as cur:
-            yield _PostgresTx(cur)
+        import psycopg
+
+        self._timed_out = False
+        self._tx_started = time.monotonic()
+        try:
+            with self._conn.transaction(), self._conn.cursor() as cur:
+                yield _PostgresTx(cur)
+        except psycopg.Error as exc:
+            if self._timed_out:
+                raise psycopg.OperationalError(
+                    f"no answer within {TRANSACTION_DEADLINE:g} s (its connection was broken; "
+                    "the next call connects again)"
+                ) from exc
+            raise
+        finally:
+            self._tx_started = None
 
     def close(self) -> None:
+        self._closed.set()
         if self._conn is not None:
             self._conn.close()
 

@@ -12,6 +12,8 @@ import pytest
 
 from litecdc.errors import MetadataError
 from litecdc.localservers import free_port
+from litecdc.localservers.process import LocalServer
+from litecdc.pipeline import metadata
 from litecdc.pipeline.metadata import (
     RANGE_DONE,
     STAGE_INCREMENTAL,
@@ -511,6 +513,34 @@ def test_postgresql_connection_loss_recovers_on_the_next_call(postgresql_db_url:
             store.get_subscription("orders-lake")
         except MetadataError as exc:
             assert "metadata database" in str(exc)
+        assert store.get_subscription("orders-lake").table_name == "orders"
+
+
+def test_a_frozen_postgresql_store_fails_a_call_after_the_deadline_not_never(
+    postgresql_server: LocalServer, postgresql_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA: a frozen metadata server (SIGSTOP) hung `pipeline run` and `status` for good,
+    SIGTERM included: a transaction now gives up after TRANSACTION_DEADLINE."""
+    monkeypatch.setattr(metadata, "TRANSACTION_DEADLINE", 2.0)
+    with MetadataStore.open(postgresql_db_url) as store:
+        add(store)
+        with postgresql_server.frozen():
+            outcome: list[BaseException | object] = []
+
+            def call() -> None:
+                try:
+                    outcome.append(store.get_subscription("orders-lake"))
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(15)
+            assert not caller.is_alive()
+            (error,) = outcome
+            assert isinstance(error, MetadataError)
+            assert "no answer within 2 s (its connection was broken" in str(error)
+        # the server answers again: the next call connects again
         assert store.get_subscription("orders-lake").table_name == "orders"
 
 

@@ -27,8 +27,6 @@ stable id (``message_id``) so consumers can de-duplicate.
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
@@ -181,7 +179,9 @@ class Sink(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    #: whether ``probe`` asks a server (the others have none, or bound their own waits);
     #: what a probe's deadline message calls the sink, and the deadline (seconds)
+    probes: bool = False
     label: str = "sink"
     probe_timeout: float = 15.0
 
@@ -218,15 +218,3 @@ def probe_sink(sink: Sink) -> str | None:
             f"{sink.probe_timeout:g} s"
         )
     return found[0]
-
-
-def shut_down_socket(fd: int) -> None:
-    """Shut the socket behind ``fd`` down for both directions: a thread blocked reading
-    or writing it returns at once (end of stream), and the descriptor stays valid for
-    its owner to close. Shutting a socket down is safe from any thread; closing a
-    connection another thread is in is not."""
-    try:
-        with socket.socket(fileno=os.dup(fd)) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # closed already, or never connected

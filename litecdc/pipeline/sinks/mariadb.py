@@ -56,10 +56,10 @@ from litecdc.pipeline.sinks.base import (
     UnstorableKeyError,
     check_mirror_columns,
     short_value,
-    shut_down_socket,
 )
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+from litecdc.sockets import shut_down_socket
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -123,6 +123,7 @@ class _KeyLimit:
 class MariaDBSink(Sink):
     kind = "mirror"
     label = "mariadb sink"
+    probes = True
 
     def __init__(self, url: str, spec: TableSpec, subscription: str) -> None:
         super().__init__(url, spec, subscription)
