@@ -438,8 +438,8 @@ class PipelineServer:
             if now - max(scheduled.probed_at, started) < self.stall_probe_after:
                 continue
             running = self._running.get(name)
-            if running is None or running.sink is None:
-                continue
+            if running is None or running.sink is None or not running.sink.probes:
+                continue  # no server to ask (QA: a Delta sink's step was said to "answer")
             scheduled.probed_at = now
             threading.Thread(
                 target=self._probe, args=(running, started), name=f"litecdc-probe-{name}",
@@ -966,12 +966,12 @@ class PipelineServer:
             return
         done = sum(1 for r in ranges if r.done)
         cap = running.retention_cids
-        raise PositionUnavailableError(
-            f"subscription {running.subscription.name}: its hold on the source expired while "
-            f"the table was being copied ({done} of {len(ranges)} ranges done): the node "
-            f"keeps {cap if cap is not None else 'a limited number of'} commits behind a "
-            "hold; a copy that takes longer than the source needs to make them never ends "
-            "— raise the node's --retention-cids, or copy faster (--partitions)"
+        raise PositionUnavailableError(  # (logged after the subscription's name)
+            f"its hold on the source expired while the table was being copied ({done} of "
+            f"{len(ranges)} ranges done): the node keeps "
+            f"{cap if cap is not None else 'a limited number of'} commits behind a hold, and "
+            "a copy that takes longer than the source needs to make them never ends — raise "
+            "the node's --retention-cids"
         )
 
     def _hold_expired(self, running: _Running) -> bool:

@@ -17,12 +17,14 @@ log = logging.getLogger("litecdc.pipeline")
 
 DEFAULT_MASTER = "local[*]"
 
-#: the master URLs Spark takes (its SparkContext.createTaskScheduler, Spark 4)
+#: the master URLs Spark takes: its own patterns (SparkContext.createTaskScheduler, Spark
+#: 4), hosts as java.net.URI reads them (a name without "_", or [an IPv6 address])
+_HOST_PORT = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]+"
 _MASTERS = re.compile(
     r"local"
-    r"|local\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\]"  # threads, and failures allowed per task
-    r"|local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]"
-    r"|spark://[^\s/,:]+:[0-9]+(,[^\s/,:]+:[0-9]+)*"  # masters under ZooKeeper: several
+    r"|local\[(?P<threads>[0-9]+|\*)(\s*,\s*[0-9]+)?\]"  # threads[, failures per task]
+    r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
+    rf"|spark://{_HOST_PORT}(,{_HOST_PORT})*"  # masters under ZooKeeper: several
     r"|yarn"
     r"|k8s://\S+"
 )
@@ -31,7 +33,9 @@ _MASTERS = re.compile(
 def check_master(master: str) -> None:
     """ConfigError unless ``master`` is a Spark master URL (QA: `--master bogus` printed
     the JVM's stack trace, then the error, after Spark took its time to start)."""
-    if not _MASTERS.fullmatch(master):
+    matched = _MASTERS.fullmatch(master)
+    threads = matched.group("threads") if matched else None
+    if matched is None or (threads is not None and threads != "*" and int(threads) == 0):
         raise ConfigError(
             f"--master {master!r} is not a Spark master URL: use local[*], local[N], "
             "spark://HOST:PORT, yarn or k8s://HOST:PORT"

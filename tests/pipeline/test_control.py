@@ -389,7 +389,8 @@ def test_run_refuses_a_parallel_count_out_of_range(tmp_path: Path, given: str) -
 
 
 @pytest.mark.parametrize(
-    "master", ["bogus", "local[0]", "spark://host-without-port", "mesos://h:5050"]
+    "master",
+    ["bogus", "local[0]", "spark://host-without-port", "spark://h_1:7077", "mesos://h:5050"],
 )
 def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
     tmp_path: Path, master: str
@@ -408,6 +409,22 @@ def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
         "spark://HOST:PORT, yarn or k8s://HOST:PORT\n"
     )
     assert not (tmp_path / "meta.db").exists()
+
+
+@pytest.mark.parametrize(
+    "master",
+    [
+        "local", "local[*]", "local[2]", "local[02]", "local[2,3]", "local[* ,2]",
+        "local[2,0]", "local-cluster[2, 1, 1024]", "spark://h1:7077,h2:7077",
+        "spark://[::1]:7077", "yarn", "k8s://https://127.0.0.1:6443",
+    ],
+)  # fmt: skip
+def test_the_master_check_takes_every_form_spark_does(master: str) -> None:
+    """QA: local[* ,2], local[02], local[2,0] (Spark 4.3 ran each) and an IPv6 master
+    were refused."""
+    from litecdc.pipeline.spark import check_master
+
+    check_master(master)
 
 
 def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: Path) -> None:
