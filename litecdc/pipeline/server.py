@@ -19,7 +19,10 @@ store after every step so a restart (even a kill -9) resumes where it stopped:
 
 A subscriber whose position fell past the node's retention cap gets "position no
 longer available" and is re-snapshotted. A failing subscription is retried with
-back-off and does not stop the others. A row a sink cannot store (a key longer than a
+back-off and does not stop the others. ``run`` steps the subscriptions on ``parallel``
+threads, in turn; a step that goes on for long has its sink's server asked whether it
+still answers (``Sink.probe``), and one that does not has the step's connection broken
+(``Sink.abort``), so a hung server fails its own subscriptions only. A row a sink cannot store (a key longer than a
 MariaDB key column or a PostgreSQL index entry holds) fails its batch until a later
 commit deletes the row at the source: its changes up to then are skipped (they could
 never be in the sink).
