@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -230,7 +231,12 @@ def run(
                     server.metrics.serve(metrics_port)
                 except OSError as exc:
                     raise ConfigError(_port_taken(metrics_port, exc)) from None
-            signal.signal(signal.SIGTERM, lambda *_: server.stop())
+            # from a thread: the handler runs in the main thread, which may hold the lock
+            # of the very Event stop() sets (a non-reentrant Lock: it would deadlock)
+            signal.signal(
+                signal.SIGTERM,
+                lambda *_: threading.Thread(target=server.stop, daemon=True).start(),
+            )
             with display:
                 failing = server.run(until_caught_up=until_caught_up)
         except KeyboardInterrupt:

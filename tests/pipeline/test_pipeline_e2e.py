@@ -17,6 +17,7 @@ Each ``pipeline run`` costs ~8 s of Spark start-up here, so the tests keep them 
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -309,6 +310,17 @@ def test_kill_9_mid_snapshot_and_mid_stream_then_restart_converges(
     cli.run_until_caught_up()
     for name in names:
         cli.assert_verified(name)
+
+    # SIGTERM (to the driver alone, as a service manager sends it) ends a run cleanly: its
+    # stepping threads stop and it exits 0, nothing recorded as failing
+    run = cli.start()
+    try:
+        run.wait_for(lambda: "incremental stage" in run.log(), "the run to be going")
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=60) == 0, run.log()[-4000:]
+    finally:
+        run.kill9()  # (the JVM, were it left)
+    assert "FAILING" not in cli.ok("status"), cli.ok("status")
 
 
 # -- 4: past the retention cap ------------------------------------------------------------
