@@ -171,6 +171,11 @@ class SinkError(PipelineError):
     """A sink is unreachable, misconfigured or refused a write."""
 
 
+class SinkUnreachableError(SinkError):
+    """A sink's server did not answer: no connection, or none that answers (a server that
+    answered with a refusal — credentials, too many connections — is not unreachable)."""
+
+
 class SchemaMismatchError(SinkError):
     """A source column or value the sink cannot take as it is."""
 

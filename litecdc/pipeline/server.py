@@ -70,6 +70,7 @@ from litecdc.errors import (
     PositionUnavailableError,
     SchemaMismatchError,
     SinkError,
+    SinkUnreachableError,
     SourceError,
 )
 from litecdc.pipeline import parquet_log
@@ -164,6 +165,8 @@ class SubscriptionState:
     failures: int = 0
     retry_at: float = 0.0
     key_scan: KeyScan | None = None
+    #: the last failure was its sink's server not answering (SinkUnreachableError)
+    unreachable: bool = False
 
     @property
     def lag_cids(self) -> int:
@@ -264,6 +267,10 @@ class PipelineServer:
         self._queue: queue.SimpleQueue[_Scheduled | None] = queue.SimpleQueue()
         self._step_ended = threading.Event()
         self._stopping = False
+        #: sink servers (host:port) found not answering: failures in a row, and when they
+        #: may be tried again
+        self._server_failures: dict[str, int] = {}
+        self._server_retry_at: dict[str, float] = {}
 
     # -- lifecycle -------------------------------------------------------------------
     def stop(self) -> None:
@@ -283,6 +290,8 @@ class PipelineServer:
         self._scheduled = {}
         self._queue = queue.SimpleQueue()
         self._stopping = False
+        self._server_failures.clear()
+        self._server_retry_at.clear()
         threads = [
             threading.Thread(
                 target=self._steps, args=(targets,), name=f"litecdc-step-{i}", daemon=True
@@ -360,16 +369,23 @@ class PipelineServer:
 
     def _dispatch(self, *, give_up: bool) -> float:
         """Queue every due subscription with no step in progress; when the next is due.
-        ``give_up`` (until_caught_up): not one that failed GIVE_UP_FAILURES times."""
+        ``give_up`` (until_caught_up): not one that failed GIVE_UP_FAILURES times.
+
+        A sink server's failing subscriptions retry one at a time: each retry against a
+        server that does not answer holds a thread for its connect_timeout, and together
+        they held every thread (QA: the other sinks stalled). A server one of whose
+        subscriptions found it not answering is *troubled*: all its subscriptions share
+        that one step (a new step there would hang as the first did), after a back-off of
+        its own, and steps on troubled servers leave one thread free for the others."""
         now = time.monotonic()
         next_due = now + WATCH_INTERVAL
-        # failing subscriptions retry one at a time per sink server: each retry against a
-        # server that does not answer holds a thread for its connect_timeout, and those of
-        # its subscriptions together held every thread (QA: the other sinks stalled)
-        retrying = {
-            s.server for n, s in self._scheduled.items() if s.in_flight and self._failing(n)
+        items = list(self._scheduled.items())
+        troubled = {s.server for n, s in items if s.server is not None and self._unreachable(n)}
+        slot_taken = {
+            s.server for n, s in items if s.in_flight and (self._failing(n) or s.server in troubled)
         }
-        for name, scheduled in self._scheduled.items():
+        on_troubled = sum(1 for _, s in items if s.in_flight and s.server in troubled)
+        for name, scheduled in items:
             if scheduled.in_flight or scheduled.retired:
                 continue
             state = self.states.get(name)
@@ -378,10 +394,19 @@ class PipelineServer:
             if scheduled.due_at > now:
                 next_due = min(next_due, scheduled.due_at)
                 continue
-            if self._failing(name) and scheduled.server is not None:
-                if scheduled.server in retrying:
-                    continue  # after that one's retry (its end wakes the scheduler)
-                retrying.add(scheduled.server)
+            server = scheduled.server
+            if server is not None and (server in troubled or self._failing(name)):
+                if server in slot_taken:
+                    continue  # after that one's step (its end wakes the scheduler)
+                if server in troubled:
+                    backoff = self._server_retry_at.get(server, 0.0)
+                    if backoff > now:
+                        next_due = min(next_due, backoff)
+                        continue
+                    if self.parallel > 1 and on_troubled >= self.parallel - 1:
+                        continue
+                    on_troubled += 1
+                slot_taken.add(server)
             scheduled.in_flight = True
             self._queue.put(scheduled)
         return next_due
@@ -389,6 +414,28 @@ class PipelineServer:
     def _failing(self, name: str) -> bool:
         state = self.states.get(name)
         return state is not None and state.last_error is not None
+
+    def _unreachable(self, name: str) -> bool:
+        state = self.states.get(name)
+        return state is not None and state.last_error is not None and state.unreachable
+
+    def _server_heard(
+        self, server: str, state: SubscriptionState, *, was_unreachable: bool
+    ) -> None:
+        """After a step on ``server``: a back-off of the server's own while its
+        subscriptions find it not answering (they take turns at it, so theirs alone would
+        have it asked back to back), cleared once one that found it so gets through (a
+        step that had nothing to write says nothing of the server)."""
+        if state.last_error is None:
+            if not was_unreachable:
+                return
+            self._server_failures.pop(server, None)
+            self._server_retry_at.pop(server, None)
+        elif state.unreachable:
+            failures = self._server_failures.get(server, 0) + 1
+            self._server_failures[server] = failures
+            delay = min(self.retry_delay * 2 ** min(failures - 1, 6), RETRY_MAX_DELAY)
+            self._server_retry_at[server] = time.monotonic() + delay
 
     def _steps(self, targets: dict[str, int] | None) -> None:
         """A stepping thread: one queued step after the other."""
@@ -399,12 +446,15 @@ class PipelineServer:
             sub = scheduled.subscription
             state = self.states.setdefault(sub.name, SubscriptionState(sub.name))
             scheduled.step_started = time.monotonic()
+            was_unreachable = state.unreachable and state.last_error is not None
             try:
                 busy = self._step_one(sub, state, targets)
             except Exception:  # _step_one records every failure: this is a bug of ours
                 log.exception("subscription %s: step failed", sub.name)
                 busy = False
             scheduled.step_started = None
+            if scheduled.server is not None:
+                self._server_heard(scheduled.server, state, was_unreachable=was_unreachable)
             if busy is None:
                 scheduled.retired = True  # unsubscribed
             elif state.last_error is not None:
@@ -512,6 +562,7 @@ class PipelineServer:
                 self._cleared.add(name)
             state.last_error = None
             state.failures = 0
+            state.unreachable = False
         except Exception as exc:
             if self._stopping:  # cut short by `run` stopping (its connection broken)
                 log.info("subscription %s: stopped mid-step (%s); it goes on next run", name, exc)
@@ -521,7 +572,7 @@ class PipelineServer:
             running_now = self._running.get(name)
             if running_now is not None and running_now.stalled is not None:
                 # what the watch found, not the broken connection's own error
-                failure = SinkError(running_now.stalled)
+                failure = SinkUnreachableError(running_now.stalled)
             self._failed(state, failure)
             self._record_failure(name, state.last_error)
             self._cleared.discard(name)
@@ -611,6 +662,7 @@ class PipelineServer:
         text = str(error) if isinstance(error, LitecdcError) else f"{type(error).__name__}: {error}"
         # one line in the log and in `status` (libpq's messages, for one, span two)
         state.last_error = " ".join(part.strip() for part in text.splitlines() if part.strip())
+        state.unreachable = isinstance(error, SinkUnreachableError)
         delay = min(self.retry_delay * 2 ** min(state.failures - 1, 6), RETRY_MAX_DELAY)
         state.retry_at = time.monotonic() + delay
         log.warning("subscription %s: %s (retrying in %.1fs)", state.name, state.last_error, delay)

@@ -19,6 +19,7 @@ DEFAULT_MASTER = "local[*]"
 
 #: the master URLs Spark takes: its own patterns (SparkContext.createTaskScheduler, Spark
 #: 4), hosts as java.net.URI reads them (a name without "_", or [an IPv6 address])
+_INT_MAX = 2**31 - 1
 _HOST_PORT = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]+"
 _MASTERS = re.compile(
     r"local"
@@ -35,7 +36,12 @@ def check_master(master: str) -> None:
     the JVM's stack trace, then the error, after Spark took its time to start)."""
     matched = _MASTERS.fullmatch(master)
     threads = matched.group("threads") if matched else None
-    if matched is None or (threads is not None and threads != "*" and int(threads) == 0):
+    numbers = [int(n) for n in re.findall(r"[0-9]+", master)] if matched else []
+    if (
+        matched is None
+        or (threads is not None and threads != "*" and int(threads) == 0)
+        or any(n > _INT_MAX for n in numbers)  # Spark reads them as Java ints (QA)
+    ):
         raise ConfigError(
             f"--master {master!r} is not a Spark master URL: use local[*], local[N], "
             "spark://HOST:PORT, yarn or k8s://HOST:PORT"

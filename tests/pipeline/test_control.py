@@ -390,8 +390,11 @@ def test_run_refuses_a_parallel_count_out_of_range(tmp_path: Path, given: str) -
 
 @pytest.mark.parametrize(
     "master",
-    ["bogus", "local[0]", "spark://host-without-port", "spark://h_1:7077", "mesos://h:5050"],
-)
+    [
+        "bogus", "local[0]", "spark://host-without-port", "spark://h_1:7077", "mesos://h:5050",
+        "local[99999999999]", "local[2,99999999999]",
+    ],
+)  # fmt: skip
 def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
     tmp_path: Path, master: str
 ) -> None:

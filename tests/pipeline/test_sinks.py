@@ -365,6 +365,32 @@ def test_mirror_takes_table_and_column_names_with_quotes_percent_and_spaces(
     assert_mirror(again, src, mirror)
 
 
+def test_postgresql_sinks_prepared_at_once_all_create_their_tables(
+    postgresql_url: str, opened: list[Sink]
+) -> None:
+    """QA: `pipeline run` prepares its subscriptions' sinks on parallel threads; into a new
+    schema, CREATE … IF NOT EXISTS of the shared state table from several connections at
+    once failed all but one (duplicate key … pg_type), each retried."""
+    schema = fresh_name()
+    start = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def prepare(k: int) -> None:
+        start.wait()
+        try:
+            open_tracked(opened, f"{postgresql_url}?table=t{k}&schema={schema}", SPEC, f"s{k}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=prepare, args=(k,)) for k in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert len(opened) == 6
+
+
 def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: list[Sink]) -> None:
     """A ?schema= that did not exist was accepted by subscribe and failed every run."""
     schema, table = fresh_name(), fresh_name()

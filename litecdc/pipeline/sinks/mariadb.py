@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pymysql
 
-from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.errors import SchemaMismatchError, SinkError, SinkUnreachableError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import (
     PROBE_GRACE,
@@ -176,12 +176,16 @@ class MariaDBSink(Sink):
             self._conn = conn
         except pymysql.err.MySQLError as exc:
             why = self._scrub(exc)
+            if _answered(exc):  # refused by the server itself: its message says why
+                raise SinkError(
+                    f"mariadb sink: cannot connect to {mask_url(self.url)}: {why}"
+                ) from exc
             if "timed out" in why:  # PyMySQL: "Lost connection … during query (timed out)"
                 why = (
                     "the server took the connection and did not answer within "
                     f"connect_timeout ({handshake} s)"
                 )
-            raise SinkError(
+            raise SinkUnreachableError(
                 f"mariadb sink: cannot connect to {mask_url(self.url)}: {why}: "
                 "check the server is up and the URL's credentials"
             ) from exc
@@ -198,10 +202,9 @@ class MariaDBSink(Sink):
             finally:
                 conn.close()
         except pymysql.err.MySQLError as exc:
-            code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
-            if 0 < code < _CLIENT_ERRORS:
-                return  # the server answered, refusing (too many connections…): alive
-            raise SinkError(
+            if _answered(exc):
+                return  # refusing (too many connections…): alive
+            raise SinkUnreachableError(
                 f"mariadb sink: the server of {mask_url(self.url)} does not answer: "
                 f"{self._scrub(exc)}"
             ) from exc
@@ -673,6 +676,13 @@ class MariaDBSink(Sink):
             with contextlib.suppress(pymysql.err.MySQLError):
                 self._conn.close()
             self._conn = None
+
+
+def _answered(exc: pymysql.err.MySQLError) -> bool:
+    """Whether a failed connection attempt got the server's own answer (an ER_* code:
+    credentials, too many connections…), not a client error (no connection, timed out)."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+    return 0 < code < _CLIENT_ERRORS
 
 
 def _either(masks: Iterable[pa.Array]) -> pa.Array:

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.errors import SchemaMismatchError, SinkError, SinkUnreachableError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import (
     PROBE_GRACE,
@@ -81,6 +81,8 @@ ACCEPTED_TYPES = {
     "binary": {"bytea"},
 }
 STATE_TABLE = "litecdc_sink_state"
+#: the advisory lock key ``prepare`` holds for its transaction
+PREPARE_LOCK = 7262012
 #: PostgreSQL's NAMEDATALEN - 1: the bytes of an identifier it keeps
 MAX_IDENTIFIER_BYTES = 63
 #: PostgreSQL's message when a btree entry is too long ('index row size 2712 exceeds btree
@@ -136,7 +138,11 @@ class PostgresSink(Sink):
         try:
             self._conn = psycopg.connect(**self._params())
         except psycopg.Error as exc:
-            raise SinkError(
+            if _answered(exc):  # refused by the server itself: its message says why
+                raise SinkError(
+                    f"postgresql sink: cannot connect to {mask_url(self.url)}: {self._scrub(exc)}"
+                ) from exc
+            raise SinkUnreachableError(
                 f"postgresql sink: cannot connect to {mask_url(self.url)}: "
                 f"{self._scrub(exc)}: check the server is up and the URL's credentials"
             ) from exc
@@ -148,12 +154,12 @@ class PostgresSink(Sink):
             with psycopg.connect(**self._params()) as conn:
                 conn.execute("SELECT 1")
         except psycopg.Error as exc:
-            if "FATAL" in str(exc):
-                # the server answered, refusing (too many connections, a password changed,
-                # shutting down): it is alive, the write it serves only waits (QA: a write
-                # waiting on a lock was broken when the role's one connection was in use)
+            if _answered(exc):
+                # refusing (too many connections, a password changed, shutting down): it is
+                # alive, the write it serves only waits (QA: a write waiting on a lock was
+                # broken when the role's one connection was in use)
                 return
-            raise SinkError(
+            raise SinkUnreachableError(
                 f"postgresql sink: the server of {mask_url(self.url)} does not answer: "
                 f"{self._scrub(exc)}"
             ) from exc
@@ -216,6 +222,10 @@ class PostgresSink(Sink):
         conn = self._connect()
         try:
             with conn.transaction():
+                # one sink at a time creates the shared schema and state table: CREATE …
+                # IF NOT EXISTS at once from two connections fails one of them (QA: with
+                # subscriptions prepared in parallel, "duplicate key … pg_type")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (PREPARE_LOCK,))
                 self._ensure_schema(conn)
                 existing = self._existing_columns(conn)
                 conn.execute(
@@ -636,6 +646,12 @@ class PostgresSink(Sink):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _answered(exc: psycopg.Error) -> bool:
+    """Whether a failed connection attempt got the server's own answer (libpq gives its
+    FATAL message: credentials, too many connections…), not silence or a reset."""
+    return "FATAL" in str(exc)
 
 
 def _either(masks: Iterable[pa.Array]) -> pa.Array:

@@ -1,0 +1,107 @@
+"""`pipeline run`'s scheduler (PipelineServer._dispatch) on its own: which subscriptions'
+steps it queues when sink servers fail or do not answer. No processes: the rules are
+about the server's own bookkeeping (tests/pipeline/test_hung_sinks.py runs them against
+frozen PostgreSQL/MariaDB servers)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from litecdc.pipeline.server import PipelineServer, SubscriptionState, _Scheduled
+
+PG = "127.0.0.1:5432"
+MY = "127.0.0.1:3306"
+
+
+def scheduler(parallel: int, subs: dict[str, str | None]) -> PipelineServer:
+    """A server (no store, no Spark: _dispatch touches neither) with ``subs``: name → the
+    host:port of its sink (None: files)."""
+    server = PipelineServer(None, None, parallel=parallel)  # type: ignore[arg-type]
+    for name, where in subs.items():
+        sub: Any = None  # _dispatch never reads the subscription itself
+        server._scheduled[name] = _Scheduled(sub, server=where)
+        server.states[name] = SubscriptionState(name)
+    return server
+
+
+def fail(server: PipelineServer, name: str, *, unreachable: bool) -> None:
+    state = server.states[name]
+    state.last_error = "cannot connect" if unreachable else "a value the column cannot take"
+    state.unreachable = unreachable
+
+
+def queued(server: PipelineServer) -> list[str]:
+    names = []
+    while not server._queue.empty():
+        item = server._queue.get_nowait()
+        assert item is not None
+        names.append(next(n for n, s in server._scheduled.items() if s is item))
+    return names
+
+
+def test_healthy_subscriptions_are_all_queued() -> None:
+    server = scheduler(2, {"a": PG, "b": PG, "c": None})
+    server._dispatch(give_up=False)
+    assert queued(server) == ["a", "b", "c"]  # two threads take them in turn
+
+
+def test_failing_subscriptions_retry_one_at_a_time_per_server() -> None:
+    server = scheduler(4, {"a": PG, "b": PG, "c": MY, "d": PG})
+    fail(server, "a", unreachable=False)
+    fail(server, "b", unreachable=False)
+    server._dispatch(give_up=False)
+    assert queued(server) == ["a", "c", "d"]  # b after a's retry; d is healthy
+    server._dispatch(give_up=False)
+    assert queued(server) == []  # a still in flight
+
+
+def test_a_server_found_not_answering_takes_one_step_at_a_time_even_a_healthy_ones() -> None:
+    """QA: a subscription of a server already known not to answer started a fresh step
+    there, which hung as long as the first had (40 s each, one after the other)."""
+    server = scheduler(4, {"a": PG, "b": PG, "c": None})
+    fail(server, "a", unreachable=True)
+    server._dispatch(give_up=False)
+    assert queued(server) == ["a", "c"]
+    server._scheduled["a"].in_flight = False  # its retry failed: due after its back-off
+    server._scheduled["a"].due_at = time.monotonic() + 60
+    server._dispatch(give_up=False)
+    assert queued(server) == ["b"]
+
+
+def test_servers_not_answering_leave_a_thread_to_the_others() -> None:
+    """QA: with as many frozen servers as threads, their retries held every thread."""
+    server = scheduler(2, {"pg": PG, "my": MY, "lake": None})
+    fail(server, "pg", unreachable=True)
+    fail(server, "my", unreachable=True)
+    server._dispatch(give_up=False)
+    assert queued(server) == ["pg", "lake"]  # my waits: one thread stays for the lake
+
+
+def test_a_server_not_answering_is_tried_again_after_its_own_back_off() -> None:
+    """Its subscriptions take turns at it: without a back-off of the server's own it was
+    asked back to back, a thread held by it all the time."""
+    server = scheduler(4, {"a": PG, "b": PG})
+    fail(server, "a", unreachable=True)
+    fail(server, "b", unreachable=True)
+    server._server_heard(PG, server.states["a"], was_unreachable=True)
+    next_due = server._dispatch(give_up=False)
+    assert queued(server) == []
+    assert next_due == pytest.approx(server._server_retry_at[PG])
+    server._server_retry_at[PG] = time.monotonic() - 1
+    server._dispatch(give_up=False)
+    assert queued(server) == ["a"]
+    # one that found it not answering gets through: the server's back-off is over
+    server.states["a"].last_error = None
+    server._server_heard(PG, server.states["a"], was_unreachable=True)
+    assert PG not in server._server_retry_at
+
+
+def test_a_step_that_wrote_nothing_does_not_end_the_servers_back_off() -> None:
+    server = scheduler(4, {"a": PG, "idle": PG})
+    fail(server, "a", unreachable=True)
+    server._server_heard(PG, server.states["a"], was_unreachable=True)
+    server._server_heard(PG, server.states["idle"], was_unreachable=False)
+    assert PG in server._server_retry_at
