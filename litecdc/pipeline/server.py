@@ -417,7 +417,7 @@ class PipelineServer:
 
     def _unreachable(self, name: str) -> bool:
         state = self.states.get(name)
-        return state is not None and state.last_error is not None and state.unreachable
+        return state is not None and state.unreachable
 
     def _server_heard(
         self, server: str, state: SubscriptionState, *, was_unreachable: bool
@@ -446,7 +446,7 @@ class PipelineServer:
             sub = scheduled.subscription
             state = self.states.setdefault(sub.name, SubscriptionState(sub.name))
             scheduled.step_started = time.monotonic()
-            was_unreachable = state.unreachable and state.last_error is not None
+            was_unreachable = state.unreachable
             try:
                 busy = self._step_one(sub, state, targets)
             except Exception:  # _step_one records every failure: this is a bug of ours
