@@ -19,7 +19,7 @@ from pipeline_proc import execute, rounds_until_caught_up, wait_until_pruned_pas
 
 from litecdc.pipeline import control
 from litecdc.pipeline import server as server_module
-from litecdc.pipeline.metadata import MetadataStore, sqlite_url
+from litecdc.pipeline.metadata import MetadataStore, Progress, sqlite_url
 from litecdc.pipeline.server import GIVE_UP_FAILURES, PipelineServer
 from litecdc.pipeline.verify import verify
 
@@ -368,6 +368,25 @@ def test_a_quiet_tables_hold_keeps_up_with_a_busy_source(
         node.stop()
 
 
+def one_range_copied(
+    node: Node, store: MetadataStore, server: PipelineServer, name: str, table: str, lake: Path
+) -> Progress:
+    """A 40-row ``table`` subscribed as ``name`` into Delta at ``lake``, cut into 4 ranges of
+    10 rows, and the server stepped until the first range is copied: a snapshot under way."""
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, v)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, i] for i in range(40)])
+    control.subscribe(
+        store, name=name, sources=node.url, table=table, sink=f"delta:{lake}",
+        options={"partitions": 1, "page_rows": 10},
+    )  # fmt: skip
+    server.run_round()  # registers
+    server.run_round()  # copies the first of 4 ranges
+    first = store.progress(name)
+    assert first.stage == "snapshot" and sum(r.done for r in first.ranges) == 1
+    return first
+
+
 @pytest.mark.spark
 def test_a_hold_that_expires_during_the_snapshot_restarts_the_copy_at_once(
     tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
@@ -381,16 +400,8 @@ def test_a_hold_that_expires_during_the_snapshot_restarts_the_copy_at_once(
     server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
     try:
         with node.client() as c:
-            execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v)", "CREATE TABLE busy(x)"])
-            execute(c, [["INSERT INTO t VALUES(?, ?)", i, i] for i in range(40)])
-        control.subscribe(
-            store, name="slow", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}",
-            options={"partitions": 1, "page_rows": 10},
-        )  # fmt: skip
-        server.run_round()  # registers
-        server.run_round()  # copies the first of 4 ranges
-        first = store.progress("slow")
-        assert first.stage == "snapshot" and sum(r.done for r in first.ranges) == 1
+            execute(c, ["CREATE TABLE busy(x)"])
+        first = one_range_copied(node, store, server, "slow", "t", tmp_path / "lake")
         with node.client() as c:
             for k in range(12):
                 execute(c, [["INSERT INTO busy VALUES(?)", k]])
@@ -419,17 +430,7 @@ def test_a_table_reshaped_during_its_snapshot_is_copied_again_at_once(
     store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
     server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
     try:
-        with node.client() as c:
-            execute(c, ["CREATE TABLE rs(id INTEGER PRIMARY KEY, v)"])
-            execute(c, [["INSERT INTO rs VALUES(?, ?)", i, i] for i in range(40)])
-        control.subscribe(
-            store, name="rs", sources=node.url, table="rs", sink=f"delta:{tmp_path / 'lake'}",
-            options={"partitions": 1, "page_rows": 10},
-        )  # fmt: skip
-        server.run_round()  # registers
-        server.run_round()  # copies the first of 4 ranges
-        first = store.progress("rs")
-        assert first.stage == "snapshot" and sum(r.done for r in first.ranges) == 1
+        first = one_range_copied(node, store, server, "rs", "rs", tmp_path / "lake")
         with node.client() as c:
             execute(c, ["DROP TABLE rs", "CREATE TABLE rs(id INTEGER PRIMARY KEY, v)"])
             execute(c, [["INSERT INTO rs VALUES(?, ?)", i, f"new {i}"] for i in range(5)])
