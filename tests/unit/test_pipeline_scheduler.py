@@ -105,3 +105,22 @@ def test_a_step_that_wrote_nothing_does_not_end_the_servers_back_off() -> None:
     server._server_heard(PG, server.states["a"], was_unreachable=True)
     server._server_heard(PG, server.states["idle"], was_unreachable=False)
     assert PG in server._server_retry_at
+
+
+@pytest.mark.parametrize(
+    ("url", "server"),
+    [
+        ("postgresql://u:p@127.0.0.1:5432/db?table=x", "127.0.0.1:5432"),
+        ("mysql://root@db1:3306/app", "db1:3306"),
+        ("nats://127.0.0.1:4222?stream=S", "127.0.0.1:4222"),
+        ("amqp://g:g@mq:5672/?queue=q", "mq:5672"),
+        ("https://hooks.example/in", "hooks.example:443"),
+        ("delta:/lake/orders", None),  # files: no server to wait on
+        ("parquet:/lake/log", None),
+        ("not a url", None),
+    ],
+)
+def test_the_sink_server_a_url_writes_to(url: str, server: str | None) -> None:
+    from litecdc.pipeline.sinks.registry import sink_server
+
+    assert sink_server(url) == server

@@ -121,7 +121,7 @@ def sink_server(url: str) -> str | None:
     (Delta, a Parquet log) or a URL that does not parse."""
     try:
         options = parse_sink_url(url)
-    except Exception:  # a Parquet log's URL, or one the sink reports on its own
+    except SinkError:  # a Parquet log's URL, or one the sink reports on its own
         return None
     if isinstance(options, SqlOptions | AmqpOptions):
         return f"{options.host}:{options.port}"
