@@ -164,14 +164,17 @@ def test_concurrent_writers_share_etcd_txns(cluster: Cluster, client: EtcdClient
     assert states[0] == states[1] == states[2]
 
 
-def test_a_new_leader_takes_over_without_losing_acknowledged_writes(cluster: Cluster) -> None:
+def test_a_new_leader_takes_over_without_losing_acknowledged_writes(
+    cluster: Cluster, client: EtcdClient
+) -> None:
     old = cluster.leader()
     old.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
     acknowledged = [old.execute([S("INSERT INTO t(v) VALUES(?)", (i,))]).cid for i in range(20)]
-    old_id = old.node_id
-    cluster.stop(old_id)  # resigns: revokes the lease
-    took = wait_for(lambda: any(n.is_leader() for n in cluster.nodes.values()), 5)
-    assert took < 3
+    old_id, old_fence = old.node_id, old.election.fence_revision
+    cluster.stop(old_id)  # resigns: revokes the lease, so no TTL to wait out
+    kv = client.get(leader_key(cluster.name))
+    assert kv is None or kv.create_revision != old_fence
+    wait_for(lambda: any(n.is_leader() for n in cluster.nodes.values()), 30)
     new = cluster.leader()
     assert new.node_id != old_id
     outcome = new.execute([S("INSERT INTO t(v) VALUES('after')")])
@@ -336,17 +339,17 @@ def test_a_crashed_nodes_record_does_not_keep_its_id_from_restarting_elsewhere(
     address) only waits for its lease: the restarted node takes the id at once."""
     from litecdc.cluster.node import members_prefix
 
-    lease = client.grant_lease(30).id  # a crashed n9's record: nobody keeps it up
+    # a crashed n9's record: nobody keeps it up. Its lease outlives the test's time
+    # limit: a node waiting for it to expire fails the test instead of passing late.
+    lease = client.grant_lease(3600).id
     client.put(
         members_prefix(cluster.name) + "n9",
         b'{"id": "n9", "address": "http://127.0.0.1:4009"}',
         lease=lease,
     )
     store = Store(NodeConfig(data_dir=tmp_path / "n9"))
-    started = time.monotonic()
     node = ClusterNode(store, "n9", "http://127.0.0.1:4019", cluster.settings, cluster.name)
     try:
-        assert time.monotonic() - started < 10
         wait_for(
             lambda: any(m.address.endswith(":4019") for m in node.members() if m.node_id == "n9"),
             10,

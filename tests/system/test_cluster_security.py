@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -160,10 +159,8 @@ def test_https_and_auth_forward_writes_with_the_clients_credentials(
         assert c.get("/db/backup").content.startswith(b"SQLite format 3\0")
         assert c.post("/db/execute", json=insert).status_code == 401
     # the leader holds idle keep-alive HTTPS connections (the followers' forwarders): it
-    # still shuts down cleanly, at once
-    started = time.monotonic()
+    # still shuts down cleanly (stop() kills it, exit code -9, if it lingers)
     assert leader.stop() == 0
-    assert time.monotonic() - started < 10
 
 
 def test_snapshot_catch_up_over_https_with_credentials(secure_nodes: list[Node]) -> None:

@@ -182,10 +182,8 @@ def test_watching_a_compacted_revision_raises_compacted_error(
     client.compact(last)
     client.compact(last - 1)  # already compacted further: a no-op
     watch = client.watch(key, start_revision=first)
-    started = time.monotonic()
-    with pytest.raises(CompactedError) as raised:
+    with pytest.raises(CompactedError) as raised:  # (a timeout returns None)
         watch.get(timeout=5)
-    assert time.monotonic() - started < 2
     assert raised.value.compact_revision == last
     assert "compacted" in str(raised.value)
     with pytest.raises(CompactedError):  # stays failed
@@ -211,11 +209,11 @@ def test_settings_are_validated() -> None:
 
 def test_unreachable_etcd_is_a_clear_error_and_failover_skips_it(etcd: EtcdCluster) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    with EtcdClient(EtcdSettings(endpoints=[dead], request_timeout=1.0)) as alone:
-        started = time.monotonic()
-        with pytest.raises(EtcdUnavailableError, match="did not answer"):
-            alone.put("/x", b"1")
-        assert time.monotonic() - started < 2
+    with (
+        EtcdClient(EtcdSettings(endpoints=[dead], request_timeout=1.0)) as alone,
+        pytest.raises(EtcdUnavailableError, match="did not answer"),
+    ):
+        alone.put("/x", b"1")
     with EtcdClient(EtcdSettings(endpoints=[dead, *etcd.endpoints], request_timeout=1.0)) as c:
         assert c.get("/no-such-key") is None  # a read retries on the next member
         assert c.current_endpoint == etcd.endpoints[0]
@@ -231,13 +229,12 @@ def test_a_paused_member_is_skipped_after_one_timeout(etcd3: EtcdCluster) -> Non
         assert c.current_endpoint == etcd3.members[0].endpoint
         etcd3.members[0].pause()
         try:
-            started = time.monotonic()
             with pytest.raises(EtcdUnavailableError):
                 c.put("/k", b"2")  # a write is not retried: it may have happened
-            assert time.monotonic() - started < 2
             put_retrying(c, "/k", b"3")  # the next member
             kv = c.get("/k")
-            assert kv is not None and kv.value == b"3"
+            # written twice ("1", "3"): "2" was not sent again to another member
+            assert kv is not None and kv.value == b"3" and kv.version == 2
             assert c.current_endpoint != etcd3.members[0].endpoint
         finally:
             etcd3.members[0].resume()
