@@ -21,6 +21,8 @@ DEFAULT_MASTER = "local[*]"
 #: 4), hosts as java.net.URI reads them (a name without "_", or [an IPv6 address])
 _INT_MAX = 2**31 - 1
 _HOST_PORT = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]+"
+#: a spark:// master's ports (java.net.URI takes any int; the connection then fails)
+_SPARK_PORTS = re.compile(r"(?:^spark://|,)(?:\[[^\]]*\]|[^:,]*):([0-9]+)")
 _MASTERS = re.compile(
     r"local"
     r"|local\[(?P<threads>[0-9]+|\*)(\s*,\s*[0-9]+)?\]"  # threads[, failures per task]
@@ -37,10 +39,12 @@ def check_master(master: str) -> None:
     matched = _MASTERS.fullmatch(master)
     threads = matched.group("threads") if matched else None
     numbers = [int(n) for n in re.findall(r"[0-9]+", master)] if matched else []
+    ports = [int(p) for p in _SPARK_PORTS.findall(master)] if matched else []
     if (
         matched is None
         or (threads is not None and threads != "*" and int(threads) == 0)
         or any(n > _INT_MAX for n in numbers)  # Spark reads them as Java ints (QA)
+        or any(not 0 < port < 65536 for port in ports)
     ):
         raise ConfigError(
             f"--master {master!r} is not a Spark master URL: use local[*], local[N], "

@@ -392,7 +392,8 @@ def test_run_refuses_a_parallel_count_out_of_range(tmp_path: Path, given: str) -
     "master",
     [
         "bogus", "local[0]", "spark://host-without-port", "spark://h_1:7077", "mesos://h:5050",
-        "local[99999999999]", "local[2,99999999999]",
+        "local[99999999999]", "local[2,99999999999]", "spark://h:70000", "spark://h:0",
+        "spark://h1:7077,h2:65536", "spark://[::1]:99999",
     ],
 )  # fmt: skip
 def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
@@ -419,7 +420,8 @@ def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
     [
         "local", "local[*]", "local[2]", "local[02]", "local[2,3]", "local[* ,2]",
         "local[2,0]", "local-cluster[2, 1, 1024]", "spark://h1:7077,h2:7077",
-        "spark://[::1]:7077", "yarn", "k8s://https://127.0.0.1:6443",
+        "spark://[::1]:7077", "spark://h:65535,[::1]:1", "yarn",
+        "k8s://https://127.0.0.1:6443",
     ],
 )  # fmt: skip
 def test_the_master_check_takes_every_form_spark_does(master: str) -> None:
