@@ -497,24 +497,40 @@ class PipelineServer:
                 continue  # no server to ask (QA: a Delta sink's step was said to "answer")
             scheduled.probed_at = now
             threading.Thread(
-                target=self._probe, args=(running, started), name=f"litecdc-probe-{name}",
-                daemon=True,
+                target=self._probe, args=(running, started, scheduled.server),
+                name=f"litecdc-probe-{name}", daemon=True,
             ).start()  # fmt: skip
 
-    def _probe(self, running: _Running, started: float) -> None:
+    def _probe(self, running: _Running, started: float, server: str | None) -> None:
+        """Ask ``running``'s sink server whether it answers; if not, break the connection
+        of every step waiting on that server, not this one's only: theirs wait on the same
+        silence, and each would otherwise hold its thread until its own probe (QA: three
+        subscriptions on one frozen server held both threads of --parallel 2 for ~40 s)."""
         sink = running.sink
         assert sink is not None
         name = running.subscription.name
         error = probe_sink(sink)
-        waited = time.monotonic() - started
+        now = time.monotonic()
         if error is None:
-            log.info("subscription %s: a step has run %.0f s; its sink answers", name, waited)
+            log.info(
+                "subscription %s: a step has run %.0f s; its sink answers", name, now - started
+            )
             return
-        running.stalled = (
-            f"{error}; a write to it had waited {waited:.0f} s: its connection was broken"
-        )
-        log.warning("subscription %s: %s", name, running.stalled)
-        sink.abort()
+        waiting = [(name, running, started, "")]
+        for other_name, scheduled in list(self._scheduled.items()):  # (a copy: see _tend)
+            other, begun = self._running.get(other_name), scheduled.step_started
+            same_server = server is not None and scheduled.server == server
+            if other_name != name and same_server and other is not None and begun is not None:
+                waiting.append((other_name, other, begun, f" (asked for {name})"))
+        for other_name, other, begun, asked in waiting:
+            if other.sink is None or not other.sink.probes:
+                continue
+            other.stalled = (
+                f"{error}{asked}; a write to it had waited {now - begun:.0f} s: its "
+                "connection was broken"
+            )
+            log.warning("subscription %s: %s", other_name, other.stalled)
+            other.sink.abort()
 
     # -- one round over every subscription ------------------------------------------------
     def run_round(self, targets: dict[str, int] | None = None) -> bool:

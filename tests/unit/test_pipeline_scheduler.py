@@ -6,11 +6,13 @@ frozen PostgreSQL/MariaDB servers)."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from litecdc.pipeline.server import PipelineServer, SubscriptionState, _Scheduled
+from litecdc.errors import SinkUnreachableError
+from litecdc.pipeline.server import PipelineServer, SubscriptionState, _Running, _Scheduled
 
 PG = "127.0.0.1:5432"
 MY = "127.0.0.1:3306"
@@ -124,3 +126,54 @@ def test_the_sink_server_a_url_writes_to(url: str, server: str | None) -> None:
     from litecdc.pipeline.sinks.registry import sink_server
 
     assert sink_server(url) == server
+
+
+class FakeSink:
+    """What the stall watch uses of a sink: its probe (answering or not) and abort."""
+
+    probes = True
+    label = "postgresql sink"
+    probe_timeout = 5.0
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.aborted = 0
+
+    def probe(self) -> None:
+        if not self.answers:
+            raise SinkUnreachableError("postgresql sink: the server does not answer")
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+
+def running(server: PipelineServer, name: str, sink: FakeSink, *, in_step: bool) -> _Running:
+    made = _Running(SimpleNamespace(name=name), None, None, sink, server.states[name])  # type: ignore[arg-type]
+    server._running[name] = made
+    if in_step:
+        server._scheduled[name].step_started = time.monotonic() - 40
+    return made
+
+
+def test_a_server_found_not_answering_breaks_every_step_waiting_on_it() -> None:
+    """QA: steps already waiting on a frozen server each held their thread until their own
+    probe; with more of them than threads, every other sink waited as long."""
+    server = scheduler(4, {"a": PG, "b": PG, "c": PG, "d": MY})
+    probed = running(server, "a", FakeSink(answers=False), in_step=True)
+    waiting = running(server, "b", FakeSink(answers=False), in_step=True)
+    between_steps = running(server, "c", FakeSink(answers=False), in_step=False)
+    elsewhere = running(server, "d", FakeSink(answers=False), in_step=True)
+    server._probe(probed, time.monotonic() - 40, PG)
+    assert [r.sink.aborted for r in (probed, waiting, between_steps, elsewhere)] == [1, 1, 0, 0]  # type: ignore[union-attr]
+    assert probed.stalled is not None and "(asked for" not in probed.stalled
+    assert waiting.stalled is not None and "does not answer (asked for a)" in waiting.stalled
+    assert between_steps.stalled is None and elsewhere.stalled is None
+
+
+def test_a_server_that_answers_breaks_nothing() -> None:
+    server = scheduler(4, {"a": PG, "b": PG})
+    probed = running(server, "a", FakeSink(answers=True), in_step=True)
+    other = running(server, "b", FakeSink(answers=True), in_step=True)
+    server._probe(probed, time.monotonic() - 40, PG)
+    assert (probed.sink.aborted, other.sink.aborted) == (0, 0)  # type: ignore[union-attr]
+    assert probed.stalled is None and other.stalled is None
