@@ -860,6 +860,11 @@ class Engine:
             problem = self._check_rowid_space(buffer_mark)
             if problem is not None:
                 raise StatementError(problem)
+            if savepoint and self._deferred_violations():
+                # outside a transaction each statement stands alone, as rqlite commits it:
+                # one leaving a deferred foreign-key violation fails as its COMMIT would,
+                # not the whole request at the end (QA: the valid statements were lost)
+                raise StatementError("FOREIGN KEY constraint failed")
             if text is None:
                 text = (
                     render(statement.sql, params).rstrip()

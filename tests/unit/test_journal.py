@@ -602,6 +602,35 @@ def test_deferred_foreign_key_violations_fail_the_request_and_change_nothing(
     store.close()
 
 
+def test_outside_a_transaction_only_the_statement_leaving_a_deferred_violation_fails(
+    tmp_path: Path,
+) -> None:
+    """QA: a request without `transaction` whose middle statement left a deferred
+    violation failed whole at its end; rqlite commits each statement, so the others stay
+    (and a statement resolving a violation later does not save it)."""
+    store = _fk_store(tmp_path / "n")
+    store.execute(FK_SCHEMA)
+    out = store.execute(
+        [
+            S("INSERT INTO parent VALUES(5)"),
+            S("INSERT INTO child VALUES(1, 99)"),
+            S("INSERT INTO parent VALUES(6)"),
+            S("INSERT INTO child VALUES(2, 7)"),
+            S("INSERT INTO parent VALUES(7)"),
+        ]
+    )
+    assert [r.error for r in out.results] == [
+        None, "FOREIGN KEY constraint failed", None, "FOREIGN KEY constraint failed", None,
+    ]  # fmt: skip
+    assert out.cid is not None
+    rows = store.query([S("SELECT id FROM parent"), S("SELECT count(*) FROM child")])
+    assert [r.rows for r in rows] == [[(5,), (6,), (7,)], [(0,)]]
+    assert [(c.table, c.op) for c in store.changes(out.cid - 1, 10)] == [("parent", "insert")] * 3
+    text = store.journal_page(out.cid - 1, 1).entries[0].query
+    assert text is not None and "child" not in text
+    store.close()
+
+
 def test_deferred_foreign_keys_give_the_same_result_batched_or_one_by_one(
     tmp_path: Path,
 ) -> None:
