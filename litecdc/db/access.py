@@ -88,6 +88,10 @@ _LAYOUT_TABLES = frozenset({"dbstat", "sqlite_dbpage"})
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema"})
 #: PRAGMAs that read every table (or the one named): the transaction reads everything
 _READ_ALL_PRAGMAS = frozenset({"foreign_key_check", "integrity_check", "quick_check"})
+#: PRAGMAs a write may set: their setting lasts until the transaction ends (SQLite resets
+#: it at COMMIT and ROLLBACK; the engine after each entry of a batch), so a replica
+#: running the journal entry runs it the same way
+TRANSACTION_PRAGMAS = frozenset({"defer_foreign_keys"})
 
 
 def pragma_refusal(pragma: str, value: str | None) -> str | None:
@@ -101,6 +105,8 @@ def pragma_refusal(pragma: str, value: str | None) -> str | None:
             "read it)"
         )
     if name in INTROSPECTION_PRAGMAS and (value is None or name not in _HEADER_PRAGMAS):
+        return None
+    if name in TRANSACTION_PRAGMAS:
         return None
     if value is None:  # a read: page_count, data_version, database_list…
         return (

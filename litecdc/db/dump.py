@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import apsw
 
@@ -18,9 +19,14 @@ def _quote(name: str) -> str:
 def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str]:
     """Yield CREATE and INSERT statements that rebuild every user object of ``conn``.
 
-    Tables come first (with their rows), then indexes, views and triggers, so that
-    triggers do not fire while rows are inserted. With ``transaction`` the output
-    is wrapped in BEGIN/COMMIT like sqlite3's ``.dump``.
+    Every table is created first, then the rows of each, then ``sqlite_sequence``'s
+    entries, then indexes, views and triggers: no INSERT names a table that does not exist
+    yet (with foreign keys enforced, SQLite refuses an insert into a table whose parent
+    table is missing) and no trigger fires while rows are inserted. Rows keep their rowid
+    where no column holds it (as sqlite3's ``.dump --preserve-rowids``): it is such a
+    table's key in change events, and rowids renumbered by a load would make them differ
+    from the file's. With ``transaction`` the output is wrapped in BEGIN/COMMIT like
+    sqlite3's ``.dump``.
     """
     if transaction:
         yield "PRAGMA foreign_keys=OFF;"
@@ -32,33 +38,68 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
             "ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 WHEN 'view' THEN 2 "
             "ELSE 3 END, rowid"
         ).fetchall()
-        for kind, name, sql in objects:
-            name = str(name)
-            yield f"{sql};"
+        tables = [str(name) for kind, name, _ in objects if kind == "table"]
+        for kind, _, sql in objects:
+            if kind == "table":
+                yield f"{sql};"
+        for name in tables:
+            yield from _rows(conn, name)
+        yield from _sequences(conn, tables)
+        for kind, _, sql in objects:
             if kind != "table":
-                continue
-            quoted = _quote(name)
-            # generated columns are computed again on insert; they cannot be given values
-            columns = [
-                _quote(str(column))
-                for column, hidden in conn.execute(
-                    "SELECT name, hidden FROM pragma_table_xinfo(?)", (name,)
-                )
-                if hidden == 0
-            ]
-            listed = ",".join(columns)
-            rows = conn.execute(f"SELECT {listed} FROM {quoted}")
-            insert = f"INSERT INTO {quoted}({listed}) VALUES("
-            try:
-                for row in rows:
-                    yield f"{insert}{','.join(map(sql_literal, row))});"
-            except UnicodeDecodeError as exc:
-                raise DataTypeError(
-                    f"table {name} holds text that is not valid UTF-8 ({exc.reason} at byte "
-                    f"{exc.start}: {exc.object[exc.start : exc.start + 4]!r}); litecdc keeps "
-                    "text as UTF-8: store such values as BLOBs (CAST(column AS BLOB))"
-                ) from None
+                yield f"{sql};"
     finally:
         conn.execute("COMMIT")
     if transaction:
         yield "COMMIT;"
+
+
+def _rows(conn: apsw.Connection, name: str) -> Iterator[str]:
+    """INSERT statements for the rows of table ``name``."""
+    info = conn.execute(
+        "SELECT name, type, pk, hidden FROM pragma_table_xinfo(?)", (name,)
+    ).fetchall()
+    # generated columns are computed again on insert; they cannot be given values
+    columns = [_quote(str(column)) for column, _, _, hidden in info if hidden == 0]
+    rowid = _hidden_rowid(conn, name, info)
+    listed = ",".join([rowid, *columns] if rowid else columns)
+    quoted = _quote(name)
+    insert = f"INSERT INTO {quoted}({listed}) VALUES("
+    try:
+        for row in conn.execute(f"SELECT {listed} FROM {quoted}"):
+            yield f"{insert}{','.join(map(sql_literal, row))});"
+    except UnicodeDecodeError as exc:
+        raise DataTypeError(
+            f"table {name} holds text that is not valid UTF-8 ({exc.reason} at byte "
+            f"{exc.start}: {exc.object[exc.start : exc.start + 4]!r}); litecdc keeps "
+            "text as UTF-8: store such values as BLOBs (CAST(column AS BLOB))"
+        ) from None
+
+
+def _hidden_rowid(conn: apsw.Connection, name: str, info: list[tuple[Any, ...]]) -> str | None:
+    """The name by which to read and insert the rowid of table ``name`` when no column
+    holds it (no INTEGER PRIMARY KEY); None when one does, or it has none (WITHOUT ROWID,
+    virtual tables), or its columns take all three of the rowid's names."""
+    listed = conn.execute(
+        "SELECT type, wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (name,)
+    ).fetchall()
+    if not listed or listed[0][0] != "table" or listed[0][1]:
+        return None
+    key = [str(declared).upper() for _, declared, pk, _ in info if pk]
+    if key == ["INTEGER"]:
+        return None
+    taken = {str(column).lower() for column, *_ in info}
+    return next((alias for alias in ("rowid", "oid", "_rowid_") if alias not in taken), None)
+
+
+def _sequences(conn: apsw.Connection, tables: list[str]) -> Iterator[str]:
+    """``sqlite_sequence``'s entries of ``tables`` (AUTOINCREMENT's high-water marks): the
+    rows alone would give the largest rowid left, and a load would reuse deleted ones."""
+    if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'sqlite_sequence'").fetchall():
+        return
+    wanted = set(tables)
+    for name, seq in conn.execute("SELECT name, seq FROM sqlite_sequence").fetchall():
+        if name in wanted:
+            table, high = sql_literal(name), sql_literal(seq)
+            yield f"DELETE FROM sqlite_sequence WHERE name = {table};"
+            yield f"INSERT INTO sqlite_sequence(name, seq) VALUES({table}, {high});"

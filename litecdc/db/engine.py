@@ -33,6 +33,7 @@ from litecdc.db.datafile import (
 )
 from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_process_timezone
 from litecdc.db.dump import dump_statements
+from litecdc.db.load import children_first
 from litecdc.db.load import load_statements as sql_text_statements
 from litecdc.db.reshape import ReshapeWatch
 from litecdc.db.schema import (
@@ -733,8 +734,12 @@ class Engine:
             raise _BatchRolledBack
         self._internal("SAVEPOINT litecdc_entry" if self._nested else "BEGIN IMMEDIATE")
 
+    # (a batch's entries share one SQLite transaction: PRAGMA defer_foreign_keys, which a
+    # COMMIT or ROLLBACK resets, is reset after each entry, as on a replica running it alone)
     def _commit(self) -> None:
-        self._internal("RELEASE litecdc_entry" if self._nested else "COMMIT")
+        self._internal(
+            "RELEASE litecdc_entry; PRAGMA defer_foreign_keys=OFF" if self._nested else "COMMIT"
+        )
         if not self._nested and self._checkpointer is not None:
             self._checkpointer.after_commit()
 
@@ -742,7 +747,9 @@ class Engine:
         if not self._writer.in_transaction:
             return  # (a statement's OR ROLLBACK already ended it)
         if self._nested:
-            self._internal("ROLLBACK TO litecdc_entry; RELEASE litecdc_entry")
+            self._internal(
+                "ROLLBACK TO litecdc_entry; RELEASE litecdc_entry; PRAGMA defer_foreign_keys=OFF"
+            )
         else:
             self._internal("ROLLBACK")
 
@@ -1517,7 +1524,10 @@ class Engine:
                 raise LoadError(
                     "load: body is neither a SQLite database file nor UTF-8 SQL text"
                 ) from exc
-            statements = [Statement(s) for s in sql_text_statements(text)]
+            statements = [
+                Statement(s)
+                for s in sql_text_statements(text, defer_foreign_keys=self._foreign_keys)
+            ]
             if not statements:
                 raise LoadError("load: the SQL text holds no statement")
             return statements
@@ -1542,13 +1552,33 @@ class Engine:
         return self._clear_statements() + new
 
     def _clear_statements(self) -> list[Statement]:
-        """Delete every row (captured as deletes), then drop every user object."""
+        """Delete every row (captured as deletes), then drop every user object.
+
+        Triggers go first: one firing on the deletes would write rows of its own, changes
+        no client made (QA: a delete trigger's audit rows were in the change log, never
+        deleted). Tables are emptied children first (a table before those its foreign
+        keys reference): deleting a parent's rows first would set its children's keys to
+        NULL (ON DELETE SET NULL: updates no one made) or fail (RESTRICT, with --fk).
+        With --fk, the other checks wait for the end of the load (``defer_foreign_keys``),
+        so neither the order of the deletes nor that of the file's rows can fail it.
+        """
         objects = self._read(f"SELECT type, name FROM sqlite_schema WHERE {USER_OBJECTS}")
-        out: list[Statement] = []
-        for kind, name in objects:
-            if kind == "table":
-                out.append(Statement(f"DELETE FROM {_quote(name)}"))
-        order = {"trigger": 0, "view": 1, "index": 2, "table": 3}
+        tables = [str(name) for kind, name in objects if kind == "table"]
+        references = {
+            table: {
+                str(parent)
+                for (parent,) in self._read(
+                    'SELECT "table" FROM pragma_foreign_key_list(?)', (table,)
+                )
+            }
+            for table in tables
+        }
+        out = [Statement("PRAGMA defer_foreign_keys=ON")] if self._foreign_keys else []
+        out += [
+            Statement(f"DROP TRIGGER IF EXISTS {_quote(n)}") for k, n in objects if k == "trigger"
+        ]
+        out += [Statement(f"DELETE FROM {_quote(n)}") for n in children_first(tables, references)]
+        order = {"view": 1, "index": 2, "table": 3}
         for kind, name in sorted(objects, key=lambda o: order.get(o[0], 9)):
             if kind in order and not (kind == "index" and name.startswith("sqlite_autoindex")):
                 out.append(Statement(f"DROP {kind.upper()} IF EXISTS {_quote(name)}"))

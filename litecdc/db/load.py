@@ -11,6 +11,7 @@ statements are dropped; everything else runs as written.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 
 import apsw
 
@@ -75,9 +76,45 @@ def is_dump_wrapper(statement: str) -> bool:
     return bool(_WRAPPER.fullmatch(body) or _FOREIGN_KEYS_PRAGMA.fullmatch(body))
 
 
-def load_statements(text: str) -> list[str]:
+#: what a dump's ``PRAGMA foreign_keys=OFF`` becomes in a load on a node with --fk: the
+#: closest a transaction can come (foreign_keys cannot change inside one) — every check
+#: waits for the end of the load, when the rows must hold together
+DEFER_FOREIGN_KEYS = "PRAGMA defer_foreign_keys=ON;"
+
+
+def load_statements(text: str, *, defer_foreign_keys: bool = False) -> list[str]:
     """The statements of an uploaded SQL text that a load runs, in order (no empty ones,
-    no dump wrapper)."""
-    return [
-        s for s in split_statements(text) if _body(s) not in ("", ";") and not is_dump_wrapper(s)
-    ]
+    no dump wrapper; with ``defer_foreign_keys``, a dump's ``PRAGMA foreign_keys=OFF``
+    becomes ``DEFER_FOREIGN_KEYS``)."""
+    out = []
+    for statement in split_statements(text):
+        body = _body(statement)
+        if defer_foreign_keys and _turns_foreign_keys_off(body):
+            out.append(DEFER_FOREIGN_KEYS)
+        elif body not in ("", ";") and not is_dump_wrapper(statement):
+            out.append(statement)
+    return out
+
+
+def _turns_foreign_keys_off(body: str) -> bool:
+    if not _FOREIGN_KEYS_PRAGMA.fullmatch(body):
+        return False
+    value = re.search(r"[=(]\s*'?(\w+)", body)
+    return value is not None and value.group(1).lower() in ("off", "0", "false", "no")
+
+
+def children_first(tables: Sequence[str], references: Mapping[str, set[str]]) -> list[str]:
+    """``tables`` ordered so that each comes before the tables it references
+    (``references``: table → the tables its foreign keys name, in any case), in their
+    given order otherwise; tables referencing each other in a cycle keep their order."""
+    left = list(tables)
+    lowered = {t: {r.lower() for r in references.get(t, set())} - {t.lower()} for t in tables}
+    ordered: list[str] = []
+    while left:
+        # the first table no table still to empty references; any, in a cycle
+        names = {t.lower() for t in left}
+        referenced = set().union(*(lowered[t] & names for t in left))
+        pick = next((t for t in left if t.lower() not in referenced), left[0])
+        ordered.append(pick)
+        left.remove(pick)
+    return ordered

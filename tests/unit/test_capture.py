@@ -350,6 +350,135 @@ def test_dump_and_load_tables_with_generated_columns(store: Store, tmp_path: Pat
         other.close()
 
 
+def _sqlite_file(path: Path, script: str) -> bytes:
+    conn = apsw.Connection(str(path))
+    conn.execute(script)
+    conn.close()
+    return path.read_bytes()
+
+
+def test_load_of_a_file_fires_none_of_the_old_triggers(store: Store, tmp_path: Path) -> None:
+    """QA: clearing the old rows fired the old delete trigger: its audit rows were in the
+    change log, never deleted — a consumer rebuilding the tables from it kept them."""
+    store.execute(
+        [
+            S("CREATE TABLE audit(id INTEGER PRIMARY KEY, msg)"),
+            S("CREATE TABLE orders(id INTEGER PRIMARY KEY, v)"),
+            S(
+                "CREATE TRIGGER orders_del AFTER DELETE ON orders BEGIN "
+                "INSERT INTO audit(msg) VALUES('deleted ' || old.id); END"
+            ),
+            S("INSERT INTO orders(v) VALUES('a'), ('b')"),
+            S("DELETE FROM orders WHERE id = 2"),
+        ]
+    )
+    backup = tmp_path / "backup.db"
+    store.backup(backup)
+    store.execute([S("INSERT INTO orders(v) VALUES('c')")])
+    out = store.load(backup.read_bytes())
+    assert out.cid is not None
+    changes = store.changes(out.cid - 1, 100)
+    deleted = sorted((c.table, c.pk["id"]) for c in changes if c.op == "delete")
+    inserted = sorted((c.table, c.pk["id"]) for c in changes if c.op == "insert")
+    assert deleted == [("audit", 1), ("orders", 1), ("orders", 2)]  # the rows there were
+    assert inserted == [("audit", 1), ("orders", 1)]  # the file's rows
+    assert not [c for c in changes if c.op == "update"]
+    assert store.query([S("SELECT * FROM audit")])[0].rows == [(1, "deleted 2")]
+
+
+def test_load_keeps_autoincrement_high_water_marks_and_rowids(store: Store, tmp_path: Path) -> None:
+    """QA: a restored backup reused deleted AUTOINCREMENT ids (sqlite_sequence was not
+    carried), and renumbered the rowids of tables without an INTEGER PRIMARY KEY — their
+    key in change events."""
+    store.execute(
+        [
+            S("CREATE TABLE ai(id INTEGER PRIMARY KEY AUTOINCREMENT, v)"),
+            S("INSERT INTO ai(v) VALUES(1), (2), (3)"),
+            S("DELETE FROM ai WHERE id = 3"),
+            S("CREATE TABLE nr(v)"),
+            S('CREATE TABLE "rowid taken"(rowid, oid, w)'),  # names the rowid as _rowid_
+            S("INSERT INTO nr VALUES(1), (2), (3)"),
+            S('INSERT INTO "rowid taken" VALUES(7, 8, 9), (10, 11, 12)'),
+            S("DELETE FROM nr WHERE v < 3"),
+            S('DELETE FROM "rowid taken" WHERE w = 9'),
+        ]
+    )
+    dump = store.dump_sql()
+    assert "INSERT INTO sqlite_sequence(name, seq) VALUES('ai', 3);" in dump
+    backup = tmp_path / "backup.db"
+    store.backup(backup)
+    store.execute([S("INSERT INTO nr VALUES(4)")])
+    for load in (backup.read_bytes(), dump.encode()):
+        out = store.load(load)
+        assert out.cid is not None
+        rows = store.query(
+            [
+                S("SELECT rowid, v FROM nr"),
+                S('SELECT _rowid_, * FROM "rowid taken"'),
+                S("SELECT seq FROM sqlite_sequence WHERE name = 'ai'"),
+            ]
+        )
+        assert [r.rows for r in rows] == [[(3, 3)], [(2, 10, 11, 12)], [(3,)]]
+        if load is not dump:  # (SQL text runs on the tables as they are: one load only)
+            break
+    next_id = store.execute([S("INSERT INTO ai(v) VALUES(4)")])
+    assert next_id.results[0].last_insert_id == 4  # 3 was used once: never again
+
+
+def test_load_of_related_rows_with_foreign_keys_enforced(tmp_path: Path) -> None:
+    """QA: with --fk, reloading a node's own backup failed (its parents were deleted
+    before their children), as did a file whose child table was created before its
+    parent (no such table) or whose rows reference later ones."""
+    from litecdc import NodeConfig
+
+    store = Store(NodeConfig(data_dir=tmp_path / "fk", foreign_keys=True))
+    try:
+        store.execute(
+            [
+                S("CREATE TABLE p(id INTEGER PRIMARY KEY)"),
+                S("CREATE TABLE c(id INTEGER PRIMARY KEY, pid REFERENCES p ON DELETE SET NULL)"),
+                S("CREATE TABLE r(id INTEGER PRIMARY KEY, pid REFERENCES p ON DELETE RESTRICT)"),
+                S("INSERT INTO p VALUES(1)"),
+                S("INSERT INTO c VALUES(1, 1)"),
+                S("INSERT INTO r VALUES(1, 1)"),
+            ]
+        )
+        backup = tmp_path / "backup.db"
+        store.backup(backup)
+        out = store.load(backup.read_bytes())
+        assert out.cid is not None
+        changes = store.changes(out.cid - 1, 100)
+        assert sorted(c.op for c in changes) == ["delete"] * 3 + ["insert"] * 3  # no SET NULL
+        kid_first = _sqlite_file(
+            tmp_path / "kid_first.db",
+            "CREATE TABLE kid(id INTEGER PRIMARY KEY, pid REFERENCES mom(id));"
+            "CREATE TABLE mom(id INTEGER PRIMARY KEY, boss REFERENCES mom(id));"
+            "INSERT INTO mom VALUES(1, 2), (2, NULL); INSERT INTO kid VALUES(1, 1);",
+        )
+        assert store.load(kid_first).cid is not None
+        assert store.query([S("SELECT * FROM mom")])[0].rows == [(1, 2), (2, None)]
+        # its SQL dump loads into an empty node: tables created first, checks deferred
+        # in place of the dump's PRAGMA foreign_keys=OFF
+        other = Store(NodeConfig(data_dir=tmp_path / "other", foreign_keys=True))
+        try:
+            assert other.load(store.dump_sql().encode()).cid is not None
+            assert other.query([S("SELECT * FROM mom")])[0].rows == [(1, 2), (2, None)]
+        finally:
+            other.close()
+        broken = _sqlite_file(
+            tmp_path / "broken.db",
+            "CREATE TABLE kid(id INTEGER PRIMARY KEY, pid REFERENCES mom(id));"
+            "CREATE TABLE mom(id INTEGER PRIMARY KEY); INSERT INTO kid VALUES(1, 99);",
+        )
+        before = store.journal.last_cid()
+        with pytest.raises(LoadError, match="FOREIGN KEY constraint failed"):
+            store.load(broken)
+        assert store.journal.last_cid() == before
+        assert store.query([S("SELECT * FROM kid")])[0].rows == [(1, 1)]
+    finally:
+        store.close()
+
+
 def test_foreign_key_cascades_are_enforced_and_captured(tmp_path: Path) -> None:
     from litecdc import NodeConfig
 

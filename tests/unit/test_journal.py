@@ -653,6 +653,39 @@ def test_deferred_foreign_keys_give_the_same_result_batched_or_one_by_one(
         store.close()
 
 
+def test_defer_foreign_keys_lasts_one_entry_batched_or_not(tmp_path: Path) -> None:
+    """PRAGMA defer_foreign_keys (a load's, or a client's) lasts until its transaction
+    ends; entries applied as one batch share a SQLite transaction, so it must not carry
+    over to the next entry there either."""
+    leader, single, batched = (_fk_store(tmp_path / n) for n in ("l", "s", "b"))
+    leader.journal.set_mode(Mode.LEADER)
+    single.journal.set_mode(Mode.FOLLOWER)
+    batched.journal.set_mode(Mode.FOLLOWER)
+    immediate = [
+        S("CREATE TABLE parent(id INTEGER PRIMARY KEY)"),
+        S("CREATE TABLE child(id INTEGER PRIMARY KEY, p REFERENCES parent(id))"),
+    ]
+    child_first = [S("INSERT INTO child VALUES(1, 7)"), S("INSERT INTO parent VALUES(7)")]
+    entries = [
+        leader.journal.prepare_entry(immediate),
+        leader.journal.prepare_entry(
+            [S("PRAGMA defer_foreign_keys=ON"), *child_first], transaction=True
+        ),
+        leader.journal.prepare_entry(
+            [S("INSERT INTO child VALUES(2, 8)"), S("INSERT INTO parent VALUES(8)")],
+            transaction=True,
+        ),
+    ]
+    for entry in entries:
+        single.journal.apply_log_entry(entry, revision=9)
+    outcomes = batched.journal.apply_log_entries(entries, revision=9)
+    assert outcomes is not None
+    assert [o.cid for o in outcomes] == [2, 3, None]  # the third: no deferral of its own
+    assert batched.journal_page(0, 10).entries == single.journal_page(0, 10).entries
+    for store in (leader, single, batched):
+        store.close()
+
+
 def test_an_environmental_error_fails_the_whole_write_instead_of_one_statement(
     store: Store,
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import apsw
 import pytest
 
-from litecdc.db.load import is_dump_wrapper, load_statements, split_statements
+from litecdc.db.load import children_first, is_dump_wrapper, load_statements, split_statements
 
 TRICKY = (
     'CREATE TABLE "a;b"(x, [c;d], `e;f`);\n'
@@ -67,3 +67,34 @@ def test_the_statements_a_load_runs() -> None:
     assert load_statements("INSERT INTO t VALUES('unterminated;") == [
         "INSERT INTO t VALUES('unterminated;"  # left whole: SQLite reports the error
     ]
+
+
+@pytest.mark.parametrize(
+    ("pragma", "deferred"),
+    [
+        ("PRAGMA foreign_keys=OFF;", True),
+        ("pragma main.foreign_keys = 'off';", True),
+        ("PRAGMA foreign_keys(0);", True),
+        ("PRAGMA foreign_keys=ON;", False),
+    ],
+)
+def test_a_dumps_foreign_keys_off_becomes_deferred_checks_with_fk(
+    pragma: str, deferred: bool
+) -> None:
+    """foreign_keys cannot change inside the load's transaction: with --fk, the checks
+    wait for its end instead (the closest), so a dump's rows load in the dump's order."""
+    text = f"{pragma}\nBEGIN TRANSACTION;\nINSERT INTO t VALUES(1);\nCOMMIT;\n"
+    expected = ["PRAGMA defer_foreign_keys=ON;"] if deferred else []
+    assert load_statements(text, defer_foreign_keys=True) == [
+        *expected,
+        "\nINSERT INTO t VALUES(1);",
+    ]
+    assert load_statements(text) == ["\nINSERT INTO t VALUES(1);"]
+
+
+def test_tables_are_emptied_children_first() -> None:
+    references = {"kid": {"MOM"}, "mom": {"mom", "gran"}, "gran": set(), "x": {"y"}, "y": {"x"}}
+    assert children_first(["gran", "mom", "kid"], references) == ["kid", "mom", "gran"]
+    # a cycle: in its given order, after what is free
+    assert children_first(["x", "y", "gran"], references) == ["gran", "x", "y"]
+    assert children_first([], references) == []
