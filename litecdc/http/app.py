@@ -1251,7 +1251,8 @@ class _RqliteHeaders:
     (addBuildVersion) and the CORS headers (addAllowHeaders), ``OPTIONS`` on any path is
     answered 200 at once (a browser's preflight), and the URL parameters of any other
     request are checked (NewQueryParams: HTTP 400 naming a bad one). It wraps the whole
-    Starlette app, so 404s, 500s and relayed answers of the leader carry the headers too."""
+    Starlette app, so 404s, 500s and relayed answers of the leader carry the headers too.
+    Of a repeated URL parameter only the first value reaches the endpoints, as in Go."""
 
     def __init__(self, app: ASGIApp, headers: list[tuple[bytes, bytes]]) -> None:
         self.app = app
@@ -1277,6 +1278,9 @@ class _RqliteHeaders:
         except RequestError as exc:
             await _text_error(400, str(exc), dict(self._text_headers))(scope, receive, send)
             return
+        query_string = scope.get("query_string", b"")
+        if query_string:
+            scope = {**scope, "query_string": rqlite.first_values_only(query_string)}
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_plus
 
 import msgspec
 
@@ -297,6 +297,23 @@ def check_query_string(query_string: str) -> None:
     for key, value in parse_qsl(query_string, keep_blank_values=True):
         params.setdefault(key, value)
     check_params(params)
+
+
+def first_values_only(query_string: bytes) -> bytes:
+    """``query_string`` with only the first ``key=value`` of each key: Go's
+    ``Query().Get`` (rqlite's every read of a parameter) takes the first, Starlette's the
+    last (QA: ``q=SELECT 1&q=SELECT 2`` ran the second). The parts kept are as sent."""
+    parts = query_string.split(b"&")
+    seen: set[str] = set()
+    kept = []
+    for part in parts:
+        if not part:
+            continue
+        key = unquote_plus(part.split(b"=", 1)[0].decode("utf-8", "replace"))
+        if key not in seen:
+            seen.add(key)
+            kept.append(part)
+    return b"&".join(kept) if len(kept) < len(parts) else query_string
 
 
 def check_params(params: Mapping[str, str]) -> None:

@@ -531,3 +531,26 @@ def test_debug_vars_needs_the_status_permission(store: Store, tmp_path: Path) ->
 def test_allow_origin_must_be_one_header_value(store: Store) -> None:
     with pytest.raises(ConfigError, match="--http-allow-origin must be one header value"):
         NodeConfig(data_dir=store.config.data_dir, http_allow_origin="https://a\r\nX-Evil: 1")
+
+
+def test_the_first_value_of_a_repeated_parameter_is_the_one_used(http: TestClient) -> None:
+    """QA: the last was (Starlette's), not the first (Go's, rqlite's, and what the docs say):
+    ``q=SELECT 1&q=SELECT 2`` ran the second."""
+    http.post("/db/execute", json=["CREATE TABLE t(x)", "INSERT INTO t VALUES(1)"])
+    r = http.get("/db/query?q=SELECT+1&q=SELECT+2&associative&associative=false")
+    assert r.status_code == 200, r.text
+    assert r.json()["results"][0]["rows"] == [{"1": 1}]
+    r = http.get("/journal?after=1&after=0&limit=5")
+    assert r.status_code == 200, r.text
+    assert [e["cid"] for e in r.json()["entries"]] == [2]
+    r = http.get("/db/query", params=[("q", "SELECT x FROM t"), ("level", "none"), ("q", "")])
+    assert r.status_code == 200, r.text  # (the empty second q is not the one checked)
+    assert r.json()["results"][0]["values"] == [[1]]
+
+
+def test_first_values_only_keeps_the_parts_as_sent() -> None:
+    from litecdc.http.rqlite import first_values_only
+
+    assert first_values_only(b"q=a%20b&x&q=c&x=1&y=%2B") == b"q=a%20b&x&y=%2B"
+    assert first_values_only(b"a=1&b=2") == b"a=1&b=2"
+    assert first_values_only(b"a+b=1&a%20b=2&&") == b"a+b=1"
