@@ -12,6 +12,7 @@ Anything wrong is refused at start-up with a message that names the key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -222,6 +223,25 @@ class CDCConfig:
     @property
     def scheme(self) -> str:
         return STDOUT if self.endpoint == STDOUT else urlsplit(self.endpoint).scheme.lower()
+
+    def delivery(self) -> str:
+        """Where the changes go and what is sent, one line (credentials redacted): what
+        every node of a cluster must share, as whichever leads delivers. TLS files,
+        batching and retries may differ from node to node."""
+        parts = [redact_endpoint(self.endpoint), f"format {self.format}"]
+        if self.service_id:
+            parts.append(f"service_id {self.service_id!r}")
+        if self.row_ids_only:
+            parts.append("row_ids_only")
+        if self.table_filter is not None:
+            parts.append(f"table_filter {self.table_filter.pattern!r}")
+        return ", ".join(parts)
+
+    def delivery_digest(self) -> str:
+        """A digest of :meth:`delivery` with the endpoint's credentials and the signing
+        secret in (a node signing with another secret fails its receiver's checks)."""
+        whole = json.dumps([self.delivery(), self.endpoint, self.hmac_secret or ""])
+        return hashlib.sha256(whole.encode()).hexdigest()[:32]
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based), as rqlite, but

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
+from typing import Any
 
 from litecdc.cluster.election import DEFAULT_TTL, Election
 from litecdc.cluster.etcd import (
@@ -723,16 +724,24 @@ class ClusterNode:
         * ``--cdc-config`` present or not: the leader writes the pruning of the change log,
           and whether a webhook's undelivered changes are kept depends on it; a leader
           without the webhook would prune what the others still have to send.
+        * the webhook's destination and what it sends (``CDCConfig.delivery``): whichever
+          node leads delivers; with another endpoint or format, a failover silently sent
+          the changes elsewhere, and pruned them (cluster QA).
         """
-        mine = {
+        cdc = self.store.config.cdc
+        mine: dict[str, Any] = {
             "foreign_keys": bool(self.store.config.foreign_keys),
-            "webhook": self.store.config.cdc is not None,
+            "webhook": cdc is not None,
+            "webhook_delivery": cdc.delivery_digest() if cdc is not None else None,
         }
         key = settings_key(self.cluster)
         # base_cid: the founder's own data (a standalone node grown into a cluster) is in no
         # log entry; the others copy it by snapshot before anything else (ApplyLoop.base_cid)
         base_cid = self.journal.last_cid()
-        first = json.dumps({**mine, "founder": self.node_id, "base_cid": base_cid}).encode()
+        shown = {"webhook_shown": cdc.delivery() if cdc is not None else None}
+        first = json.dumps(
+            {**mine, **shown, "founder": self.node_id, "base_cid": base_cid}
+        ).encode()
         # sent again after a timeout, the txn finds this node's own record: founder still
         result = self.client.txn([Compare.absent(key)], [Put(key, first)], [Get(key)])
         if result.succeeded or not result.ranges or not result.ranges[0]:
@@ -749,6 +758,18 @@ class ClusterNode:
                 "its own)"
             ) from None
         for name, value in mine.items():
+            if name == "webhook_delivery" and recorded.get("webhook") is not True:
+                continue  # (no webhook: refused above, by "webhook")
+            if name == "webhook_delivery" and name in recorded and recorded[name] != value:
+                assert cdc is not None
+                raise ConfigError(
+                    f"cluster {self.cluster!r} sends its changes to "
+                    f"{recorded.get('webhook_shown') or 'another webhook'}; this node's "
+                    f"--cdc-config sends them to {cdc.delivery()} (or signs them with another "
+                    "hmac_secret): every node must send the same changes to the same place, "
+                    "as whichever leads delivers them (to change it for the whole cluster, "
+                    f"stop every node and delete the etcd key {key})"
+                )
             if name in recorded and recorded[name] != value:
                 option = {"foreign_keys": "--fk", "webhook": "--cdc-config"}[name]
                 runs = "with" if recorded[name] else "without"
@@ -759,7 +780,7 @@ class ClusterNode:
                 )
         if set(mine) - set(recorded):  # recorded by an older version: complete it
             with contextlib.suppress(ClusterError):
-                self.client.put(key, json.dumps({**mine, **recorded}).encode())
+                self.client.put(key, json.dumps({**mine, **shown, **recorded}).encode())
         base = recorded.get("base_cid", 0)  # (none recorded by an older version)
         self.apply_loop.base_cid = base if isinstance(base, int) and base > 0 else 0
         return bool(recorded.get("founder") == self.node_id)

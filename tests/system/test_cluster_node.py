@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -373,3 +374,52 @@ def test_a_node_with_a_webhook_in_a_cluster_without_one_is_refused(
             ClusterNode(store, "n5", "http://127.0.0.1:4005", cluster.settings, cluster.name)
     finally:
         store.close()
+
+
+def test_nodes_sending_changes_elsewhere_are_refused(
+    etcd: EtcdCluster, cluster_name: str, tmp_path: Path
+) -> None:
+    """Cluster QA: a node whose --cdc-config named another endpoint (and format) joined
+    silently; after a failover it delivered there, and its high watermark pruned the
+    changes the first webhook never got. Batching, retries and TLS files may differ."""
+    from litecdc.cdc import parse_cdc_config
+
+    def cdc_file(name: str, doc: dict[str, object]) -> str:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    first = {"endpoint": "http://u:pw@127.0.0.1:9/hook", "format": "rqlite"}
+    configs = {
+        "n1": first,
+        "n2": {**first, "max_batch_size": 3, "transmit_timeout": "2s"},  # tuning: fine
+        "n3": {**first, "endpoint": "http://127.0.0.1:9/other", "format": "debezium"},
+        "n4": {**first, "hmac_secret": "whsec_" + "A" * 32},
+    }
+    settings = EtcdSettings(endpoints=etcd.endpoints, request_timeout=2.0)
+    stores, nodes = [], []
+    try:
+        for node_id, doc in configs.items():
+            store = Store(
+                NodeConfig(
+                    data_dir=tmp_path / node_id, cdc=parse_cdc_config(cdc_file(node_id, doc))
+                )
+            )
+            stores.append(store)
+            address = f"http://127.0.0.1:400{node_id[-1]}"
+            if node_id in ("n1", "n2"):
+                nodes.append(ClusterNode(store, node_id, address, settings, cluster_name))
+                continue
+            with pytest.raises(ConfigError) as refused:
+                ClusterNode(store, node_id, address, settings, cluster_name)
+            message = str(refused.value)
+            assert message.startswith(
+                f"cluster {cluster_name!r} sends its changes to http://127.0.0.1:9/hook, "
+                "format rqlite; this node's --cdc-config sends them to "
+            )
+            assert "pw" not in message
+    finally:
+        for node in nodes:
+            node.close()
+        for store in stores:
+            store.close()
