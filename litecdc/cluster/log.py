@@ -413,6 +413,9 @@ class DivergedError(ApplyStalledError):
     cids the log never had. Only new data fixes that (a fresh data directory)."""
 
 
+#: how the message of an apply loop waiting for etcd to come back from the past begins
+ETCD_WENT_BACK = "etcd went back in time"
+
 #: what a diverged node's errors add: what it means and what to do
 DIVERGED_ADVICE = (
     "this database did not come from this cluster's log (was the data directory written "
@@ -593,6 +596,13 @@ class ApplyLoop:
             # one revision, and a restart may have come between two of them.
             start = max(self.applied_revision(), self._watch_from, 1)
             try:
+                went_back = self._etcd_went_back()
+                if went_back is not None:
+                    self._stall(went_back)
+                    self._stop.wait(self.stall_retry_interval)
+                    continue
+                if self.stalled is not None and self.stalled.startswith(ETCD_WENT_BACK):
+                    self.stalled = None  # etcd has its data again (restored)
                 if not self._position_checked:
                     # before applying anything: a journal ahead of the log, or holding a
                     # cid the log has another entry for, is never caught by the watch
@@ -765,6 +775,10 @@ class ApplyLoop:
         """
         if self.diverged is not None:
             return self.diverged
+        went_back = self._etcd_went_back()
+        if went_back is not None:
+            self._stall(went_back)
+            return went_back
         last = self.journal.last_cid()
         # read after the cid, from the database: the revision stored with the cid's entry
         # (the in-memory one is updated a moment after the journal's last cid)
@@ -790,6 +804,29 @@ class ApplyLoop:
             return None
         self._stall(f"{problem}: {DIVERGED_ADVICE}", diverged=True)
         return self.diverged
+
+    def _etcd_went_back(self) -> str | None:
+        """Why etcd cannot hold the log this node followed, or None: an etcd's revision
+        never decreases, so one below the revision this node applied means etcd lost data
+        — wiped, replaced, or restored from an older backup. Its log is then not the one
+        applied here: a wiped etcd took new writes at revisions this node's watch had
+        passed, so no node applied them (cluster QA: they were acknowledged 'in the log,
+        do not retry', then every node stopped on them), and restored from a backup it
+        lacks the newest entries."""
+        applied = self.applied_revision()
+        if applied <= 0:
+            return None
+        current = self.client.range(self.prefix, prefix=True, limit=1, keys_only=True).revision
+        if current >= applied:
+            return None
+        return (
+            f"{ETCD_WENT_BACK}: it is at revision {current}, behind revision {applied} "
+            "that this node applied — etcd lost data (wiped, replaced, or restored from an "
+            "older backup), and its log is not the one this node followed: the node neither "
+            f"leads nor is ready. Restore etcd from a backup holding revision {applied} or "
+            "later (the node goes on by itself), or start the cluster afresh from this "
+            "node's data (docs/cluster.md, 'When etcd loses its data')"
+        )
 
     def _follow(self, watch: Watch) -> None:
         quiet_since = time.monotonic()

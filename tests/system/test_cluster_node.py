@@ -423,3 +423,41 @@ def test_nodes_sending_changes_elsewhere_are_refused(
             node.close()
         for store in stores:
             store.close()
+
+
+@pytest.mark.slow
+def test_an_etcd_that_lost_its_data_is_noticed_and_no_node_leads(
+    tmp_path: Path, cluster_name: str
+) -> None:
+    """Cluster QA: etcd wiped under a running cluster (kill -9, data directory deleted,
+    started empty). A node led the empty log, writes were answered 'in the log, it will be
+    applied: do not retry' at revisions the nodes' watches had passed — never applied —
+    then every node stopped on them. etcd's revision never decreases: one below what a
+    node applied means etcd lost data, and no node may lead its log."""
+    import shutil
+
+    with EtcdCluster(tmp_path / "etcd", size=1) as etcd:
+        cluster = Cluster(tmp_path, etcd, cluster_name)
+        try:
+            leader = cluster.leader()
+            leader.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+            for i in range(30):  # past the revisions a new etcd starts at
+                leader.execute([S("INSERT INTO t(v) VALUES(?)", (i,))])
+            cluster.converged()
+            (member,) = etcd.members
+            member.kill()
+            shutil.rmtree(member.data_dir)
+            member.start()
+            member.wait_healthy()
+
+            def noticed() -> bool:
+                problems = [n.apply_problem() or "" for n in cluster.nodes.values()]
+                return all(p.startswith("etcd went back in time") for p in problems)
+
+            wait_for(noticed, 60)
+            wait_for(lambda: not any(n.is_leader() for n in cluster.nodes.values()), 30)
+            problem = cluster.nodes["n1"].apply_problem()
+            assert problem is not None and "restored from an older backup" in problem
+            assert all(n.why_not_lead() is not None for n in cluster.nodes.values())
+        finally:
+            cluster.close()
