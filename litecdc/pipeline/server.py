@@ -1275,11 +1275,20 @@ def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
     if not dropped:
         dropped = [n for n in mirrored.column_names if n in moved or n not in prefix]
     if changed or dropped or spec.key != mirrored.key:
+        found = [
+            *([f"changed type: {changed}"] if changed else []),
+            *([f"dropped or renamed: {dropped}"] if dropped else []),
+            # (only when it changed: QA read "key ['id'] -> ['id']" as a key change)
+            *(
+                [f"key {list(mirrored.key)} -> {list(spec.key)}"]
+                if spec.key != mirrored.key
+                else []
+            ),
+        ]
         raise SchemaMismatchError(
             f"table {spec.name} changed at the source in a way the sink cannot follow "
-            f"(changed type: {changed or 'none'}, dropped or renamed: {dropped or 'none'}, "
-            f"key {list(mirrored.key)} -> {list(spec.key)}); to rebuild the mirror, "
-            "unsubscribe, delete it (or choose a new path or table) and subscribe again"
+            f"({', '.join(found)}); to rebuild the mirror, unsubscribe, delete it (or choose "
+            "a new path or table) and subscribe again"
         )
 
 
