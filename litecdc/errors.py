@@ -184,6 +184,14 @@ class MetadataError(PipelineError):
     """The metadata store (subscriptions, progress) failed or was asked something invalid."""
 
 
+class UnknownSubscriptionError(MetadataError):
+    """No subscription of that name (never made, or removed meanwhile)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown subscription {name!r}")
+        self.name = name
+
+
 def http_status_for(error: BaseException) -> int:
     """The HTTP status an error maps to; anything unexpected is a 500."""
     if isinstance(error, LitecdcError):

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from litecdc.errors import MetadataError
+from litecdc.errors import MetadataError, UnknownSubscriptionError
 from litecdc.sockets import shut_down_socket
 from litecdc.wire import subscriber_name_problem
 
@@ -509,7 +509,7 @@ class MetadataStore:
     def _subscription(self, tx: _Tx, name: str, *, for_update: bool) -> Subscription:
         sub = self._find(tx, name, for_update=for_update)
         if sub is None:
-            raise MetadataError(f"unknown subscription {name!r}")
+            raise UnknownSubscriptionError(name)
         return sub
 
     def _head(self, tx: _Tx, name: str) -> tuple[str, int | None, int | None] | None:

@@ -72,6 +72,7 @@ from litecdc.errors import (
     SinkError,
     SinkUnreachableError,
     SourceError,
+    UnknownSubscriptionError,
 )
 from litecdc.pipeline import parquet_log
 from litecdc.pipeline.metadata import MetadataStore, RangeProgress, Subscription
@@ -580,6 +581,12 @@ class PipelineServer:
             state.failures = 0
             state.unreachable = False
         except Exception as exc:
+            if isinstance(exc, UnknownSubscriptionError) and exc.name == name:
+                # unsubscribed (and removed) while the step ran: nothing to retry (QA: the
+                # log said "unknown subscription … (retrying in 0.5s)", and did not)
+                log.info("subscription %s: removed while a step ran; it stops here", name)
+                self._forget_connections(name)
+                return None
             if self._stopping:  # cut short by `run` stopping (its connection broken)
                 log.info("subscription %s: stopped mid-step (%s); it goes on next run", name, exc)
                 self._forget_connections(name)

@@ -177,3 +177,24 @@ def test_a_server_that_answers_breaks_nothing() -> None:
     server._probe(probed, time.monotonic() - 40, PG)
     assert (probed.sink.aborted, other.sink.aborted) == (0, 0)  # type: ignore[union-attr]
     assert probed.stalled is None and other.stalled is None
+
+
+def test_a_subscription_removed_while_its_step_ran_stops_without_a_retry(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pipeline QA: unsubscribed mid-snapshot, its step met "unknown subscription" and the
+    log said it would retry (it did not: the subscription is gone)."""
+    from litecdc.errors import UnknownSubscriptionError
+
+    server = scheduler(2, {"big": PG})
+
+    def vanished(sub: Any, state: Any) -> Any:
+        raise UnknownSubscriptionError("big")
+
+    monkeypatch.setattr(server, "_start", vanished)
+    sub: Any = SimpleNamespace(name="big", cancel=False)
+    with caplog.at_level("INFO", logger="litecdc.pipeline"):
+        assert server._step_one(sub, server.states["big"], None) is None  # retired
+    state = server.states["big"]
+    assert state.last_error is None and state.failures == 0
+    assert "removed while a step ran" in caplog.text and "retrying" not in caplog.text
