@@ -238,9 +238,11 @@ class CDCConfig:
         return ", ".join(parts)
 
     def delivery_digest(self) -> str:
-        """A digest of :meth:`delivery` with the endpoint's credentials and the signing
-        secret in (a node signing with another secret fails its receiver's checks)."""
-        whole = json.dumps([self.delivery(), self.endpoint, self.hmac_secret or ""])
+        """A digest of :meth:`delivery` with what it leaves out, as secrets may be in it:
+        the endpoint's credentials, the extra headers (an Authorization, a routing
+        header) and the signing secret (a receiver checks the signature)."""
+        headers = sorted((k.lower(), v) for k, v in self.headers.items())
+        whole = json.dumps([self.delivery(), self.endpoint, headers, self.hmac_secret or ""])
         return hashlib.sha256(whole.encode()).hexdigest()[:32]
 
     def backoff(self, attempt: int) -> float:

@@ -416,6 +416,36 @@ class DivergedError(ApplyStalledError):
 #: how the message of an apply loop waiting for etcd to come back from the past begins
 ETCD_WENT_BACK = "etcd went back in time"
 
+#: the node-state name under which a node remembers its cluster's identity
+CLUSTER_IDENTITY = "cluster_identity"
+
+
+def identity_key(cluster: str) -> str:
+    """A random number the cluster's first node writes and every node remembers
+    (``CLUSTER_IDENTITY`` in its node state): an etcd without it, or with another, lost
+    the cluster's data. (The settings key may be deleted on purpose; this one is not.)"""
+    return f"/litecdc/{cluster}/identity"
+
+
+def identity_of(value: bytes) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def etcd_lost_data(cluster: str, key: str, missing: bool) -> str:
+    """Why a node of ``cluster`` does not trust etcd: its identity key is gone or other."""
+    found = "has no" if missing else "has another"
+    return (
+        f"{ETCD_WENT_BACK}: it {found} identity for cluster {cluster!r} ({key}) than this "
+        "node remembers — etcd lost the cluster's data (wiped, or replaced by another), and "
+        "its log is not the one this node followed: the node neither leads nor is ready. "
+        "Restore etcd from a backup, or start the cluster afresh from the node with the most "
+        "data (docs/cluster.md, 'When etcd loses its data')"
+    )
+
+
 #: what a diverged node's errors add: what it means and what to do
 DIVERGED_ADVICE = (
     "this database did not come from this cluster's log (was the data directory written "
@@ -492,6 +522,9 @@ class ApplyLoop:
         #: is behind it, with the log holding nothing after its journal, copies it by
         #: snapshot (set by ClusterNode before ``start``)
         self.base_cid = 0
+        #: the cluster identity this node remembers (ClusterNode sets it at start): an etcd
+        #: without it lost the cluster's data (``_etcd_went_back``)
+        self.identity: int | None = None
         #: set (with needs_snapshot) while a journal behind base_cid is not yet known to
         #: find its next entries in the log: no leading, not ready, until the loop checked
         self.base_pending = False
@@ -813,6 +846,14 @@ class ApplyLoop:
         passed, so no node applied them (cluster QA: they were acknowledged 'in the log,
         do not retry', then every node stopped on them), and restored from a backup it
         lacks the newest entries."""
+        if self.identity is not None:
+            # (revisions alone are not enough: any other writer to that etcd, another
+            # cluster say, brings its revision past ours again — cluster QA: a lagging
+            # node then led the empty log alone, and acknowledged writes were lost)
+            key = identity_key(self.cluster)
+            kv = self.client.get(key)
+            if kv is None or identity_of(kv.value) != self.identity:
+                return etcd_lost_data(self.cluster, key, kv is None)
         applied = self.applied_revision()
         if applied <= 0:
             return None

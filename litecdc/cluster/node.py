@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,7 +56,17 @@ from litecdc.cluster.etcd import (
     LeaseNotFoundError,
     Put,
 )
-from litecdc.cluster.log import ApplyLoop, LogAppender, LogWriteOutcome, log_key, log_prefix
+from litecdc.cluster.log import (
+    CLUSTER_IDENTITY,
+    ApplyLoop,
+    LogAppender,
+    LogWriteOutcome,
+    etcd_lost_data,
+    identity_key,
+    identity_of,
+    log_key,
+    log_prefix,
+)
 from litecdc.cluster.snapshot import LogCompactor, SnapshotInstaller, SnapshotSettings
 from litecdc.errors import (
     ConfigError,
@@ -673,6 +684,7 @@ class ClusterNode:
         """The start-up checks (ConfigError when one fails); EtcdUnavailableError while
         etcd cannot tell."""
         self._refuse_a_taken_node_id()
+        self._check_identity()
         founder = self._check_shared_settings()
         if new_member and not founder:
             self._refuse_data_from_elsewhere()
@@ -711,6 +723,34 @@ class ClusterNode:
                 log.info("cluster %s: etcd answers; node %s passed its start-up checks",
                          self.cluster, self.node_id)  # fmt: skip
             return
+
+    def _check_identity(self) -> None:
+        """The cluster's identity in etcd is the one this node remembers (written by the
+        first node; learned by the others when they join): otherwise etcd lost this
+        cluster's data — wiped, replaced — and this node, which has some of it, must not
+        found a cluster anew there (cluster QA: a lagging node restarted on a wiped etcd
+        led alone, and writes acknowledged before were lost)."""
+        key = identity_key(self.cluster)
+        remembered = self.store.engine.node_state(CLUSTER_IDENTITY)
+        if remembered is None:
+            mine = secrets.randbits(62) + 1
+            result = self.client.txn(
+                [Compare.absent(key)], [Put(key, str(mine).encode())], [Get(key)]
+            )
+            kvs = result.ranges[0] if result.ranges else []
+            found = mine if result.succeeded or not kvs else identity_of(kvs[0].value)
+            if found is None:
+                raise ConfigError(
+                    f"cluster {self.cluster!r}: the etcd key {key} holds no cluster identity; "
+                    "stop every node and delete it"
+                )
+            self.store.engine.set_node_state(CLUSTER_IDENTITY, found)
+            self.apply_loop.identity = found
+            return
+        kv = self.client.get(key)
+        if kv is None or identity_of(kv.value) != remembered:
+            raise ConfigError(etcd_lost_data(self.cluster, key, kv is None))
+        self.apply_loop.identity = remembered
 
     def _check_shared_settings(self) -> bool:
         """Settings that must be the same on every node, recorded in etcd by the first
@@ -762,13 +802,18 @@ class ClusterNode:
                 continue  # (no webhook: refused above, by "webhook")
             if name == "webhook_delivery" and name in recorded and recorded[name] != value:
                 assert cdc is not None
+                theirs, ours = recorded.get("webhook_shown") or "another webhook", cdc.delivery()
+                differs = (
+                    f"this node's --cdc-config sends them to {ours}"
+                    if ours != theirs
+                    else "this node's --cdc-config sends them there with other URL credentials, "
+                    "headers or hmac_secret"
+                )
                 raise ConfigError(
-                    f"cluster {self.cluster!r} sends its changes to "
-                    f"{recorded.get('webhook_shown') or 'another webhook'}; this node's "
-                    f"--cdc-config sends them to {cdc.delivery()} (or signs them with another "
-                    "hmac_secret): every node must send the same changes to the same place, "
-                    "as whichever leads delivers them (to change it for the whole cluster, "
-                    f"stop every node and delete the etcd key {key})"
+                    f"cluster {self.cluster!r} sends its changes to {theirs}; {differs}: every "
+                    "node must send the same changes to the same place, as whichever leads "
+                    "delivers them (to change it for the whole cluster, stop every node and "
+                    f"delete the etcd key {key})"
                 )
             if name in recorded and recorded[name] != value:
                 option = {"foreign_keys": "--fk", "webhook": "--cdc-config"}[name]

@@ -85,9 +85,13 @@ def _hidden_rowid(conn: apsw.Connection, name: str, info: list[tuple[Any, ...]])
     ).fetchall()
     if not listed or listed[0][0] != "table" or listed[0][1]:
         return None
-    key = [str(declared).upper() for _, declared, pk, _ in info if pk]
-    if key == ["INTEGER"]:
-        return None
+    key = [(str(column), str(declared).upper()) for column, declared, pk, _ in info if pk]
+    if len(key) == 1 and key[0][1] == "INTEGER":
+        # an INTEGER PRIMARY KEY holds the rowid — unless declared DESC (SQLite's quirk):
+        # SQLite itself says, reading it as the rowid or as a column
+        plan = conn.execute(f"EXPLAIN SELECT {_quote(key[0][0])} FROM {_quote(name)}")
+        if any(step[1] == "Rowid" for step in plan):
+            return None
     taken = {str(column).lower() for column, *_ in info}
     return next((alias for alias in ("rowid", "oid", "_rowid_") if alias not in taken), None)
 

@@ -1010,6 +1010,21 @@ class Engine:
             sorted(state.items()),
         )
 
+    def set_node_state(self, name: str, value: int) -> None:
+        """Record a value of this node's own state, in a transaction of its own."""
+        with self._write_lock:
+            was, self._authorizer.internal = self._authorizer.internal, True
+            try:
+                self._internal("BEGIN IMMEDIATE")
+                try:
+                    self._write_state({name: value})
+                    self._internal("COMMIT")
+                except BaseException:
+                    self._internal("ROLLBACK")
+                    raise
+            finally:
+                self._authorizer.internal = was
+
     def node_state(self, name: str) -> int | None:
         """A value of this node's own state (``_litecdc_node_state``), None if unset."""
         with self._write_lock:

@@ -397,6 +397,9 @@ def test_load_keeps_autoincrement_high_water_marks_and_rowids(store: Store, tmp_
             S("DELETE FROM ai WHERE id = 3"),
             S("CREATE TABLE nr(v)"),
             S('CREATE TABLE "rowid taken"(rowid, oid, w)'),  # names the rowid as _rowid_
+            S("CREATE TABLE dq(id INTEGER PRIMARY KEY DESC, v)"),  # id is no rowid (QA)
+            S("INSERT INTO dq VALUES(5, 'a'), (9, 'b')"),
+            S("DELETE FROM dq WHERE id = 5"),
             S("INSERT INTO nr VALUES(1), (2), (3)"),
             S('INSERT INTO "rowid taken" VALUES(7, 8, 9), (10, 11, 12)'),
             S("DELETE FROM nr WHERE v < 3"),
@@ -416,9 +419,10 @@ def test_load_keeps_autoincrement_high_water_marks_and_rowids(store: Store, tmp_
                 S("SELECT rowid, v FROM nr"),
                 S('SELECT _rowid_, * FROM "rowid taken"'),
                 S("SELECT seq FROM sqlite_sequence WHERE name = 'ai'"),
+                S("SELECT rowid, * FROM dq"),
             ]
         )
-        assert [r.rows for r in rows] == [[(3, 3)], [(2, 10, 11, 12)], [(3,)]]
+        assert [r.rows for r in rows] == [[(3, 3)], [(2, 10, 11, 12)], [(3,)], [(2, 9, "b")]]
         if load is not dump:  # (SQL text runs on the tables as they are: one load only)
             break
     next_id = store.execute([S("INSERT INTO ai(v) VALUES(4)")])
