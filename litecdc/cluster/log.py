@@ -436,10 +436,10 @@ def identity_of(value: bytes) -> int | None:
 
 def etcd_lost_data(cluster: str, key: str, missing: bool) -> str:
     """Why a node of ``cluster`` does not trust etcd: its identity key is gone or other."""
-    found = "has no" if missing else "has another"
+    found = "missing" if missing else "not the one this node remembers"
     return (
-        f"{ETCD_WENT_BACK}: it {found} identity for cluster {cluster!r} ({key}) than this "
-        "node remembers — etcd lost the cluster's data (wiped, or replaced by another), and "
+        f"{ETCD_WENT_BACK}: its identity for cluster {cluster!r} ({key}) is {found} "
+        "— etcd lost the cluster's data (wiped, or replaced by another), and "
         "its log is not the one this node followed: the node neither leads nor is ready. "
         "Restore etcd from a backup, or start the cluster afresh from the node with the most "
         "data (docs/cluster.md, 'When etcd loses its data')"
