@@ -735,11 +735,13 @@ class Engine:
         self._internal("SAVEPOINT litecdc_entry" if self._nested else "BEGIN IMMEDIATE")
 
     # (a batch's entries share one SQLite transaction: PRAGMA defer_foreign_keys, which a
-    # COMMIT or ROLLBACK resets, is reset after each entry, as on a replica running it alone)
+    # COMMIT or ROLLBACK resets, is reset after each entry, as on a replica running it alone;
+    # without foreign keys enforced it changes nothing, and the apply loop skips it)
+    def _entry_end(self, sql: str) -> str:
+        return f"{sql}; PRAGMA defer_foreign_keys=OFF" if self._foreign_keys else sql
+
     def _commit(self) -> None:
-        self._internal(
-            "RELEASE litecdc_entry; PRAGMA defer_foreign_keys=OFF" if self._nested else "COMMIT"
-        )
+        self._internal(self._entry_end("RELEASE litecdc_entry") if self._nested else "COMMIT")
         if not self._nested and self._checkpointer is not None:
             self._checkpointer.after_commit()
 
@@ -747,9 +749,7 @@ class Engine:
         if not self._writer.in_transaction:
             return  # (a statement's OR ROLLBACK already ended it)
         if self._nested:
-            self._internal(
-                "ROLLBACK TO litecdc_entry; RELEASE litecdc_entry; PRAGMA defer_foreign_keys=OFF"
-            )
+            self._internal(self._entry_end("ROLLBACK TO litecdc_entry; RELEASE litecdc_entry"))
         else:
             self._internal("ROLLBACK")
 
