@@ -19,7 +19,9 @@ with status 2.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -266,6 +268,9 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("httpx", "httpcore"):  # a line per webhook or etcd request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # `kill -USR1 PID` prints every thread's stack on stderr: what a node that does not
+    # stop, or does not answer, is waiting on
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         if not data_dir:
             raise ConfigError("--data-dir is required (or set LITECDC_DATA_DIR)")

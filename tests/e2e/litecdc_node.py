@@ -88,8 +88,17 @@ class Node:
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
+                # every thread's stack into the node's log first: where it hung
+                self.proc.send_signal(signal.SIGUSR1)
+                time.sleep(1)
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+                self._log.flush()
+                tail = self.log_path.read_text(errors="replace").splitlines()[-120:]
+                print(
+                    f"node did not stop within 15 s; the end of {self.log_path}:",
+                    *tail, sep="\n", file=sys.stderr,
+                )  # fmt: skip
         code = self.proc.returncode
         self.proc = None
         self._log.close()

@@ -242,3 +242,24 @@ def test_bad_certificate_and_key_are_configuration_errors(tmp_path: Path) -> Non
         assert proc.stderr.strip().splitlines()[-1] == message
         assert "serving" not in proc.stderr
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_node_goes_on(tmp_path: Path) -> None:
+    """What a node that does not stop (or answer) waits on: `kill -USR1 PID` (the test
+    harness does it before killing a node that ignored SIGTERM)."""
+    import signal
+    import time
+
+    node = Node(tmp_path / "n").start()
+    try:
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "most recent call first" not in node.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "most recent call first" in node.log()
+        assert "serve" in node.log() or "uvicorn" in node.log()
+        with node.client() as c:
+            assert c.get("/readyz").status_code == 200
+    finally:
+        assert node.stop() == 0
