@@ -428,11 +428,21 @@ def _blob_as_text(value: Any) -> Any:
     return value
 
 
-def _has_text_affinity(decltype: str) -> bool:
-    upper = decltype.upper()
-    if "INT" in upper:
-        return False
-    return "CHAR" in upper or "CLOB" in upper or "TEXT" in upper
+# rqlite's own list (db.go isTextType), not SQLite's affinity rule: a BLOB in a column
+# declared CHARACTER(10), TEXT(5) or TINYTEXT stays base64 there, one in a JSON column is text
+_TEXT_TYPE_PREFIXES = (
+    "varchar",
+    "varying character",
+    "nchar",
+    "native character",
+    "nvarchar",
+    "clob",
+)
+
+
+def _is_text_type(decltype: str) -> bool:
+    """Whether rqlite sends a BLOB in a column declared ``decltype`` (lower case) as text."""
+    return decltype in ("text", "json") or decltype.startswith(_TEXT_TYPE_PREFIXES)
 
 
 def _column_converter(decltype: str) -> Converter | None:
@@ -440,7 +450,7 @@ def _column_converter(decltype: str) -> Converter | None:
         return _convert_time
     if decltype == "boolean":
         return _convert_boolean
-    if _has_text_affinity(decltype):
+    if _is_text_type(decltype):
         return _blob_as_text
     return None
 
@@ -489,30 +499,49 @@ def format_rows(result: StatementResult, *, blob_array: bool) -> list[list[Any]]
 
 
 def format_result(
-    result: StatementResult, *, timings: bool, associative: bool, blob_array: bool
+    result: StatementResult,
+    *,
+    timings: bool,
+    associative: bool,
+    blob_array: bool,
+    endpoint: str = "execute",
 ) -> dict[str, Any]:
-    """One element of rqlite's ``results`` array."""
+    """One element of rqlite's ``results`` array, as ``endpoint`` (execute, query or
+    request) answers it.
+
+    As rqlite 8 encodes them (command/encoding/json.go): an associative read always has
+    ``rows`` (``[]`` when none; on /db/query an error too), an associative /db/request
+    write has ``"rows": null`` so clients can tell it from a read; a statement returning
+    rows (``RETURNING``) answers as a read, without ``last_insert_id``/``rows_affected``;
+    an error has no ``time``.
+    """
     out: dict[str, Any] = {}
     if result.error is not None:
+        if associative and endpoint == "query":
+            out["rows"] = []
         out["error"] = result.error
+        return out
+    if result.columns is not None:
+        types = _column_types(result)
+        values = format_rows(result, blob_array=blob_array)
+        columns = result.columns
+        if associative:
+            if columns:
+                out["types"] = dict(sorted(zip(columns, types, strict=True)))
+            out["rows"] = [dict(sorted(zip(columns, row, strict=False))) for row in values]
+        else:
+            if columns:
+                out["columns"] = list(columns)
+                out["types"] = types
+            if values:
+                out["values"] = values
     else:
         if result.last_insert_id:
             out["last_insert_id"] = result.last_insert_id
         if result.rows_affected:
             out["rows_affected"] = result.rows_affected
-        if result.columns:
-            types = _column_types(result)
-            values = format_rows(result, blob_array=blob_array)
-            if associative:
-                columns = result.columns
-                out["types"] = dict(sorted(zip(columns, types, strict=True)))
-                if values:
-                    out["rows"] = [dict(sorted(zip(columns, row, strict=False))) for row in values]
-            else:
-                out["columns"] = list(result.columns)
-                out["types"] = types
-                if values:
-                    out["values"] = values
+        if associative and endpoint == "request":
+            out["rows"] = None
     if timings and result.seconds:
         out["time"] = result.seconds
     return out
@@ -524,8 +553,11 @@ def format_results(
     timings: bool = False,
     associative: bool = False,
     blob_array: bool = False,
+    endpoint: str = "execute",
 ) -> list[dict[str, Any]]:
     return [
-        format_result(r, timings=timings, associative=associative, blob_array=blob_array)
+        format_result(
+            r, timings=timings, associative=associative, blob_array=blob_array, endpoint=endpoint
+        )
         for r in results
     ]

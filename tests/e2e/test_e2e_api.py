@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import sqlite3
 from pathlib import Path
 
@@ -214,7 +215,8 @@ def test_query_post_associative_and_parameters(node: Node, client: httpx.Client)
                     {"age": 25, "id": 2, "name": "declan"},
                 ],
             },
-            {"types": {"age": "integer", "id": "integer", "name": "text"}},
+            # rqlite 8: "rows" is always there in associative form, [] when none
+            {"types": {"age": "integer", "id": "integer", "name": "text"}, "rows": []},
         ]
     }
     assert list(r.json()["results"][0]["rows"][0]) == ["age", "id", "name"]  # sorted keys
@@ -223,6 +225,21 @@ def test_query_post_associative_and_parameters(node: Node, client: httpx.Client)
     for level in ("none", "weak", "strong", "linearizable", "auto", "bogus"):
         r = client.get("/db/query", params={"q": "SELECT COUNT(*) FROM ex8", "level": level})
         assert r.json()["results"][0]["values"] == [[2]], level
+    mixed = client.post(
+        "/db/request?associative",
+        json=[
+            "INSERT INTO ex8(name, age) VALUES('ann', 30)",
+            "SELECT name FROM ex8 WHERE 0",
+            ["INSERT INTO ex8(name, age) VALUES(?, 31) RETURNING id, name", "bob"],
+        ],
+    )
+    assert mixed.json() == {
+        "results": [
+            {"last_insert_id": 3, "rows_affected": 1, "rows": None},
+            {"types": {"name": "text"}, "rows": []},
+            {"types": {"id": "integer", "name": "text"}, "rows": [{"id": 4, "name": "bob"}]},
+        ]
+    }
 
 
 def test_write_through_query_is_refused_and_changes_nothing(
@@ -319,6 +336,10 @@ def test_status(node: Node, client: httpx.Client) -> None:
     ):
         assert key in store
     assert store["node_id"] == f"127.0.0.1:{node.port}"
+    # rqlite's store.leader: gorqlite's Open() reads leader.node_id and fails without it
+    assert store["leader"] == {"node_id": store["node_id"], "addr": f"127.0.0.1:{node.port}"}
+    # rqlite's uptime is a Go duration ("1m26.709266s"), which Go clients parse as one
+    assert re.fullmatch(r"(\d+h)?(\d+m)?\d+(\.\d+)?(s|ms|µs|ns)", body["node"]["uptime"])
     sub = client.get("/status", params={"key": "http.auth"})
     assert sub.json() == "disabled"
     assert client.get("/status", params={"key": "no.such"}).json() == {}

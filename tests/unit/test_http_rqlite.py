@@ -190,7 +190,7 @@ def test_write_results_omit_zero_fields() -> None:
     assert format_results(results, timings=True) == [
         {"time": 0.5},
         {"last_insert_id": 3, "rows_affected": 2, "time": 0.25},
-        {"error": "boom", "time": 0.1},
+        {"error": "boom"},  # rqlite times only what ran: an error has no time
     ]
 
 
@@ -212,7 +212,10 @@ def test_types_from_declaration_or_first_row() -> None:
 def test_no_rows_omits_values_and_associative_sorts_keys() -> None:
     empty = _read(["b", "a"], ["TEXT", None], [])
     assert format_results([empty]) == [{"columns": ["b", "a"], "types": ["text", ""]}]
-    assert format_results([empty], associative=True) == [{"types": {"a": "", "b": "text"}}]
+    # rqlite's AssociativeRows.rows has no omitempty: no rows is [] (command/encoding/json.go)
+    assert format_results([empty], associative=True) == [
+        {"types": {"a": "", "b": "text"}, "rows": []}
+    ]
     rows = _read(["b", "a"], ["TEXT", "INT"], [("x", 1)])
     (assoc,) = format_results([rows], associative=True)
     assert assoc == {"types": {"a": "int", "b": "text"}, "rows": [{"a": 1, "b": "x"}]}
@@ -259,3 +262,55 @@ def test_blobs_booleans_and_times_as_rqlite_sends_them() -> None:
     (arrays,) = format_results([r], blob_array=True)
     assert arrays["values"][0][0] == [104, 105]
     assert arrays["values"][2][0] == []
+
+
+def test_associative_answers_as_rqlite_8_encodes_them() -> None:
+    """command/encoding/json.go: a /db/request write carries "rows": null (so clients tell
+    it from a read), a /db/query error "rows": [], a /db/request error only its error."""
+    write = StatementResult(last_insert_id=2, rows_affected=1)
+    error = StatementResult(error="no such table: nosuch", seconds=0.1)
+    read = _read(["a"], ["INT"], [])
+    assert format_results([write, read, error], associative=True, endpoint="request") == [
+        {"last_insert_id": 2, "rows_affected": 1, "rows": None},
+        {"types": {"a": "int"}, "rows": []},
+        {"error": "no such table: nosuch"},
+    ]
+    assert format_results([read, error], associative=True, endpoint="query") == [
+        {"types": {"a": "int"}, "rows": []},
+        {"rows": [], "error": "no such table: nosuch"},
+    ]
+    # /db/execute answers writes as ExecuteResults: associative changes nothing there
+    assert format_results([write], associative=True) == [{"last_insert_id": 2, "rows_affected": 1}]
+    # without associative nothing changes
+    assert format_results([write, error], endpoint="request") == [
+        {"last_insert_id": 2, "rows_affected": 1},
+        {"error": "no such table: nosuch"},
+    ]
+
+
+def test_a_statement_returning_rows_answers_as_a_read() -> None:
+    """rqlite runs ``… RETURNING`` as a query (ForceQuery): rows, no last_insert_id."""
+    returning = StatementResult(
+        last_insert_id=7,
+        rows_affected=1,
+        columns=["id"],
+        decltypes=["INTEGER"],
+        rows=[(7,)],
+        seconds=0.5,
+    )
+    assert format_results([returning], timings=True) == [
+        {"columns": ["id"], "types": ["integer"], "values": [[7]], "time": 0.5}
+    ]
+    assert format_results([returning], associative=True, endpoint="request") == [
+        {"types": {"id": "integer"}, "rows": [{"id": 7}]}
+    ]
+
+
+def test_blobs_are_text_in_rqlites_text_types_only() -> None:
+    """rqlite's db.go isTextType, not SQLite's affinity: a BLOB is text in TEXT, JSON,
+    VARCHAR…, NCHAR…, NVARCHAR…, CLOB… columns, base64 in CHARACTER(10), TEXT(5), TINYTEXT."""
+    decls = ["TEXT", "JSON", "VarChar(3)", "NCHAR(2)", "nvarchar", "CLOB", "native character"]
+    decls += ["varying character(4)", "CHARACTER(10)", "TEXT(5)", "TINYTEXT", "BLOB", "INT"]
+    r = _read([f"c{i}" for i in range(len(decls))], decls, [tuple(b"hi" for _ in decls)])
+    (out,) = format_results([r])
+    assert out["values"] == [["hi"] * 8 + [b"hi"] * 5]
