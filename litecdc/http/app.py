@@ -169,6 +169,36 @@ def _text_error(status: int, message: str, headers: Mapping[str, str] | None = N
     return Response(f"{message}\n", status_code=status, media_type=_TEXT, headers=headers)
 
 
+def go_duration(seconds: float) -> str:
+    """A duration as Go's time.Duration.String() writes it (``1h2m3.5s``, ``1.5ms``):
+    rqlite's ``node.uptime``, which clients parse with time.ParseDuration."""
+    nanos = round(seconds * 1e9)
+    if nanos == 0:
+        return "0s"
+    sign, nanos = ("-", -nanos) if nanos < 0 else ("", nanos)
+    if nanos < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if nanos >= size or unit == "ns":
+                return sign + _go_decimal(nanos, size) + unit
+    hours, rest = divmod(nanos, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    text = _go_decimal(rest, 1_000_000_000) + "s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{text}"
+    if minutes:
+        return f"{sign}{minutes}m{text}"
+    return sign + text
+
+
+def _go_decimal(value: int, unit: int) -> str:
+    """``value / unit`` with the fraction's trailing zeros dropped, exactly."""
+    whole, fraction = divmod(value, unit)
+    if not fraction:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}.{str(fraction).rjust(digits, '0').rstrip('0')}"
+
+
 def _go_time(moment: datetime) -> str:
     """A time as Go's encoding/json writes it (RFC 3339 with nanoseconds)."""
     text = moment.isoformat()
@@ -429,6 +459,7 @@ class _Api:
                 timings=opts.timings,
                 associative=opts.associative,
                 blob_array=opts.blob_array,
+                endpoint="query",
             )
         }
         return self._finish(doc, opts, start, None)
@@ -449,6 +480,7 @@ class _Api:
                 timings=opts.timings,
                 associative=opts.associative,
                 blob_array=opts.blob_array,
+                endpoint="request",
             )
         }
         return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
@@ -560,6 +592,17 @@ class _Api:
         node = await to_thread.run_sync(self.store.status)
         now = datetime.now(UTC)
         store_status = msgspec.to_builtins(node)
+        # rqlite's store.leader (Raft address as "addr"): clients such as gorqlite read it
+        # to find the leader and fail to connect without it; "" for both while none is known
+        leader = (
+            self.cluster.leader()
+            if self.cluster is not None
+            else (self.config.node_id, self.config.http_addr)
+        )
+        store_status["leader"] = {
+            "node_id": leader[0] if leader else "",
+            "addr": leader[1].split("://", 1)[-1] if leader else "",
+        }
         doc: dict[str, Any] = {
             "build": {"version": VERSION, "python": platform.python_version()},
             "http": {
@@ -574,7 +617,7 @@ class _Api:
                 "leader": self.cluster.is_leader() if self.cluster is not None else True,
                 "start_time": _go_time(self.started),
                 "current_time": _go_time(now),
-                "uptime": str(now - self.started),
+                "uptime": go_duration((now - self.started).total_seconds()),
             },
             "os": {
                 "pid": os.getpid(),

@@ -58,6 +58,13 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
         assert sorted(n["id"] for n in nodes_doc) == ["n0", "n1", "n2"]
         assert [n["id"] for n in nodes_doc if n["leader"]] == [_status(leader)["node"]["id"]]
         assert c.get("/readyz").status_code == 200
+    # rqlite's store.leader on every node (gorqlite's Open() finds the leader there)
+    leader_addr = leader.url.split("://", 1)[-1]
+    for node in nodes:
+        assert _status(node)["store"]["leader"] == {
+            "node_id": _status(leader)["node"]["id"],
+            "addr": leader_addr,
+        }
     # a weak read on a follower is served by the leader; none reads locally
     with follower.client() as c:
         assert c.get("/db/query", params={"q": "SELECT count(*) FROM kv"}).status_code == 200

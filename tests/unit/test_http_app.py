@@ -554,3 +554,19 @@ def test_first_values_only_keeps_the_parts_as_sent() -> None:
     assert first_values_only(b"q=a%20b&x&q=c&x=1&y=%2B") == b"q=a%20b&x&y=%2B"
     assert first_values_only(b"a=1&b=2") == b"a=1&b=2"
     assert first_values_only(b"a+b=1&a%20b=2&&") == b"a+b=1"
+
+
+def test_uptime_is_written_as_go_writes_a_duration() -> None:
+    """rqlite's node.uptime is time.Duration.String(); Go clients parse it back."""
+    from litecdc.http.app import go_duration
+
+    assert go_duration(0) == "0s"
+    assert go_duration(0.5) == "500ms"
+    assert go_duration(0.0015) == "1.5ms"
+    assert go_duration(1.5e-6) == "1.5µs"
+    assert go_duration(2e-9) == "2ns"
+    assert go_duration(1.5) == "1.5s"
+    assert go_duration(60) == "1m0s"
+    assert go_duration(86.709266) == "1m26.709266s"
+    assert go_duration(3723.5) == "1h2m3.5s"
+    assert go_duration(90061) == "25h1m1s"
