@@ -167,6 +167,14 @@ def _shown(endpoint: str) -> str:
     return "…@" + shown.rpartition("@")[2]
 
 
+def shown_cdc_config(text: str) -> str:
+    """A ``--cdc-config`` value as it may be shown (/debug/vars' command line, errors):
+    a URL without its credentials — also one missing its "//" (``http:user:pass@host``)."""
+    if "://" in text or (":" in text.partition("@")[0] and "@" in text):
+        return _shown(text)
+    return text
+
+
 @dataclass(frozen=True)
 class TLSConfig:
     #: PEM file of the CA that signed the endpoint's certificate (default: system CAs)
@@ -339,7 +347,7 @@ def parse_cdc_config(
         data = path.read_bytes()
     except OSError as exc:
         # (a URL missing its "//", "http:user:pass@host", lands here: no credentials shown)
-        shown = _shown(text) if ":" in text.partition("@")[0] and "@" in text else text
+        shown = shown_cdc_config(text)
         raise ConfigError(f"--cdc-config: cannot read {shown!r}: {exc.strerror}") from None
     try:
         raw = data.decode("utf-8")  # JSON is UTF-8 (RFC 8259), whatever the locale says

@@ -49,6 +49,7 @@ from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from litecdc.cdc.config import shown_cdc_config
 from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
 from litecdc.db.datafile import SQLITE_HEADER
@@ -1056,23 +1057,28 @@ def _boot_problem(cluster: ClusterView) -> str | None:
 
 #: serve options whose values are secrets, which /debug/vars does not show
 _SECRET_OPTIONS = ("--etcd-password", "--node-password")
+#: serve options whose values may be URLs with credentials, shown without them
+_URL_OPTIONS = ("--cdc-config", "--advertise-url")
 
 
 def _cmdline(argv: Sequence[str]) -> list[str]:
-    """The process's command line (Go expvar's ``cmdline``), secret values replaced."""
+    """The process's command line (Go expvar's ``cmdline``), secret values replaced and
+    URLs without their ``user:password@`` (a webhook's credentials: docs/cdc.md)."""
     shown: list[str] = []
-    hide_next = False
+    value_of: str | None = None  # the option whose value comes next
     for arg in argv:
-        if hide_next:
-            shown.append("[redacted]")
-            hide_next = False
+        if value_of is not None:
+            shown.append("[redacted]" if value_of in _SECRET_OPTIONS else shown_cdc_config(arg))
+            value_of = None
             continue
-        name, eq, _ = arg.partition("=")
-        if name in _SECRET_OPTIONS and eq:
+        name, eq, value = arg.partition("=")
+        if eq and name in _SECRET_OPTIONS:
             shown.append(f"{name}=[redacted]")
-            continue
-        hide_next = arg in _SECRET_OPTIONS
-        shown.append(arg)
+        elif eq and name in _URL_OPTIONS:
+            shown.append(f"{name}={shown_cdc_config(value)}")
+        else:
+            value_of = arg if arg in _SECRET_OPTIONS + _URL_OPTIONS else None
+            shown.append(arg)
     return shown
 
 

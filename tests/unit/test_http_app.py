@@ -491,7 +491,10 @@ def test_debug_vars_is_a_small_honest_expvar(
     serves the command line, the process's memory and its HTTP counters."""
     monkeypatch.setattr(
         sys, "orig_argv",
-        ["python", "-m", "litecdc", "serve", "--etcd-password", "s3cret", "--node-password=pw2"],
+        ["python", "-m", "litecdc", "serve", "--etcd-password", "s3cret", "--node-password=pw2",
+         "--cdc-config", "https://admin:s3cret@hooks.example.com/h?x=1",
+         "--cdc-config=http:u:p@example.com", "--advertise-url", "https://me:pw@n1:4001",
+         "--cdc-config", "/etc/litecdc/cdc@1.json", "--node-id", "a@b"],
     )  # fmt: skip
     http.post("/db/execute", json=["CREATE TABLE dv (x)"])
     http.post("/db/execute/", json=["INSERT INTO dv VALUES(1)"])
@@ -503,6 +506,10 @@ def test_debug_vars_is_a_small_honest_expvar(
     assert doc["cmdline"] == [
         "python", "-m", "litecdc", "serve", "--etcd-password", "[redacted]",
         "--node-password=[redacted]",
+        # a webhook's credentials are never shown (docs/cdc.md); a file path stays as it is
+        "--cdc-config", "https://hooks.example.com/h?x=1",
+        "--cdc-config=…@example.com", "--advertise-url", "https://n1:4001",
+        "--cdc-config", "/etc/litecdc/cdc@1.json", "--node-id", "a@b",
     ]  # fmt: skip
     assert doc["memory"]["max_rss_bytes"] > 0
     assert doc["http"]["executions"] == 2
