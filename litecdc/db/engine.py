@@ -80,6 +80,10 @@ MAX_ROWID = 2**63 - 1
 #: statement inserts 2**32 rows, and no table gets this close but on purpose
 AUTOINCREMENT_NEAR_END = 2**32
 _NO_SUCH_TABLE = re.compile(r"no such table: (?:\w+\.)?(\S+)")
+#: the results of a request that a statement's ON CONFLICT ROLLBACK / RAISE(ROLLBACK) ended:
+#: the statements before it ran and were undone, those after it never ran
+_ROLLED_BACK_BY_LATER = "rolled back by a later statement in this request"
+_NOT_RUN_AFTER_ROLLBACK = "not run: an earlier statement rolled back this request"
 
 
 @dataclass(slots=True)
@@ -602,6 +606,7 @@ class Engine:
                     elif text is not None:
                         rendered.append(text)
                 undone = None
+                ran = len(results)  # (the statements after these did not run)
                 if failed and aborts:
                     # BEGIN/COMMIT/ROLLBACK/SAVEPOINT: the client meant a transaction that
                     # litecdc cannot run as asked, so none of the request is committed
@@ -609,7 +614,7 @@ class Engine:
                 elif failed and not transaction and not writer.in_transaction:
                     # A statement (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) rolled back the
                     # whole transaction, taking earlier statements with it.
-                    undone = "rolled back by a later statement in this request"
+                    undone = _ROLLED_BACK_BY_LATER
                 if undone and not transaction:
                     # one result per statement, as rqlite answers without `transaction`:
                     # the statements after the one that stopped the request did not run
@@ -624,9 +629,13 @@ class Engine:
                 if (failed and transaction) or undone or not wrote or not writer.in_transaction:
                     # nothing committed, or nothing to commit (reads, blanks, comments):
                     # no journal entry, no cid used
-                    for result in results:
+                    for position, result in enumerate(results):
                         if undone and result.error is None:
-                            result.error = undone
+                            result.error = (
+                                _NOT_RUN_AFTER_ROLLBACK
+                                if position >= ran and undone == _ROLLED_BACK_BY_LATER
+                                else undone
+                            )
                             result.last_insert_id = result.rows_affected = None
                     self._rollback()
                     return WriteRun(results, None, combined)

@@ -82,7 +82,7 @@ def test_statement_that_rolls_back_everything(store: Store) -> None:
     assert out.cid is None
     assert len(out.results) == 3  # one per statement; the last one never ran
     assert out.results[0].error == "rolled back by a later statement in this request"
-    assert out.results[2].error == "rolled back by a later statement in this request"
+    assert out.results[2].error == "not run: an earlier statement rolled back this request"
     assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
 
 
@@ -410,6 +410,9 @@ def test_autoincrement_out_of_rowids_is_the_statements_error_not_a_full_disk(
     assert out.cid is None  # SQLite rolled back the whole transaction: nothing committed
     errors = [r.error for r in out.results]
     assert "AUTOINCREMENT table ff has no rowid left" in (errors[2] or ""), errors
+    if not transaction:  # (with transaction the request stops at the failure)
+        assert errors[:2] == ["rolled back by a later statement in this request"] * 2
+        assert errors[3] == "not run: an earlier statement rolled back this request"
     assert store.query([S("SELECT count(*) FROM sqlite_schema WHERE name = 'ff'")])[0].rows == [
         (0,)
     ]
