@@ -80,13 +80,18 @@ def _open(meta: str | None, owner: str | None = None, *, create: bool = False) -
     said "no subscriptions" (QA)."""
     from litecdc.pipeline.metadata import MetadataStore
 
+    if meta is not None and not meta.strip():
+        raise ConfigError(
+            "--meta is empty: give sqlite:///path or postgresql://…, or leave it out for "
+            f"{DEFAULT_META_FILE} in the working directory"
+        )
     if meta is None and not create and not (Path.cwd() / DEFAULT_META_FILE).exists():
         raise ConfigError(
             f"no metadata store here: the default is {DEFAULT_META_FILE} in the working "
             f"directory ({Path.cwd()}), made by `litecdc pipeline subscribe`; run where you "
             "subscribed, or give --meta (or LITECDC_PIPELINE_META)"
         )
-    return MetadataStore.open(meta or default_meta_url(), owner=owner)
+    return MetadataStore.open(meta or default_meta_url(), owner=owner, create=create)
 
 
 @click.group()

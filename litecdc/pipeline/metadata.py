@@ -254,12 +254,18 @@ class _SQLiteTx:
 
 
 class _SQLiteBackend:
-    def __init__(self, path: Path, busy_timeout: float) -> None:
+    def __init__(self, path: Path, busy_timeout: float, *, create: bool = True) -> None:
         self.description = f"SQLite {path}"
         self.errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         if not path.parent.is_dir():
             raise MetadataError(
                 f"cannot open the metadata database {path}: directory {path.parent} does not exist"
+            )
+        if not create and not path.exists():
+            # (a mistyped --meta made an empty store and said "no subscriptions": QA)
+            raise MetadataError(
+                f"no metadata store at {path}: `litecdc pipeline subscribe` makes it; "
+                "check --meta (or LITECDC_PIPELINE_META)"
             )
         try:
             # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE for writes,
@@ -268,11 +274,36 @@ class _SQLiteBackend:
             self._conn = sqlite3.connect(
                 path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
+        except sqlite3.Error as exc:
+            raise MetadataError(f"cannot open the metadata database {path}: {exc}") from exc
+        try:
+            self._check_not_foreign(path)
             # WAL: readers (status, list) never block the running server's writes.
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         except sqlite3.Error as exc:
+            self._conn.close()
             raise MetadataError(f"cannot open the metadata database {path}: {exc}") from exc
+        except MetadataError:
+            self._conn.close()
+            raise
+
+    def _check_not_foreign(self, path: Path) -> None:
+        """Refuse a SQLite file that holds another application's tables — a litecdc node's
+        own database, say: the store's tables would land in it unseen by its journal and
+        change log (QA: ``pipeline list --meta sqlite:///node/db.sqlite`` did so)."""
+        tables = [
+            name
+            for (name,) in self._conn.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+            )
+        ]
+        if tables and "litecdc_metadata_schema" not in tables:
+            shown = ", ".join(sorted(tables)[:5]) + (", …" if len(tables) > 5 else "")
+            raise MetadataError(
+                f"{path} is not a pipeline metadata store: it is another SQLite database "
+                f"(tables {shown}); give --meta a file of its own"
+            )
 
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:
@@ -424,9 +455,11 @@ class MetadataStore:
         owner: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        create: bool = True,
     ) -> MetadataStore:
         """Open (and create, if new) the store at ``url``: ``sqlite:///abs/path.db``,
-        ``sqlite:relative/path.db`` or ``postgresql://user[:password]@host:port/db``."""
+        ``sqlite:relative/path.db`` or ``postgresql://user[:password]@host:port/db``.
+        Without ``create`` a SQLite file that does not exist is refused, not made."""
         if not isinstance(url, str) or not url:
             raise MetadataError("metadata URL is empty: use sqlite:///path or postgresql://…")
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -436,7 +469,7 @@ class MetadataStore:
             path = rest[2:] if rest.startswith("//") else rest
             if not path or path == "/":
                 raise MetadataError(f"metadata URL {url!r} names no file: use sqlite:///path.db")
-            backend = _SQLiteBackend(Path(path), busy_timeout)
+            backend = _SQLiteBackend(Path(path), busy_timeout, create=create)
         elif scheme in ("postgresql", "postgres"):
             backend = _PostgresBackend(url, connect_timeout)
         else:

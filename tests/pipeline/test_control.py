@@ -449,3 +449,55 @@ def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: P
                 f"working directory ({where}), made by `litecdc pipeline subscribe`"
             ), result.output
         assert not (Path(where) / "litecdc-pipeline.db").exists()
+
+
+def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_path: Path) -> None:
+    """QA: `pipeline list --meta sqlite:///NODE/db.sqlite` put the store's tables into a
+    litecdc node's own database (no journal entry, no change event: its replicas differ),
+    and a mistyped path made a new empty store and said "no subscriptions"."""
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from litecdc import NodeConfig, Statement, Store
+    from litecdc.cli import cli
+
+    node_store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    node_store.execute([Statement("CREATE TABLE orders(id INTEGER PRIMARY KEY)")])
+    node_db = Path(node_store.engine.path)
+    node_store.close()
+    other = tmp_path / "app.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE accounts(id)")
+    conn.close()
+    runner = CliRunner()
+    for path in (node_db, other):
+        before = path.read_bytes()
+        subscribe = ["subscribe", "--source", "http://127.0.0.1:1", "--table", "t"]
+        subscribe += ["--name", "n", "--sink", "delta:/x"]
+        for args in (["list"], ["status"], subscribe):
+            result = runner.invoke(cli, ["pipeline", *args, "--meta", sqlite_url(path)])
+            assert result.exit_code == 1, result.output
+            assert f"{path} is not a pipeline metadata store: it is another SQLite database" in (
+                result.output
+            ), result.output
+            assert "give --meta a file of its own" in result.output
+        assert path.read_bytes() == before
+        assert not Path(f"{path}-wal").exists()
+    missing = tmp_path / "typo.db"
+    for args in (["list"], ["status"], ["unsubscribe", "x"], ["verify", "x"]):
+        result = runner.invoke(cli, ["pipeline", *args, "--meta", sqlite_url(missing)])
+        assert result.exit_code == 1, result.output
+        assert f"no metadata store at {missing}: `litecdc pipeline subscribe` makes it" in (
+            result.output
+        )
+        assert not missing.exists()
+    result = runner.invoke(cli, ["pipeline", "list", "--meta", ""])
+    assert result.exit_code == 2 and result.output.startswith("error: --meta is empty"), (
+        result.output
+    )
+    # a store made by subscribe opens as before
+    made = MetadataStore.open(sqlite_url(tmp_path / "made.db"))
+    made.close()
+    result = runner.invoke(cli, ["pipeline", "list", "--meta", sqlite_url(tmp_path / "made.db")])
+    assert result.exit_code == 0 and "no subscriptions" in result.output, result.output
