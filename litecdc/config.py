@@ -6,8 +6,10 @@ The CLI (``litecdc serve``) and the environment (``LITECDC_*``) both feed
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -97,6 +99,10 @@ class NodeConfig:
                 f"got {self.synchronous!r}"
             )
         host, port = split_host_port(self.http_addr, "--http-addr")
+        for option, text in (("--node-id", self.node_id), ("--data-dir", str(self.data_dir))):
+            # a command line's bytes that are not UTF-8 arrive as lone surrogates: /status,
+            # CDC envelopes and SQLite cannot carry them (QA: /status answered 500)
+            _check_utf8(option, text)
         if not self.node_id:
             object.__setattr__(self, "node_id", f"{host}:{port}")
         if (self.http_cert is None) != (self.http_key is None):
@@ -106,15 +112,20 @@ class NodeConfig:
             ("http-key", self.http_key),
             ("auth", self.auth_file),
         ):
-            if path is not None and not Path(path).is_file():
-                raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
+            _check_file(name, path)
         if not self.advertise_url:
             scheme = "https" if self.http_cert else "http"
             object.__setattr__(self, "advertise_url", f"{scheme}://{self.http_addr}")
         else:
             _check_advertise_url(self.advertise_url)
         for endpoint in self.etcd_endpoints:
-            split_host_port(endpoint.split("://", 1)[-1], "--etcd")
+            scheme, separator, address = endpoint.rpartition("://")
+            if separator and scheme.lower() not in ("http", "https"):
+                raise ConfigError(
+                    f"--etcd: an endpoint is host:port, http://host:port or "
+                    f"https://host:port, got {endpoint!r}"
+                )
+            split_host_port(address, "--etcd")
         if self.clustered and port == 0:
             # the node id and advertised URL would say port 0, and other nodes would
             # forward there (cluster QA); the port is chosen only when the socket is bound
@@ -128,9 +139,10 @@ class NodeConfig:
                 f"--cluster: a cluster name may hold letters, digits, '.', '_' and '-', got "
                 f"{self.cluster!r}"
             )
-        if self.compact_interval < 0:
+        if not math.isfinite(self.compact_interval) or self.compact_interval < 0:
             raise ConfigError(
-                f"--compact-interval must not be negative, got {self.compact_interval}"
+                "--compact-interval must be a number of seconds, 0 or more (0: never "
+                f"compact), got {self.compact_interval}"
             )
         if self.retention_cids < 1:
             raise ConfigError(
@@ -167,8 +179,17 @@ class NodeConfig:
             ("etcd-key", self.etcd_key),
             ("node-ca-cert", self.node_ca_cert),
         ):
-            if path is not None and not Path(path).is_file():
-                raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
+            _check_file(name, path)
+        # loaded now, not when first used (QA: a junk --node-ca-cert was found after the
+        # data directory was made, in a message naming no option)
+        for name, path in (
+            ("etcd-ca-cert", self.etcd_ca_cert),
+            ("node-ca-cert", self.node_ca_cert),
+        ):
+            if path is not None:
+                _check_ca_file(name, Path(path))
+        if self.etcd_cert is not None and self.etcd_key is not None:
+            _check_client_pair(Path(self.etcd_cert), Path(self.etcd_key))
         if any(not " " <= ch <= "~" for ch in self.http_allow_origin):
             # it is sent as a header: a line break would let it add headers of its own
             raise ConfigError(
@@ -197,12 +218,69 @@ class NodeConfig:
         return split_host_port(self.http_addr)[1]
 
 
+def _check_utf8(option: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = text.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+        raise ConfigError(f"{option} must be UTF-8 text, got {shown!r}") from None
+
+
+def _check_file(name: str, path: Path | str | None) -> None:
+    """``--name``'s file exists and is a regular file (a directory or a pipe is not)."""
+    if path is None:
+        return
+    where = Path(path)
+    if where.is_file():
+        return
+    if not where.exists():
+        raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
+    kind = "a directory" if where.is_dir() else "not a regular file"
+    raise ConfigError(f"--{name}: {str(path)!r} is {kind}; give a PEM or JSON file")
+
+
+class _EncryptedKeyError(Exception):
+    """The private key asked for a password (litecdc takes none)."""
+
+
+def _no_password() -> bytes:
+    raise _EncryptedKeyError
+
+
+def _check_ca_file(name: str, path: Path) -> None:
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"--{name} {str(path)!r} holds no PEM CA certificate OpenSSL can load "
+            f"({exc.reason or exc})"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"--{name} {str(path)!r} cannot be read: {exc.strerror}") from None
+
+
+def _check_client_pair(cert: Path, key: Path) -> None:
+    names = f"--etcd-cert {str(cert)!r} and --etcd-key {str(key)!r}"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_password)
+    except _EncryptedKeyError:
+        raise ConfigError(
+            f"--etcd-key {str(key)!r} is encrypted; litecdc needs the private key unencrypted"
+        ) from None
+    except ssl.SSLError as exc:
+        why = "the key is not the certificate's" if exc.reason == "KEY_VALUES_MISMATCH" else exc
+        raise ConfigError(f"{names} cannot be loaded as a PEM certificate and key: {why}") from None
+    except OSError as exc:
+        raise ConfigError(f"{names} cannot be read: {exc.strerror}") from None
+
+
 def split_host_port(address: str, option: str = "") -> tuple[str, int]:
     """Split "host:port" (IPv6 as "[::1]:4001"), with a clear error for anything else
     (naming ``option``, the setting it came from, when given)."""
     what = f"{option}: " if option else ""
     host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
+    # (str.isdigit() takes "²" and other scripts' digits, which int() then refuses or reads)
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
         raise ConfigError(f"{what}address must look like host:port, got {address!r}")
     port = int(port_text)
     if not 0 <= port <= 65535:

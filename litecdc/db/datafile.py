@@ -12,6 +12,8 @@ existing database); its existing rows are the starting state, not change events.
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import apsw
 
@@ -56,6 +58,27 @@ def expected_columns() -> dict[str, list[str]]:
 
 def _columns(conn: apsw.Connection, table: str) -> list[str]:
     return [str(row[1]) for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+
+
+def check_paths(path: str) -> None:
+    """The database file and its ``-wal``/``-shm`` companions are files or absent: SQLite
+    reports a directory or a dangling link there as "not an error" or a disk I/O error,
+    pointing a user at the wrong fix (CLI QA: tracebacks, "restore it from a backup")."""
+    for where in (path, f"{path}-wal", f"{path}-shm"):
+        what = _not_a_file(Path(where))
+        if what is not None:
+            raise DataFileError(
+                f"cannot use the node's database {path}: {where} is {what}, where SQLite "
+                "keeps a file; move it away or start the node on another --data-dir"
+            )
+
+
+def _not_a_file(where: Path) -> str | None:
+    if where.is_symlink() and not where.exists():
+        return f"a symbolic link to {os.readlink(where)!r}, which does not exist"
+    if not where.exists() or where.is_file():
+        return None
+    return "a directory" if where.is_dir() else "not a regular file"
 
 
 def unusable(path: str, exc: apsw.Error) -> DataFileError:

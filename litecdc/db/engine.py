@@ -26,6 +26,7 @@ from litecdc.db.checkpoint import BackgroundCheckpointer
 from litecdc.db.datafile import (
     SQLITE_HEADER,
     check_existing,
+    check_paths,
     layout_problem,
     mark_rollback_journal,
     stamp_format,
@@ -238,7 +239,11 @@ class Engine:
         self._foreign_keys = foreign_keys
         self._vfs = FixedClockVFS.get()
         self._write_lock = threading.RLock()
-        self._writer = apsw.Connection(self.path, vfs=self._vfs.name)
+        check_paths(self.path)
+        try:
+            self._writer = apsw.Connection(self.path, vfs=self._vfs.name)
+        except apsw.Error as exc:
+            raise unusable(self.path, exc) from exc
         try:
             self._writer.set_busy_timeout(BUSY_TIMEOUT_MS)
             check_existing(self._writer, self.path)  # first: a refused file stays as it was

@@ -241,3 +241,80 @@ def test_a_data_directory_litecdc_cannot_use_is_refused_in_one_line(tmp_path: Pa
     proc = _serve("--data-dir", str(tmp_path / "afile"))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"error: data directory {tmp_path}/afile is a file, not a directory\n"
+
+
+def test_bad_values_found_by_qa_are_refused_before_the_data_dir_is_made(tmp_path: Path) -> None:
+    """CLI QA: each of these started (or crashed with a traceback, or left a new data
+    directory behind) instead of a one-line error naming the option."""
+    from fakes.certs import make_certs
+
+    certs = make_certs(tmp_path / "tls")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    d = tmp_path / "new"
+    etcd = ("--etcd", "127.0.0.1:1")
+    cases: list[tuple[tuple[str, ...], str]] = [
+        # str.isdigit() took "²" (then int() raised) and other scripts' digits
+        (("--http-addr", "127.0.0.1:²"), "error: --http-addr: address must look like host:port"),
+        (("--http-addr", "127.0.0.1:٢٥٠٠١"), "error: --http-addr: address must look like"),
+        ((*etcd[:1], "127.0.0.1:²"), "error: --etcd: address must look like host:port"),
+        # any scheme was stripped, and the node waited for etcd forever
+        (("--etcd", "ftp://127.0.0.1:2379"), "error: --etcd: an endpoint is host:port, http://"),
+        ((*etcd, "--compact-interval", "nan"), "error: --compact-interval must be a number"),
+        ((*etcd, "--compact-interval", "inf"), "error: --compact-interval must be a number"),
+        # bytes that are not UTF-8 made /status answer 500 and CDC deliver nothing
+        (("--node-id", "n\udcff"), "error: --node-id must be UTF-8 text, got 'n\\\\udcff'"),
+        # a directory or a pipe was said not to exist
+        (("--auth", str(tmp_path)), f"error: --auth: '{tmp_path}' is a directory; give a PEM"),
+        (("--auth", "/dev/zero"), "error: --auth: '/dev/zero' is not a regular file"),
+        # certificates: loaded before anything starts, naming the option
+        ((*etcd, "--node-ca-cert", str(junk)), f"error: --node-ca-cert '{junk}' holds no PEM CA"),
+        ((*etcd, "--etcd-ca-cert", str(junk)), f"error: --etcd-ca-cert '{junk}' holds no PEM CA"),
+        (
+            (*etcd, "--etcd-cert", str(certs.client_cert), "--etcd-key", str(certs.server_key)),
+            "error: --etcd-cert",
+        ),
+    ]
+    for args, message in cases:
+        proc = _serve("--data-dir", str(d), *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith(message), (args, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert not d.exists(), args
+    # the good files pass these checks (the node then waits for etcd: not started here)
+    from litecdc.config import NodeConfig
+
+    NodeConfig(
+        data_dir=d,
+        etcd_endpoints=("https://127.0.0.1:1",),
+        etcd_ca_cert=certs.ca_cert,
+        etcd_cert=certs.client_cert,
+        etcd_key=certs.client_key,
+        node_ca_cert=certs.ca_cert,
+    )
+
+
+def test_a_directory_or_dangling_link_where_the_database_goes_is_named(tmp_path: Path) -> None:
+    """CLI QA: a directory or a dangling symbolic link at db.sqlite crashed with apsw's
+    traceback ("not an error"); a directory at db.sqlite-wal was called a damaged
+    database ("restore it from a backup") and an empty db.sqlite was made next to it."""
+    cases = [
+        ("dir", "db.sqlite", "a directory"),
+        ("wal", "db.sqlite-wal", "a directory"),
+        ("link", "db.sqlite", "a symbolic link to '/no/such/file', which does not exist"),
+    ]
+    for where, name, what in cases:
+        d = tmp_path / where
+        d.mkdir()
+        target = d / name
+        if where == "link":
+            target.symlink_to("/no/such/file")
+        else:
+            target.mkdir()
+        proc = _serve("--data-dir", str(d), "--http-addr", "127.0.0.1:0")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"error: cannot use the node's database {d}/db.sqlite: {target} is {what}, where "
+            "SQLite keeps a file; move it away or start the node on another --data-dir\n"
+        )
+        assert sorted(p.name for p in d.iterdir()) == sorted([target.name, "litecdc.lock"])
