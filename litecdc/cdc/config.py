@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from litecdc.config_files import decode_json, read_config_file
 from litecdc.errors import ConfigError
 
 #: Defaults, as rqlite's (cdc/config.go); durations in seconds.
@@ -342,13 +343,8 @@ def parse_cdc_config(
         return _validated({"endpoint": STDOUT}, known_schemes)
     if "://" in text:
         return _validated({"endpoint": text}, known_schemes)
-    path = Path(text)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        # (a URL missing its "//", "http:user:pass@host", lands here: no credentials shown)
-        shown = shown_cdc_config(text)
-        raise ConfigError(f"--cdc-config: cannot read {shown!r}: {exc.strerror}") from None
+    # (a URL missing its "//", "http:user:pass@host", lands here: no credentials shown)
+    data = read_config_file(Path(text), "--cdc-config", shown_cdc_config(text))
     try:
         raw = data.decode("utf-8")  # JSON is UTF-8 (RFC 8259), whatever the locale says
     except UnicodeDecodeError as exc:
@@ -356,27 +352,35 @@ def parse_cdc_config(
             f"--cdc-config: {text!r} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
             f"{exc.start}): save it as UTF-8"
         ) from None
-    try:
-        doc = json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--cdc-config: {text!r} is not valid JSON: {exc}") from None
+    doc = decode_json(raw, f"--cdc-config: {text!r}")
     if not isinstance(doc, dict):
         raise ConfigError(f"--cdc-config: {text!r} must hold a JSON object")
     return _validated(doc, known_schemes)
 
 
-def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object, refusing a key given twice: json.loads keeps the last silently, so
-    a file with two "endpoint"s would deliver to whichever came second (QA)."""
-    doc: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in doc:
-            raise ConfigError(f"cdc config: key {key!r} is given twice")
-        doc[key] = value
-    return doc
+def _check_text(value: Any, where: str = "") -> None:
+    """Every string is text UTF-8 can carry: a lone surrogate (JSON's "\\ud800", bytes of a
+    command line that are not UTF-8) passed and then stopped delivery for good, as no
+    envelope could be encoded (QA)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+            raise ConfigError(
+                f"cdc config: {where or 'a value'} must be UTF-8 text, got {shown!r}"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"a key in {where}" if where else "a key")
+            _check_text(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(item, where)
 
 
 def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig:
+    _check_text(doc)
     for key, refusal in _RQLITE_FALSE_KEYS.items():
         if key in doc and _typed(doc, key, bool):
             raise ConfigError(f"cdc config: {refusal}")

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
+from litecdc.config_files import decode_json, read_config_file
 from litecdc.errors import ConfigError
 
 log = logging.getLogger("litecdc.http")
@@ -81,18 +80,17 @@ class CredentialStore:
 
     @classmethod
     def from_file(cls, path: str | Path) -> CredentialStore:
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"--auth: cannot read {str(path)!r}: {exc.strerror}") from exc
-        return cls.from_json(data, source=str(path))
+        return cls.from_json(read_config_file(Path(path), "--auth"), source=str(path))
 
     @classmethod
     def from_json(cls, data: bytes, *, source: str = "auth file") -> CredentialStore:
         try:
-            doc = msgspec.json.decode(data)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise ConfigError(f"--auth: {source} is not valid JSON: {exc}") from exc
+        # (a key given twice in an entry is refused: rqlite keeps the last, and which
+        # password the author meant cannot be told — QA)
+        doc = decode_json(text, f"--auth: {source}")
         if not isinstance(doc, list):
             raise ConfigError(
                 f"--auth: {source} must be a JSON array of "

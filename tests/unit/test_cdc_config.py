@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -438,3 +439,35 @@ def test_tls_given_twice_or_unknown_keys_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_cdc_config(_file(tmp_path, {"endpoint": "https://x/h", **doc}), known_schemes=SCHEMES)
+
+
+def test_files_that_would_crash_or_stall_the_parser_are_refused(tmp_path: Path) -> None:
+    """CLI QA: /dev/zero was read until memory ran out, a FIFO waited forever, deep
+    nesting and a 5000-digit number ended in tracebacks, and a lone surrogate in
+    service_id was accepted and then stopped delivery for good."""
+    with pytest.raises(ConfigError, match="'/dev/zero' is not a regular file"):
+        parse_cdc_config("/dev/zero", known_schemes=SCHEMES)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=f"'{fifo}' is not a regular file"):
+        parse_cdc_config(str(fifo), known_schemes=SCHEMES)
+    with pytest.raises(ConfigError, match=f"'{tmp_path}' is a directory"):
+        parse_cdc_config(str(tmp_path), known_schemes=SCHEMES)
+    big = tmp_path / "big.json"
+    big.write_text('{"endpoint": "stdout", "service_id": "' + "x" * (1 << 20) + '"}')
+    with pytest.raises(ConfigError, match="more than a configuration file may"):
+        parse_cdc_config(str(big), known_schemes=SCHEMES)
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"endpoint": "stdout", "headers": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match="is not valid JSON: it is nested too deeply"):
+        parse_cdc_config(str(deep), known_schemes=SCHEMES)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"endpoint": "stdout", "max_batch_size": 1' + "0" * 5000 + "}")
+    with pytest.raises(ConfigError, match=r"is not valid JSON: .*digits"):
+        parse_cdc_config(str(huge), known_schemes=SCHEMES)
+    surrogate = tmp_path / "surrogate.json"
+    surrogate.write_text('{"endpoint": "stdout", "service_id": "\\ud800"}')
+    with pytest.raises(ConfigError, match=r"service_id must be UTF-8 text, got '\\\\ud800'"):
+        parse_cdc_config(str(surrogate), known_schemes=SCHEMES)
+    with pytest.raises(ConfigError, match="must be UTF-8 text"):
+        parse_cdc_config("http://127.0.0.1:1/h\udcff", known_schemes=SCHEMES)

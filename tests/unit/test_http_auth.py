@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
@@ -126,9 +127,26 @@ def test_parse_basic_auth() -> None:
     ("data", "why"),
     [
         (b'[{"username": "\xff", "password": "x", "perms": ["all"]}]', "can't decode byte 0xff"),
-        (b"[" * 100_000, "recursion"),
+        (b"[" * 100_000, "nested too deeply"),
+        (b'[{"username": "a", "password": 1' + b"0" * 5000 + b"}]", "digits"),
     ],
+    ids=["not-utf8", "deep", "huge-number"],
 )
 def test_an_auth_file_that_is_not_json_text_is_a_config_error(data: bytes, why: str) -> None:
     with pytest.raises(ConfigError, match=f"--auth: auth file is not valid JSON: .*{why}"):
         CredentialStore.from_json(data)
+
+
+def test_a_key_given_twice_in_an_entry_is_refused() -> None:
+    """CLI QA: with two "password" keys the last won silently (rqlite's behaviour too);
+    which one the author meant cannot be told."""
+    with pytest.raises(ConfigError, match="--auth: auth file: key 'password' is given twice"):
+        CredentialStore.from_json(b'[{"username": "a", "password": "b", "password": "c"}]')
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "directory"])
+def test_an_auth_path_that_is_no_regular_file_is_refused(special: str, tmp_path: Path) -> None:
+    path = tmp_path if special == "directory" else Path(special)
+    kind = "a directory" if special == "directory" else "not a regular file"
+    with pytest.raises(ConfigError, match=f"--auth: '{path}' is {kind}"):
+        CredentialStore.from_file(path)
