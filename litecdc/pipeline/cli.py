@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_META_FILE = "litecdc-pipeline.db"
+#: bounds of subscribe's sizes: far above any useful value, far below what breaks
+#: (10**23 was stored and then overflowed where Spark and SQL take 64-bit integers)
+MAX_PARTITIONS = 1024  # = server.MAX_CHUNKS, the most key ranges (not imported: Spark)
+MAX_PAGE_ROWS = 10_000_000
+MAX_EVENTS = 10_000_000
+#: the longest poll interval: a day (inf and nan passed, and the server never polled)
+MAX_POLL_INTERVAL = 86_400.0
 
 
 def mask_url(url: str) -> str:
@@ -139,13 +146,19 @@ def subscribe(
     from litecdc.pipeline.control import subscribe as add
 
     with _errors():
-        for option, value in (
-            ("--partitions", partitions),
-            ("--page-rows", page_rows),
-            ("--max-events", max_events),
+        for option, value, most in (
+            ("--partitions", partitions, MAX_PARTITIONS),
+            ("--page-rows", page_rows, MAX_PAGE_ROWS),
+            ("--max-events", max_events, MAX_EVENTS),
         ):
-            if value < 1:
-                raise ConfigError(f"{option} must be at least 1, got {value}")
+            if not 1 <= value <= most:
+                raise ConfigError(f"{option} must be between 1 and {most}, got {value}")
+        if (user is None) != (password is None):
+            raise ConfigError("--user and --password must be given together")
+        if not owner.strip():
+            raise ConfigError("--owner is empty: give the name of the server that runs it")
+        if not table.strip():
+            raise ConfigError("--table is empty: give the source table's name")
         store = _open(meta, create=True)
         try:
             sub = add(
@@ -213,8 +226,11 @@ def run(
     from litecdc.pipeline.spark import check_master, spark_session
 
     with _errors():
-        if poll_interval <= 0:
-            raise ConfigError(f"--poll-interval must be positive, got {poll_interval}")
+        if not (0 < poll_interval <= MAX_POLL_INTERVAL):  # (also refuses nan)
+            raise ConfigError(
+                f"--poll-interval must be a number of seconds above 0 and at most "
+                f"{MAX_POLL_INTERVAL:g}, got {poll_interval}"
+            )
         check_master(master)  # before Spark takes its time to start
         if metrics_port:
             _check_port_free(metrics_port)

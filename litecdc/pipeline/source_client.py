@@ -134,7 +134,12 @@ class Position:
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
     """Addresses from a comma-separated string or a list, without trailing slashes."""
     items = urls.split(",") if isinstance(urls, str) else list(urls)
-    out = [u.strip().rstrip("/") for u in items if u.strip()]
+    if not any(u.strip() for u in items):
+        raise SourceError("source: no address given (the node's URL: http://host:port)")
+    if any(not u.strip() for u in items):
+        # ("a,,b": a stray comma, or a variable that was empty — QA)
+        raise SourceError(f"sources {','.join(items)!r}: an empty address between commas")
+    out = [u.strip().rstrip("/") for u in items]
     for u in out:
         if not u.startswith(("http://", "https://")):
             raise SourceError(f"source {u}: not an http:// or https:// address")
@@ -160,8 +165,6 @@ class SourceClient:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.urls = parse_urls(urls)
-        if not self.urls:
-            raise SourceError("source: no address given")
         self.user = user
         self.password = password
         self.ca_cert = ca_cert

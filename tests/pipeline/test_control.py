@@ -501,3 +501,60 @@ def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_pat
     made.close()
     result = runner.invoke(cli, ["pipeline", "list", "--meta", sqlite_url(tmp_path / "made.db")])
     assert result.exit_code == 0 and "no subscriptions" in result.output, result.output
+
+
+def test_subscribe_and_run_refuse_values_that_would_break_later(tmp_path: Path) -> None:
+    """CLI QA: each of these was stored (or let run start) without a word, and failed
+    later or never ran: --user without --password, a webhook URL holding a space, an
+    empty --owner (stored as 'default'), "a,,b" sources (the empty one dropped), sizes of
+    10**23, an empty --table ("litecdc has no endpoint /cdc/tables/"), a poll interval
+    of nan or inf (the server never polled again)."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    MetadataStore.open(meta).close()
+    runner = CliRunner()
+    base = {
+        "--source": "http://127.0.0.1:1",
+        "--table": "t",
+        "--name": "n",
+        "--sink": f"delta:{tmp_path / 'lake'}",
+    }
+    cases = [
+        ({"--user": "u"}, 2, "error: --user and --password must be given together"),
+        ({"--owner": " "}, 2, "error: --owner is empty"),
+        ({"--table": ""}, 2, "error: --table is empty"),
+        ({"--partitions": str(10**23)}, 2, "error: --partitions must be between 1 and 1024"),
+        ({"--max-events": "0"}, 2, "error: --max-events must be between 1 and 10000000, got 0"),
+        ({"--page-rows": str(10**8)}, 2, "error: --page-rows must be between 1 and 10000000"),
+        ({"--source": "http://127.0.0.1:1,,http://127.0.0.1:2"}, 1, "an empty address between"),
+        ({"--source": " , "}, 1, "error: source: no address given"),
+        (
+            {"--sink": "http://127.0.0.1:1/ho ok"},
+            1,
+            "white space is not allowed in a URL (encode it: %20)",
+        ),
+    ]
+    for change, code, message in cases:
+        args = [a for k, v in {**base, **change}.items() for a in (k, v)]
+        result = runner.invoke(cli, ["pipeline", "subscribe", "--meta", meta, *args])
+        assert result.exit_code == code, (change, result.output)
+        assert message in result.output, (change, result.output)
+    for interval in ("nan", "inf", "-1", "0", "86401"):
+        result = runner.invoke(
+            cli, ["pipeline", "run", "--meta", meta, "--poll-interval", interval]
+        )
+        assert result.exit_code == 2, (interval, result.output)
+        assert result.output.startswith("error: --poll-interval must be a number of seconds")
+    store = MetadataStore.open(meta)
+    assert store.list_subscriptions(include_cancelled=True) == []
+    store.close()
+
+
+def test_the_partitions_bound_is_the_most_key_ranges_a_snapshot_has() -> None:
+    from litecdc.pipeline.cli import MAX_PARTITIONS
+    from litecdc.pipeline.server import MAX_CHUNKS
+
+    assert MAX_PARTITIONS == MAX_CHUNKS
