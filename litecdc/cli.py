@@ -365,6 +365,11 @@ def demo(data_dir: str | None, cluster: bool, no_pipeline: bool) -> None:
     into Delta Lake and PostgreSQL with the Spark pipeline and verify both (`make run`)."""
     from litecdc.demo import run_demo
 
+    if data_dir:
+        try:  # (a file there ended in a FileExistsError traceback: QA)
+            Path(data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"--data-dir {data_dir!r} cannot be used as a directory: {exc.strerror}", 2)
     try:
         code = run_demo(
             click.echo,

@@ -63,3 +63,21 @@ def test_cluster_demo_fails_over_and_its_checks_hold(tmp_path: Path) -> None:
     for port in ports:
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", int(port))) != 0
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_a_data_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path, cluster: bool) -> None:
+    """CLI QA: `litecdc demo --cluster --data-dir FILE` ended in a FileExistsError traceback."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    args = ["demo", "--data-dir", str(not_a_dir), *(["--cluster"] if cluster else [])]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: --data-dir {str(not_a_dir)!r} cannot be used as a directory: File exists\n"
+    )
+    assert not_a_dir.read_text() == "x"
