@@ -358,6 +358,12 @@ def parse_cdc_config(
     return _validated(doc, known_schemes)
 
 
+#: a DNS name (labels of letters, digits, '-' and '_') or an IP address, as TLS checks it
+_HOST_NAME = re.compile(
+    r"(?=.{1,254}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?|[0-9A-Fa-f:.]+"
+)
+
+
 def _check_text(value: Any, where: str = "") -> None:
     """Every string is text UTF-8 can carry: a lone surrogate (JSON's "\\ud800", bytes of a
     command line that are not UTF-8) passed and then stopped delivery for good, as no
@@ -649,6 +655,12 @@ def _tls(value: object) -> TLSConfig:
     server_name = value.get("server_name")
     if server_name is not None and not isinstance(server_name, str):
         raise ConfigError(f"cdc config: tls.server_name must be a string, got {server_name!r}")
+    if server_name and not _HOST_NAME.fullmatch(server_name):
+        # (found only when the first delivery failed its handshake: QA)
+        raise ConfigError(
+            f"cdc config: tls.server_name must be a host name such as hooks.example.com, "
+            f"got {server_name!r}"
+        )
     return TLSConfig(
         paths["ca_cert_file"], paths["cert_file"], paths["key_file"], skip, server_name or None
     )

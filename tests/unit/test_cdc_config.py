@@ -121,6 +121,11 @@ def test_linear_backoff() -> None:
             "tls.cert_file and tls.key_file must be given together",
         ),
         ({"endpoint": "http://x/h", "tls": {"verify": True}}, "unknown key tls.verify"),
+        # found only when the first delivery's handshake failed (CLI QA)
+        (
+            {"endpoint": "https://x/h", "tls": {"server_name": "a b"}},
+            "tls.server_name must be a host name such as hooks.example.com, got 'a b'",
+        ),
         (
             {"endpoint": "http://x/h", "transmit_min_backoff": "5s", "transmit_max_backoff": "1s"},
             "transmit_min_backoff must not exceed",
