@@ -88,6 +88,13 @@ class FixedClockVFS(apsw.VFS):
         else:
             self._pinned[threading.get_ident()] = timestamp_ms + UNIX_EPOCH_JULIAN_MS
 
+    def xFullPathname(self, name: str) -> str:
+        # The base VFS answers a path through a symbolic link (a data directory under a
+        # linked /data, a linked db.sqlite) with SQLITE_OK_SYMLINK, which a Python VFS
+        # takes for an error ("not an error"); SQLite's own unix VFS follows links, so
+        # resolve them as it does: the WAL and locks go next to the real file.
+        return os.path.realpath(name)
+
     def xCurrentTimeInt64(self) -> int:
         pinned = self._pinned.get(threading.get_ident())
         if pinned is not None:

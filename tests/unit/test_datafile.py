@@ -202,3 +202,30 @@ def test_a_snapshot_of_a_newer_litecdc_is_not_installed(tmp_path: Path) -> None:
 def test_every_internal_table_has_an_expected_layout() -> None:
     assert set(expected_columns()) == INTERNAL_TABLES
     assert expected_columns()[NODE_STATE_TABLE] == ["name", "value"]
+
+
+def test_a_data_dir_or_database_reached_through_a_symbolic_link_opens(tmp_path: Path) -> None:
+    """Review QA: a --data-dir under a symbolic link (a linked /data, macOS's /tmp) and a
+    db.sqlite linked to a database elsewhere were refused as "not an error; restore it
+    from a backup": litecdc's VFS took the base VFS's SQLITE_OK_SYMLINK for an error.
+    SQLite's own VFS follows links, with the WAL next to the real file."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "linked").symlink_to(real)
+    store = open_store(tmp_path / "linked" / "node")
+    store.execute([Statement("CREATE TABLE t(x)"), Statement("INSERT INTO t VALUES (1)")])
+    store.close()
+    assert (real / "node" / "db.sqlite").exists()
+    store = open_store(tmp_path / "linked" / "node")
+    assert store.query([Statement("SELECT x FROM t")])[0].rows == [(1,)]
+    store.close()
+    # db.sqlite itself a link to a database in another directory
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.replace(real / "node" / "db.sqlite", elsewhere / "db.sqlite")
+    (real / "node" / "db.sqlite").symlink_to(elsewhere / "db.sqlite")
+    store = open_store(real / "node")
+    store.execute([Statement("INSERT INTO t VALUES (2)")])
+    assert store.query([Statement("SELECT x FROM t ORDER BY x")])[0].rows == [(1,), (2,)]
+    assert (elsewhere / "db.sqlite-wal").exists()  # next to the real file, as SQLite does
+    store.close()
