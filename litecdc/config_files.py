@@ -50,8 +50,32 @@ def decode_json(text: str, what: str) -> Any:
         return doc
 
     try:
-        return json.loads(text, object_pairs_hook=refuse_repeated_keys)
+        doc = json.loads(text, object_pairs_hook=refuse_repeated_keys)
     except RecursionError:
         raise ConfigError(f"{what} is not valid JSON: it is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
         raise ConfigError(f"{what} is not valid JSON: {exc}") from None
+    check_text(doc, what)
+    return doc
+
+
+def check_text(value: Any, what: str, where: str = "") -> None:
+    """Every string in ``value`` is text UTF-8 can carry. JSON's "\\ud800" (and a command
+    line's bytes that are not UTF-8) decode to lone surrogates, which fail later, where
+    they are encoded: a password compared (HTTP 500 on every login), an envelope sent
+    (CDC delivery stalled for good) — QA."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+            raise ConfigError(
+                f"{what}: {where or 'a value'} must be UTF-8 text, got {shown!r}"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, what, f"a key in {where}" if where else "a key")
+            check_text(item, what, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for position, item in enumerate(value, 1):
+            check_text(item, what, f"{where}[{position}]" if where else f"entry {position}")

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from litecdc.config_files import decode_json, read_config_file
+from litecdc.config_files import check_text, decode_json, read_config_file
 from litecdc.errors import ConfigError
 
 #: Defaults, as rqlite's (cdc/config.go); durations in seconds.
@@ -364,29 +364,8 @@ _HOST_NAME = re.compile(
 )
 
 
-def _check_text(value: Any, where: str = "") -> None:
-    """Every string is text UTF-8 can carry: a lone surrogate (JSON's "\\ud800", bytes of a
-    command line that are not UTF-8) passed and then stopped delivery for good, as no
-    envelope could be encoded (QA)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            shown = value.encode("utf-8", "backslashreplace").decode("ascii", "replace")
-            raise ConfigError(
-                f"cdc config: {where or 'a value'} must be UTF-8 text, got {shown!r}"
-            ) from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, f"a key in {where}" if where else "a key")
-            _check_text(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, list):
-        for item in value:
-            _check_text(item, where)
-
-
 def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig:
-    _check_text(doc)
+    check_text(doc, "cdc config")  # (a URL from the command line: a file's were checked)
     for key, refusal in _RQLITE_FALSE_KEYS.items():
         if key in doc and _typed(doc, key, bool):
             raise ConfigError(f"cdc config: {refusal}")

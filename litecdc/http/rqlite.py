@@ -23,7 +23,8 @@ servers were measured to send:
 * Values of columns declared ``boolean`` are JSON booleans; ``date``, ``datetime`` and
   ``timestamp`` columns give RFC 3339 text as rqlite's SQLite driver parses it.
 * BLOBs are base64 text, or arrays of byte values with ``blob_array``; a BLOB in a column
-  whose declared type has TEXT affinity is sent as text, as rqlite does.
+  declared with one of rqlite's text types (``text``, ``json``, ``varchar…``…) is sent as
+  text, as rqlite does.
 
 Deliberate differences from rqlite (documented in docs/http-api.md): a BLOB produced by an
 expression is reported with type ``"blob"`` and base64 (rqlite mangles it into text);
@@ -511,9 +512,11 @@ def format_result(
 
     As rqlite 8 encodes them (command/encoding/json.go): an associative read always has
     ``rows`` (``[]`` when none; on /db/query an error too), an associative /db/request
-    write has ``"rows": null`` so clients can tell it from a read; a statement returning
-    rows (``RETURNING``) answers as a read, without ``last_insert_id``/``rows_affected``;
-    an error has no ``time``.
+    write has ``"rows": null`` so clients can tell it from a read; an error has no
+    ``time``. Unlike rqlite 8, a write that returns rows (``RETURNING``) keeps its
+    ``last_insert_id``/``rows_affected`` next to them: pyrqlite reads an UPDATE's
+    RETURNING rows only up to ``rows_affected`` (review QA: it got none), and a request
+    text ``INSERT …; SELECT 1`` lost its write's counts.
     """
     out: dict[str, Any] = {}
     if result.error is not None:
@@ -521,6 +524,10 @@ def format_result(
             out["rows"] = []
         out["error"] = result.error
         return out
+    if result.last_insert_id:
+        out["last_insert_id"] = result.last_insert_id
+    if result.rows_affected:
+        out["rows_affected"] = result.rows_affected
     if result.columns is not None:
         types = _column_types(result)
         values = format_rows(result, blob_array=blob_array)
@@ -535,13 +542,8 @@ def format_result(
                 out["types"] = types
             if values:
                 out["values"] = values
-    else:
-        if result.last_insert_id:
-            out["last_insert_id"] = result.last_insert_id
-        if result.rows_affected:
-            out["rows_affected"] = result.rows_affected
-        if associative and endpoint == "request":
-            out["rows"] = None
+    elif associative and endpoint == "request":
+        out["rows"] = None
     if timings and result.seconds:
         out["time"] = result.seconds
     return out

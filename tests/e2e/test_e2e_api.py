@@ -237,7 +237,12 @@ def test_query_post_associative_and_parameters(node: Node, client: httpx.Client)
         "results": [
             {"last_insert_id": 3, "rows_affected": 1, "rows": None},
             {"types": {"name": "text"}, "rows": []},
-            {"types": {"id": "integer", "name": "text"}, "rows": [{"id": 4, "name": "bob"}]},
+            {
+                "last_insert_id": 4,
+                "rows_affected": 1,
+                "types": {"id": "integer", "name": "text"},
+                "rows": [{"id": 4, "name": "bob"}],
+            },
         ]
     }
 

@@ -32,6 +32,14 @@ def test_pyrqlite_roundtrip(node: Node) -> None:
         assert [d[0] for d in cur.description] == ["id", "name", "score", "data"]
         cur.execute("UPDATE py SET score = 1 WHERE id > ?", (1,))
         assert cur.rowcount == 2
+        # pyrqlite returns an UPDATE's RETURNING rows only up to rows_affected (review QA:
+        # answered as rqlite 8 does, without it, it returned none)
+        cur.execute("UPDATE py SET score = 2 WHERE id > ? RETURNING id", (1,))
+        assert sorted(tuple(r) for r in cur.fetchall()) == [(2,), (3,)]
+        cur.execute("INSERT INTO py(name) VALUES(?) RETURNING id", ("c",))
+        assert [tuple(r) for r in cur.fetchall()] == [(4,)]
+        cur.execute("DELETE FROM py WHERE id = 4 RETURNING name")
+        assert [tuple(r) for r in cur.fetchall()] == [("c",)]
         cur.execute("SELECT name FROM py WHERE name = :n", {"n": "b"})
         assert [tuple(r) for r in cur.fetchall()] == [("b",)]
         # pyrqlite 2.2.3 raises its base Error with the result entry as JSON

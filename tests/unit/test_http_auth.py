@@ -150,3 +150,14 @@ def test_an_auth_path_that_is_no_regular_file_is_refused(special: str, tmp_path:
     kind = "a directory" if special == "directory" else "not a regular file"
     with pytest.raises(ConfigError, match=f"--auth: '{path}' is {kind}"):
         CredentialStore.from_file(path)
+
+
+@pytest.mark.parametrize("field", ["username", "password"])
+def test_text_utf8_cannot_carry_is_refused_at_start(field: str) -> None:
+    """Review QA: a password "pw\\ud800" (JSON's escape of a lone surrogate) was taken, and
+    every login of that user then answered HTTP 500 (UnicodeEncodeError)."""
+    entry = {"username": "a", "password": "pw", "perms": ["all"]}
+    entry[field] += "\ud800"
+    data = json.dumps([entry]).encode()
+    with pytest.raises(ConfigError, match=rf"entry 1\.{field} must be UTF-8 text"):
+        CredentialStore.from_json(data)

@@ -288,8 +288,9 @@ def test_associative_answers_as_rqlite_8_encodes_them() -> None:
     ]
 
 
-def test_a_statement_returning_rows_answers_as_a_read() -> None:
-    """rqlite runs ``… RETURNING`` as a query (ForceQuery): rows, no last_insert_id."""
+def test_a_write_returning_rows_keeps_its_counts() -> None:
+    """rqlite 8 answers ``… RETURNING`` as a query (rows only); pyrqlite then returns no
+    rows for an UPDATE … RETURNING (it reads up to rows_affected): litecdc keeps both."""
     returning = StatementResult(
         last_insert_id=7,
         rows_affected=1,
@@ -298,11 +299,12 @@ def test_a_statement_returning_rows_answers_as_a_read() -> None:
         rows=[(7,)],
         seconds=0.5,
     )
+    counts = {"last_insert_id": 7, "rows_affected": 1}
     assert format_results([returning], timings=True) == [
-        {"columns": ["id"], "types": ["integer"], "values": [[7]], "time": 0.5}
+        {**counts, "columns": ["id"], "types": ["integer"], "values": [[7]], "time": 0.5}
     ]
     assert format_results([returning], associative=True, endpoint="request") == [
-        {"types": {"id": "integer"}, "rows": [{"id": 7}]}
+        {**counts, "types": {"id": "integer"}, "rows": [{"id": 7}]}
     ]
 
 
