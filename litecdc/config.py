@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from litecdc.cdc.config import CDCConfig
+from litecdc.cdc.config import CDCConfig, shown_cdc_config
 from litecdc.db.schema import DEFAULT_RETENTION_CIDS
 from litecdc.errors import ConfigError
 
@@ -120,6 +120,13 @@ class NodeConfig:
             _check_advertise_url(self.advertise_url)
         for endpoint in self.etcd_endpoints:
             scheme, separator, address = endpoint.rpartition("://")
+            if "@" in address:
+                # (etcd's client took "root:SECRET@host" for a host name, waited forever and
+                # logged the password: review QA)
+                raise ConfigError(
+                    f"--etcd: an endpoint takes no user:password@ (give --etcd-user and "
+                    f"--etcd-password); got {shown_cdc_config(endpoint)!r}"
+                )
             if separator and scheme.lower() not in ("http", "https"):
                 raise ConfigError(
                     f"--etcd: an endpoint is host:port, http://host:port or "
@@ -298,6 +305,12 @@ def _check_advertise_url(url: str) -> None:
     with a host (cluster QA: "notaurl" was taken, and forwarded writes then failed as
     "may have been applied")."""
     parts = urlsplit(url)
+    if "@" in parts.netloc:
+        # (it is published in etcd and /nodes: a password there would be shown to all)
+        raise ConfigError(
+            "--advertise-url takes no user:password@ (nodes present --node-user and "
+            f"--node-password to each other); got {shown_cdc_config(url)!r}"
+        )
     try:
         port = parts.port
     except ValueError:
@@ -305,5 +318,5 @@ def _check_advertise_url(url: str) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         raise ConfigError(
             f"--advertise-url must be an http:// or https:// URL with a host, such as "
-            f"http://10.0.0.5:4001; got {url!r}"
+            f"http://10.0.0.5:4001; got {shown_cdc_config(url)!r}"
         )

@@ -260,6 +260,20 @@ def test_bad_values_found_by_qa_are_refused_before_the_data_dir_is_made(tmp_path
         ((*etcd[:1], "127.0.0.1:²"), "error: --etcd: address must look like host:port"),
         # any scheme was stripped, and the node waited for etcd forever
         (("--etcd", "ftp://127.0.0.1:2379"), "error: --etcd: an endpoint is host:port, http://"),
+        # credentials in an endpoint: taken for a host name, waited forever, logged (review)
+        (
+            ("--etcd", "http://root:SECRET@127.0.0.1:2379"),
+            "error: --etcd: an endpoint takes no user:password@ (give --etcd-user and "
+            "--etcd-password); got 'http://127.0.0.1:2379'",
+        ),
+        (
+            ("--etcd", "root:SECRET@127.0.0.1:2379"),
+            "error: --etcd: an endpoint takes no user:password@",
+        ),
+        (
+            (*etcd, "--advertise-url", "http://me:SECRET@127.0.0.1:4001"),
+            "error: --advertise-url takes no user:password@",
+        ),
         ((*etcd, "--compact-interval", "nan"), "error: --compact-interval must be a number"),
         ((*etcd, "--compact-interval", "inf"), "error: --compact-interval must be a number"),
         # bytes that are not UTF-8 made /status answer 500 and CDC deliver nothing
@@ -281,6 +295,7 @@ def test_bad_values_found_by_qa_are_refused_before_the_data_dir_is_made(tmp_path
         assert proc.stderr.startswith(message), (args, proc.stderr)
         assert len(proc.stderr.splitlines()) == 1, proc.stderr
         assert not d.exists(), args
+        assert "SECRET" not in proc.stderr
     # the good files pass these checks (the node then waits for etcd: not started here)
     from litecdc.config import NodeConfig
 
