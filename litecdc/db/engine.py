@@ -84,7 +84,12 @@ _NO_SUCH_TABLE = re.compile(r"no such table: (?:\w+\.)?(\S+)")
 #: the results of a request that a statement's ON CONFLICT ROLLBACK / RAISE(ROLLBACK) ended:
 #: the statements before it ran and were undone, those after it never ran
 _ROLLED_BACK_BY_LATER = "rolled back by a later statement in this request"
-_NOT_RUN_AFTER_ROLLBACK = "not run: an earlier statement rolled back this request"
+_TRANSACTION_CONTROL = "not committed: this request has a transaction control statement"
+#: what the statements after the one that ended the request are told: they never ran
+_NOT_RUN = {
+    _ROLLED_BACK_BY_LATER: "not run: an earlier statement rolled back this request",
+    _TRANSACTION_CONTROL: "not run: this request has a transaction control statement",
+}
 
 
 @dataclass(slots=True)
@@ -615,7 +620,7 @@ class Engine:
                 if failed and aborts:
                     # BEGIN/COMMIT/ROLLBACK/SAVEPOINT: the client meant a transaction that
                     # litecdc cannot run as asked, so none of the request is committed
-                    undone = "not committed: this request has a transaction control statement"
+                    undone = _TRANSACTION_CONTROL
                 elif failed and not transaction and not writer.in_transaction:
                     # A statement (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) rolled back the
                     # whole transaction, taking earlier statements with it.
@@ -637,9 +642,7 @@ class Engine:
                     for position, result in enumerate(results):
                         if undone and result.error is None:
                             result.error = (
-                                _NOT_RUN_AFTER_ROLLBACK
-                                if position >= ran and undone == _ROLLED_BACK_BY_LATER
-                                else undone
+                                _NOT_RUN.get(undone, undone) if position >= ran else undone
                             )
                             result.last_insert_id = result.rows_affected = None
                     self._rollback()

@@ -339,9 +339,10 @@ def test_transaction_control_fails_the_whole_request(store: Store) -> None:
         "not committed: this request has a transaction control statement",
         "transaction control statements are not allowed: each request is one transaction "
         "(use the transaction parameter to make it all-or-nothing)",
-        # one result per statement, as rqlite answers: the rest did not run
-        "not committed: this request has a transaction control statement",
-        "not committed: this request has a transaction control statement",
+        # one result per statement, as rqlite answers: the rest did not run (review QA:
+        # they were said to be not committed, as if they had run)
+        "not run: this request has a transaction control statement",
+        "not run: this request has a transaction control statement",
     ]
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
 
