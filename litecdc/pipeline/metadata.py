@@ -261,12 +261,12 @@ class _SQLiteBackend:
             raise MetadataError(
                 f"cannot open the metadata database {path}: directory {path.parent} does not exist"
             )
+        missing = MetadataError(
+            f"no metadata store at {path}: `litecdc pipeline subscribe` makes it; "
+            "check --meta (or LITECDC_PIPELINE_META)"
+        )
         if not create and not path.exists():
-            # (a mistyped --meta made an empty store and said "no subscriptions": QA)
-            raise MetadataError(
-                f"no metadata store at {path}: `litecdc pipeline subscribe` makes it; "
-                "check --meta (or LITECDC_PIPELINE_META)"
-            )
+            raise missing  # (a mistyped --meta made an empty store: QA)
         try:
             # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE for writes,
             # so two writers never deadlock upgrading a read lock). One connection serves all
@@ -277,7 +277,9 @@ class _SQLiteBackend:
         except sqlite3.Error as exc:
             raise MetadataError(f"cannot open the metadata database {path}: {exc}") from exc
         try:
-            self._check_not_foreign(path)
+            tables = self._check_not_foreign(path)
+            if not create and not tables:
+                raise missing  # (an empty file: list wrote the schema into it, review QA)
             # WAL: readers (status, list) never block the running server's writes.
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
@@ -288,7 +290,7 @@ class _SQLiteBackend:
             self._conn.close()
             raise
 
-    def _check_not_foreign(self, path: Path) -> None:
+    def _check_not_foreign(self, path: Path) -> list[str]:
         """Refuse a SQLite file that holds another application's tables — a litecdc node's
         own database, say: the store's tables would land in it unseen by its journal and
         change log (QA: ``pipeline list --meta sqlite:///node/db.sqlite`` did so)."""
@@ -304,6 +306,7 @@ class _SQLiteBackend:
                 f"{path} is not a pipeline metadata store: it is another SQLite database "
                 f"(tables {shown}); give --meta a file of its own"
             )
+        return tables
 
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:

@@ -492,6 +492,11 @@ def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_pat
             result.output
         )
         assert not missing.exists()
+    empty = tmp_path / "empty.db"  # a 0-byte file: list wrote the schema into it (review)
+    empty.touch()
+    result = runner.invoke(cli, ["pipeline", "list", "--meta", sqlite_url(empty)])
+    assert result.exit_code == 1 and f"no metadata store at {empty}" in result.output
+    assert empty.stat().st_size == 0
     result = runner.invoke(cli, ["pipeline", "list", "--meta", ""])
     assert result.exit_code == 2 and result.output.startswith("error: --meta is empty"), (
         result.output
