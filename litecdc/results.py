@@ -64,6 +64,8 @@ class WriteOutcome:
     cid: int | None = None
     snapshot: int | None = None
     log_revision: int | None = None
+    #: /db/request of reads only, answered by the read path (rqlite's db.Query)
+    read_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

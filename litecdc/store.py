@@ -189,7 +189,7 @@ class Store:
     ) -> WriteOutcome:
         """rqlite's unified /db/request: reads only → query path, else one journaled write."""
         if all(self.engine.is_read_only(s) for s in statements):
-            return WriteOutcome(results=self.query(statements, level=level))
+            return WriteOutcome(results=self.query(statements, level=level), read_only=True)
         return self.execute(statements, transaction=transaction)
 
     def load(self, data: bytes) -> WriteOutcome:

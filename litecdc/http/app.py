@@ -481,7 +481,8 @@ class _Api:
                 timings=opts.timings,
                 associative=opts.associative,
                 blob_array=opts.blob_array,
-                endpoint="request",
+                # (reads only: rqlite runs them as a query, and encodes their errors so)
+                endpoint="query" if outcome.read_only else "request",
             )
         }
         return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)

@@ -225,6 +225,19 @@ def test_query_post_associative_and_parameters(node: Node, client: httpx.Client)
     for level in ("none", "weak", "strong", "linearizable", "auto", "bogus"):
         r = client.get("/db/query", params={"q": "SELECT COUNT(*) FROM ex8", "level": level})
         assert r.json()["results"][0]["values"] == [[2]], level
+    # reads only: rqlite 8 answers them as /db/query does, an error that running the read
+    # met with "rows": [] (one that fails to prepare is not known to be a read: no rows)
+    reads = client.post(
+        "/db/request?associative", json=["SELECT 1 AS one", "SELECT abs(-9223372036854775808)"]
+    )
+    assert reads.json() == {
+        "results": [
+            {"types": {"one": "integer"}, "rows": [{"one": 1}]},
+            {"rows": [], "error": "integer overflow"},
+        ]
+    }
+    unknown = client.post("/db/request?associative", json=["SELECT * FROM nope"])
+    assert unknown.json() == {"results": [{"error": "no such table: nope"}]}
     mixed = client.post(
         "/db/request?associative",
         json=[
