@@ -63,6 +63,13 @@ class BodyTooLargeError(RequestError):
     http_status = 413
 
 
+class UnsupportedEncodingError(RequestError):
+    """A request body in a Content-Encoding litecdc does not decode (gzip…), as Go's
+    net/http does not: refused as such rather than as malformed JSON."""
+
+    http_status = 415
+
+
 class AuthError(LitecdcError):
     http_status = 401
 

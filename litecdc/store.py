@@ -186,11 +186,19 @@ class Store:
         *,
         transaction: bool = False,
         level: ReadLevel = "weak",
+        read_only: bool | None = None,
     ) -> WriteOutcome:
-        """rqlite's unified /db/request: reads only → query path, else one journaled write."""
-        if all(self.engine.is_read_only(s) for s in statements):
+        """rqlite's unified /db/request: reads only → query path, else one journaled write.
+        ``read_only``: what :meth:`is_read_only` answered for them, when already asked."""
+        if read_only is None:
+            read_only = self.is_read_only(statements)
+        if read_only:
             return WriteOutcome(results=self.query(statements, level=level), read_only=True)
         return self.execute(statements, transaction=transaction)
+
+    def is_read_only(self, statements: Sequence[Statement]) -> bool:
+        """Whether every statement only reads (what /db/request runs as a query)."""
+        return all(self.engine.is_read_only(s) for s in statements)
 
     def load(self, data: bytes) -> WriteOutcome:
         """rqlite's /db/load: a SQLite file replaces the database's contents, SQL text runs

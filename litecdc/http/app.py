@@ -41,10 +41,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
 
 import msgspec
-from anyio import to_thread
+from anyio import CapacityLimiter, to_thread
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -61,6 +61,7 @@ from litecdc.errors import (
     NotReadyError,
     RequestError,
     StatementError,
+    UnsupportedEncodingError,
     http_status_for,
 )
 from litecdc.http import rqlite
@@ -157,6 +158,10 @@ class _WriteQueue:
 
     def done(self, number: int) -> None:
         self.processed = max(self.processed, number)
+
+
+#: threads the writes run on, apart from anyio's default 40 that every other call shares
+WRITE_THREADS = 40
 
 
 def _json(doc: Any, *, status: int = 200, pretty: bool = False) -> Response:
@@ -262,6 +267,9 @@ class _Api:
         self.last_backup: datetime | None = None
         self.stats = _HttpStats()
         self.queue = _WriteQueue()
+        #: writes run on threads of their own: reads that take long or wait (min_cid), from
+        #: clients that may have left, held all of anyio's 40 and stalled every write (QA)
+        self.write_threads = CapacityLimiter(WRITE_THREADS)
         #: forwards writes to the leader; readyz checks the leader through it (set by create_app)
         self.forwarder: LeaderForwarder | None = None
 
@@ -301,6 +309,11 @@ class _Api:
 
     async def _body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise UnsupportedEncodingError(
+                f"unsupported Content-Encoding {encoding!r}: send the body uncompressed"
+            )
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise BodyTooLargeError(
@@ -334,7 +347,8 @@ class _Api:
         statements = await self._statements(request)
         self.stats.add("execute_stmts_rx", len(statements))
         outcome = await to_thread.run_sync(
-            lambda: self.store.execute(statements, transaction=opts.transaction)
+            lambda: self.store.execute(statements, transaction=opts.transaction),
+            limiter=self.write_threads,
         )
         doc = {
             "results": rqlite.format_results(
@@ -374,7 +388,8 @@ class _Api:
         if statements:
             try:
                 outcome = await to_thread.run_sync(
-                    lambda: self.store.execute(statements, transaction=opts.transaction)
+                    lambda: self.store.execute(statements, transaction=opts.transaction),
+                    limiter=self.write_threads,
                 )
             except NotLeaderError as exc:
                 return await self._forward_queued(request, exc, number, len(statements), opts)
@@ -472,8 +487,12 @@ class _Api:
         opts = rqlite.parse_options(request.query_params)
         statements = await self._statements(request)
         self.stats.add("request_stmts_rx", len(statements))
+        read_only = await to_thread.run_sync(lambda: self.store.is_read_only(statements))
         outcome = await to_thread.run_sync(
-            lambda: self.store.request(statements, transaction=opts.transaction, level=opts.level)
+            lambda: self.store.request(
+                statements, transaction=opts.transaction, level=opts.level, read_only=read_only
+            ),
+            limiter=None if read_only else self.write_threads,
         )
         doc = {
             "results": rqlite.format_results(
@@ -551,7 +570,9 @@ class _Api:
         if not is_sqlite:
             _check_utf8(data)
         try:
-            outcome = await to_thread.run_sync(lambda: self.store.load(data))
+            outcome = await to_thread.run_sync(
+                lambda: self.store.load(data), limiter=self.write_threads
+            )
         except (LoadError, RequestError) as exc:
             if is_sqlite or type(exc) not in (LoadError, RequestError):
                 raise
@@ -583,7 +604,7 @@ class _Api:
             if problem is not None:
                 return _text_error(503, problem)
         try:
-            await to_thread.run_sync(lambda: self.store.load(data))
+            await to_thread.run_sync(lambda: self.store.load(data), limiter=self.write_threads)
         except NotLeaderError as exc:  # lost the lead meanwhile: rqlite does not forward it
             return _text_error(503, f"not leader: {exc}")
         return Response(status_code=200)
@@ -1207,6 +1228,11 @@ def _guard(
             if forwarder is None:
                 raise
             return await forwarder.answer(request, exc)
+        except ClientDisconnect:
+            # gone before its whole body came: nothing ran, and no one reads an answer
+            # (it was logged as an internal error, twice, with tracebacks: QA)
+            log.info("%s %s: the client disconnected mid-body", request.method, request.url.path)
+            return Response(status_code=400)
         except LitecdcError as exc:
             status = http_status_for(exc)
             if status >= 500:

@@ -268,3 +268,68 @@ def test_sigusr1_prints_every_threads_stack_and_the_node_goes_on(tmp_path: Path)
             assert c.get("/readyz").status_code == 200
     finally:
         assert node.stop() == 0
+
+
+def test_too_many_statements_and_compressed_bodies_are_refused_as_such(
+    client: httpx.Client,
+) -> None:
+    """HTTP QA: 5 million "SELECT 1" (52 MB, under the body limit) took a node to 6.7 GB;
+    a gzip body was called malformed JSON."""
+    import gzip
+    import json
+
+    before = _last_cid(client)
+    many = json.dumps(["INSERT INTO nowhere VALUES(1)"] * 100_001).encode()
+    r = client.post("/db/execute", content=many, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert r.text.startswith(
+        "request body too large: 100001 statements, at most 100000 in one request"
+    )
+    body = gzip.compress(b'["CREATE TABLE gz(x)"]')
+    r = client.post("/db/execute", content=body, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 415
+    assert r.text == "unsupported Content-Encoding 'gzip': send the body uncompressed\n"
+    assert _last_cid(client) == before
+
+
+def test_a_client_gone_mid_body_is_not_an_internal_error(node: Node) -> None:
+    """HTTP QA: each disconnect logged two tracebacks as internal errors (6.5 KB of log)."""
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", node.port)) as raw:
+            raw.sendall(
+                b"POST /db/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n["CREATE TABLE half'
+            )
+    with node.client() as c:  # the node goes on (and has read the three)
+        assert c.get("/readyz").status_code == 200
+        assert c.post("/db/execute", json=["CREATE TABLE whole(x)"]).status_code == 200
+    log = node.log()
+    assert "Traceback" not in log and "internal error" not in log, log[-3000:]
+
+
+def test_reads_that_wait_long_do_not_hold_up_writes(node: Node) -> None:
+    """HTTP QA: 45 reads waiting for a cid that never comes (min_cid, 10 s each) held all
+    of anyio's 40 threads, and a plain write waited for them. Writes have threads of their
+    own: this write is answered while every one of those reads is still waiting."""
+    import threading
+
+    answered: list[int] = []
+
+    def wait_for_a_cid_never_written() -> None:
+        with node.client() as c:
+            r = c.get("/db/query", params={"q": "SELECT 1", "min_cid": "999999999"})
+            answered.append(r.status_code)
+
+    with node.client() as c:
+        before = int(c.get("/debug/vars").json()["http"]["queries"])
+        waiters = [threading.Thread(target=wait_for_a_cid_never_written) for _ in range(45)]
+        for t in waiters:
+            t.start()
+        while int(c.get("/debug/vars").json()["http"]["queries"]) < before + 45:
+            threading.Event().wait(0.05)  # every read has reached the node
+        r = c.post("/db/execute", json=["CREATE TABLE not_held_up(x)"])
+        assert r.status_code == 200, r.text
+        assert answered == []  # none of the reads has come back yet
+    for t in waiters:
+        t.join(60)
+    assert answered == [503] * 45
