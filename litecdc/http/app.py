@@ -1187,10 +1187,10 @@ def _int_param(
     text = params.get(name)
     if text is None:
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise RequestError(f"{name} must be an integer, got {text!r}") from None
+    # (int() also takes "1_0", " 7" and other scripts' digits; Go's Atoi, as elsewhere, does not)
+    if not rqlite.GO_INTEGER_RE.fullmatch(text):
+        raise RequestError(f"{name} must be an integer, got {text!r}")
+    value = int(text)
     if value < minimum:
         raise RequestError(f"{name} must be at least {minimum}, got {value}")
     if maximum is not None and value > maximum:

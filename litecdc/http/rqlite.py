@@ -288,7 +288,7 @@ class QueryOptions:
 
 
 _INTEGER_PARAMS = ("retries", "trailing_logs")
-_GO_INTEGER_RE = re.compile(r"[-+]?[0-9]+")  # strconv.Atoi: no spaces, no '_'
+GO_INTEGER_RE = re.compile(r"[-+]?[0-9]+")  # strconv.Atoi: no spaces, no '_'
 _BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})(.{0,2})", re.DOTALL)
 
 
@@ -338,7 +338,7 @@ def check_params(params: Mapping[str, str]) -> None:
             raise RequestError(f'time: invalid duration "{value}" (query parameter {key})')
     for key in _INTEGER_PARAMS:
         value = params.get(key)
-        if value is not None and not _GO_INTEGER_RE.fullmatch(value):
+        if value is not None and not GO_INTEGER_RE.fullmatch(value):
             raise RequestError(f"{key} is not a valid integer: {value!r}")
     if params.get("q") == "":
         raise RequestError("query parameter not set: q is empty; give the SQL in it")
@@ -367,7 +367,7 @@ def parse_options(params: Mapping[str, str]) -> QueryOptions:
 def _min_cid(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # (isdigit alone takes "²", int() does not)
         raise RequestError(f"min_cid must be a non-negative integer, got {text!r}")
     return int(text)
 

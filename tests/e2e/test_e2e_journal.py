@@ -75,6 +75,11 @@ def test_journal_and_changes_pages(fresh_node: Node) -> None:
             "allowed: after, after_seq, limit, pretty",
         ),
         ("/cdc/changes", "after=", "after must be an integer, got ''"),
+        # int() took these (HTTP QA); Go's Atoi and litecdc's other parameters do not
+        ("/journal", "after=1_0", "after must be an integer, got '1_0'"),
+        ("/journal", "after=%D9%A3", "after must be an integer, got '\u0663'"),
+        ("/cdc/changes", "limit=%EF%BC%95", "limit must be an integer, got '\uff15'"),
+        ("/cdc/changes", "after_seq=%207", "after_seq must be an integer, got ' 7'"),
     ],
 )
 def test_bad_page_parameters(node: Node, path: str, query: str, message: str) -> None:
