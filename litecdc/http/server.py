@@ -70,18 +70,20 @@ class _GracefulServer(uvicorn.Server):
                     transport.abort()
 
 
-def _loop_and_http() -> tuple[str, str]:
-    """The fastest event loop and HTTP parser installed (uvicorn[standard] brings both)."""
+def _loop_and_http() -> tuple[str, str | type[asyncio.Protocol]]:
+    """The fastest event loop and HTTP parser installed (uvicorn[standard] brings both);
+    httptools with litecdc's limits on a request's head (litecdc/http/protocol.py)."""
     try:
         import uvloop  # noqa: F401
 
         loop = "uvloop"
     except ImportError:  # pragma: no cover - uvicorn[standard] installs it
         loop = "asyncio"
+    http: str | type[asyncio.Protocol]
     try:
-        import httptools  # noqa: F401
+        from litecdc.http.protocol import GuardedHttpToolsProtocol
 
-        http = "httptools"
+        http = GuardedHttpToolsProtocol
     except ImportError:  # pragma: no cover
         http = "h11"
     return loop, http

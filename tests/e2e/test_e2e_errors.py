@@ -333,3 +333,20 @@ def test_reads_that_wait_long_do_not_hold_up_writes(node: Node) -> None:
     for t in waiters:
         t.join(60)
     assert answered == [503] * 45
+
+
+def test_a_huge_request_head_is_431_on_a_real_node(node: Node) -> None:
+    """HTTP QA: 400 MB of headers grew the node by as much and were answered 200 (the
+    limits themselves: tests/unit/test_http_protocol.py)."""
+    with socket.create_connection(("127.0.0.1", node.port)) as conn:
+        conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for i in range(1100):
+                conn.sendall(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        conn.settimeout(30)
+        answer = conn.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    with node.client() as c:
+        assert c.get("/readyz").status_code == 200

@@ -1,0 +1,88 @@
+"""The limits litecdc adds to uvicorn's httptools protocol, on a real uvicorn server
+listening on 127.0.0.1 (a trivial ASGI app; the head timeout shortened for the test).
+
+HTTP QA: 400 MB of headers grew a node by as much and were answered 200; connections
+that sent nothing or half their headers were held forever."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from litecdc.http import protocol
+from litecdc.http.protocol import GuardedHttpToolsProtocol
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    monkeypatch.setattr(protocol, "HEAD_TIMEOUT_S", 0.5)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        _app, http=GuardedHttpToolsProtocol, lifespan="off", log_level="critical"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    conn.settimeout(10)
+    chunks = []
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_normal_request_and_keep_alive_still_work(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        for _ in range(2):
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            conn.settimeout(10)
+            answer = conn.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"ok")
+
+
+def test_a_head_over_one_mebibyte_is_431(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for i in range(2000):
+                conn.sendall(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused mid-way, as it should be
+        answer = _read_all(conn)
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer[:200]
+    assert answer.endswith(
+        b"request header fields too large: the request line and headers hold more than "
+        b"1048576 bytes\n"
+    )
+
+
+def test_half_a_head_is_408_and_nothing_at_all_is_closed(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"POST /db/execute HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        answer = _read_all(conn)  # the server closes it after the head timeout
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert answer.endswith(b"request timeout: the request's headers did not arrive within 0.5 s\n")
+    with socket.create_connection(("127.0.0.1", port)) as idle:
+        assert _read_all(idle) == b""  # closed without a word, as Go does
