@@ -306,7 +306,16 @@ def check_query_string(query_string: str) -> None:
     if bad := _BAD_ESCAPE_RE.search(query_string):
         raise RequestError(f'invalid URL escape "{bad.group(0)}" in the query string')
     params: dict[str, str] = {}
-    for key, value in parse_qsl(query_string, keep_blank_values=True):
+    try:
+        pairs = parse_qsl(query_string, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError as exc:
+        # (Starlette's parse puts U+FFFD in their place: q=SELECT '%FF' ran another
+        # statement than the one sent — QA)
+        raise RequestError(
+            f"invalid URL escape: the query string's escapes are not UTF-8 ({exc.reason} "
+            f"at byte {exc.start})"
+        ) from None
+    for key, value in pairs:
         params.setdefault(key, value)
     check_params(params)
 
