@@ -31,7 +31,7 @@ import pytest
 from e2e.litecdc_node import Node, free_port
 from pipeline_proc import PipelineCLI, Writer, execute, scalar
 
-from litecdc.pipeline.metadata import sqlite_url
+from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -401,6 +401,7 @@ def test_bad_subscribe_fails_with_one_error_line_and_adds_nothing(
     node: Node, tmp_path: Path, case: str
 ) -> None:
     meta = sqlite_url(tmp_path / "meta.db")
+    MetadataStore.open(meta).close()  # the store `list` reads below (a subscribe's own)
     cli = PipelineCLI(meta, tmp_path)
     closed_port = str(free_port())
     lake = f"delta:{tmp_path / 'lake'}"
