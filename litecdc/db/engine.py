@@ -154,15 +154,23 @@ _LITERAL_SENSITIVE = re.compile(r"random|\bcreate\b", re.IGNORECASE)
 
 
 @lru_cache(maxsize=4096)
-def _runs_as_text(sql: str) -> bool:
+def _runs_as_text(sql: str, random_views: frozenset[str] = frozenset()) -> bool:
     """Whether the node runs ``sql`` as its journal text (its parameters as literals)
     rather than with bound values, so that it does exactly what a replica replaying the
     journal does. A literal is not a bound value to SQLite in two ways that matter (QA):
     it folds constants — ``? OR random()`` calls random() once fewer with 1, and every
     later random() of the write then differs — and CREATE TABLE … AS SELECT names a
     column after its expression's text (``?`` vs ``5``) and types it by its affinity.
+    A view is expanded into the statement that reads it, so naming one of
+    ``random_views`` (views that call random(), lower case) counts as calling it (QA:
+    ``? OR r FROM v`` with ``r`` a view's random() drew differently on replicas).
     Other statements keep bound values (and the statement cache, and the bulk path)."""
-    return bool(parse_template(sql).placeholders) and bool(_LITERAL_SENSITIVE.search(sql))
+    if not parse_template(sql).placeholders:
+        return False
+    if _LITERAL_SENSITIVE.search(sql):
+        return True
+    lowered = sql.lower()
+    return any(view in lowered for view in random_views)
 
 
 #: the SQL function a cluster's log entry calls in place of a statement the leader could
@@ -277,6 +285,11 @@ class Engine:
         self._access_cache = AccessCache()
         #: whether sqlite_sequence exists (some table has AUTOINCREMENT); None: not known
         self._has_sequence: bool | None = None
+        #: _random_views' answer until the schema changes; None: not known
+        self._random_views_cache: frozenset[str] | None = None
+        #: a statement of the open transaction ran ANALYZE: a rollback must reload the
+        #: planner's statistics, which SQLite keeps in memory (see _reload_statistics)
+        self._analyzed = False
         self._buffer = ChangeBuffer(self._table_shape)
         self._authorizer = WriteAuthorizer(
             on_schema_change=self._buffer.shapes.clear, is_table=self._is_table
@@ -398,6 +411,28 @@ class Engine:
         self._buffer.shapes.clear()
         self._access_cache.clear()
         self._has_sequence = None
+        self._random_views_cache = None
+
+    def _random_views(self) -> frozenset[str]:
+        """Names (lower case) of the views whose definition calls random() or
+        randomblob(), directly or through another such view (see _runs_as_text)."""
+        if self._random_views_cache is None:
+            views = {
+                str(name).lower(): str(sql or "").lower()
+                for name, sql in self._internal(
+                    "SELECT name, sql FROM sqlite_schema WHERE type = 'view'"
+                )
+            }
+            found = {name for name, sql in views.items() if "random" in sql}
+            grew = True
+            while grew:  # a view reading a random view calls it too
+                more = {
+                    n for n, sql in views.items() if n not in found and any(f in sql for f in found)
+                }
+                found |= more
+                grew = bool(more)
+            self._random_views_cache = frozenset(found)
+        return self._random_views_cache
 
     def _autoincrement_near_end(self, tables: set[str]) -> list[str]:
         """The AUTOINCREMENT tables among ``tables`` whose next rowid is within
@@ -672,7 +707,7 @@ class Engine:
             and not access.schema
             and parse_template(sql).statements == 1
             and "returning" not in sql.lower()
-            and not _runs_as_text(sql)
+            and not _runs_as_text(sql, self._random_views())
         )
 
     def _run_batch(
@@ -758,17 +793,38 @@ class Engine:
         return f"{sql}; PRAGMA defer_foreign_keys=OFF" if self._foreign_keys else sql
 
     def _commit(self) -> None:
+        self._analyzed = False
         self._internal(self._entry_end("RELEASE litecdc_entry") if self._nested else "COMMIT")
         if not self._nested and self._checkpointer is not None:
             self._checkpointer.after_commit()
 
     def _rollback(self) -> None:
-        if not self._writer.in_transaction:
-            return  # (a statement's OR ROLLBACK already ended it)
-        if self._nested:
-            self._internal(self._entry_end("ROLLBACK TO litecdc_entry; RELEASE litecdc_entry"))
-        else:
-            self._internal("ROLLBACK")
+        analyzed, self._analyzed = self._analyzed, False
+        if self._writer.in_transaction:  # (else a statement's OR ROLLBACK already ended it)
+            if self._nested:
+                self._internal(self._entry_end("ROLLBACK TO litecdc_entry; RELEASE litecdc_entry"))
+            else:
+                self._internal("ROLLBACK")
+        if analyzed:
+            self._reload_statistics()
+
+    def _reload_statistics(self) -> None:
+        """Reload the planner's statistics from the sqlite_stat tables as they now are. An
+        ANALYZE loads what it computed into the connection's memory, and a rollback of its
+        rows leaves them there: this node then planned queries with statistics no replica
+        had (QA: an INSERT … SELECT numbered its rows in another order).
+
+        ``ANALYZE sqlite_schema`` reloads them, and writes nothing while the sqlite_stat
+        tables exist; it would create missing ones — but then the rolled-back ANALYZE had
+        created them, a schema change, and SQLite reloaded the schema itself."""
+        present = {
+            str(row[0])
+            for row in self._internal(
+                "SELECT name FROM sqlite_schema WHERE name IN ('sqlite_stat1', 'sqlite_stat4')"
+            )
+        }
+        if present == {"sqlite_stat1", "sqlite_stat4"}:
+            self._internal("ANALYZE sqlite_schema")
 
     def in_one_transaction(
         self, steps: Sequence[Callable[[], T]], state: Mapping[str, int] | None = None
@@ -841,11 +897,27 @@ class Engine:
                 near_end[:] = self._autoincrement_near_end(access.writes)
             return refused
 
+        lowered = statement.sql.lower()
+        if "analyze" in lowered:
+            self._analyzed = True
+        # PRAGMA defer_foreign_keys is the connection's, not undone with the statement: a
+        # failed statement that set it left it set for the rest of the request on this
+        # node only (QA: a replica replaying the journal failed the next statement)
+        defer_before = (
+            self._internal("PRAGMA defer_foreign_keys")[0][0]
+            if self._foreign_keys and "defer_foreign_keys" in lowered
+            else None
+        )
+
         def failed(exc: BaseException) -> tuple[StatementResult, None, bool]:
             refused = access.refused if access is not None else None
             self._authorizer.recording = None
             if savepoint and writer.in_transaction:
                 self._internal("ROLLBACK TO litecdc_statement; RELEASE litecdc_statement")
+                if defer_before is not None:
+                    self._internal(f"PRAGMA defer_foreign_keys={int(defer_before)}")
+                if "analyze" in lowered:
+                    self._reload_statistics()
             self._buffer.cut(buffer_mark)
             self._random.calls = random_mark
             message = _statement_error(exc, refused)
@@ -862,7 +934,7 @@ class Engine:
             last = _LastResult(prepared)
             params = _bindable(statement.sql, statement.params)
             text: str | None = None
-            if _runs_as_text(statement.sql):
+            if _runs_as_text(statement.sql, self._random_views()):
                 text = render(statement.sql, params).rstrip()
                 text += parse_template(statement.sql).terminator
                 last.run(writer.cursor(), text, None, can_cache=False)

@@ -273,3 +273,104 @@ def test_replicas_record_the_same_reshapes(tmp_path: Path) -> None:
         assert contents_of_store(follower) == contents_of_store(leader)
         follower.close()
     leader.close()
+
+
+def _follower_with(leader: Store, path: Path, **config: Any) -> Store:
+    follower = Store(NodeConfig(data_dir=path, **config))
+    follower.journal.set_mode(Mode.FOLLOWER)
+    for entry in leader.journal_page(1, 10_000).entries:
+        follower.journal.follower_commit(entry)
+    return follower
+
+
+def test_a_view_calling_random_draws_the_same_on_replicas(tmp_path: Path) -> None:
+    """Journal QA: `? OR r FROM v`, with r a view's random(), ran with the value bound on
+    the node (random() called per row) and folded on replay (never called), so every
+    later random() of the entry differed. It now runs as its journal text, as `? OR
+    random()` does — through a view of that view too."""
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute(
+        [
+            S("CREATE TABLE src(k INTEGER PRIMARY KEY, v)"),
+            S("INSERT INTO src(v) VALUES (1), (2), (3)"),
+            S("CREATE VIEW vr AS SELECT k, random() AS r FROM src"),
+            S("CREATE VIEW outer_view AS SELECT * FROM vr"),
+            S("CREATE TABLE log(id INTEGER PRIMARY KEY, x, y)"),
+        ]
+    )
+    for view in ("vr", "outer_view"):
+        out = leader.execute(
+            [
+                S(f"INSERT INTO log(x, y) SELECT ? OR r, k FROM {view}", (1,)),
+                S("INSERT INTO log(x, y) VALUES (random(), 'after')"),
+            ]
+        )
+        assert all(r.error is None for r in out.results), out.results
+    follower = _follower_with(leader, tmp_path / "follower")  # (its random() is seeded)
+    assert contents_of_store(follower) == contents_of_store(leader)
+    leader.close()
+    follower.close()
+
+
+def test_a_failed_statement_leaves_no_defer_foreign_keys_behind(tmp_path: Path) -> None:
+    """Journal QA (--fk): "PRAGMA defer_foreign_keys=ON; SELECT * FROM nonexistent"
+    failed and was left out of the journal, but the pragma stayed set for the rest of
+    the request on the leader only: its next statement committed there and failed on
+    every replica."""
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader", foreign_keys=True))
+    leader.execute(
+        [
+            S("CREATE TABLE p(id INTEGER PRIMARY KEY)"),
+            S("CREATE TABLE c(id INTEGER PRIMARY KEY, pid REFERENCES p(id))"),
+        ]
+    )
+    out = leader.execute(
+        [
+            S("PRAGMA defer_foreign_keys=ON; SELECT * FROM nonexistent"),
+            S("INSERT INTO c VALUES (1, 5); INSERT INTO p VALUES (5)"),
+        ]
+    )
+    assert out.results[0].error == "no such table: nonexistent"
+    assert out.results[1].error == "FOREIGN KEY constraint failed"  # as on every replica
+    # a pragma that did run (its statement succeeded) still lasts the request
+    out = leader.execute(
+        [
+            S("PRAGMA defer_foreign_keys=ON"),
+            S("INSERT INTO c VALUES (2, 6); INSERT INTO p VALUES (6)"),
+        ]
+    )
+    assert [r.error for r in out.results] == [None, None]
+    follower = _follower_with(leader, tmp_path / "follower", foreign_keys=True)
+    assert contents_of_store(follower) == contents_of_store(leader)
+    leader.close()
+    follower.close()
+
+
+def test_a_rolled_back_analyze_leaves_no_statistics_behind(tmp_path: Path) -> None:
+    """Journal QA: a failed `ANALYZE t; SELECT * FROM nonexistent` rolled its sqlite_stat1
+    rows back but left the statistics it computed loaded on the writer: the node planned
+    with an index no replica chose, and an INSERT … SELECT numbered its rows otherwise."""
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.execute(
+        [
+            S("CREATE TABLE t(id INTEGER PRIMARY KEY, a, b)"),
+            S("CREATE INDEX ta ON t(a)"),
+            S("CREATE INDEX tb ON t(b)"),
+            S("CREATE TABLE z(x)"),
+        ]
+    )
+    leader.execute([S("INSERT INTO t(a, b) VALUES (?, ?)", (i % 2, -i)) for i in range(400)])
+    leader.execute([S("ANALYZE z")])  # the statistics tables exist
+    for failing, transaction in (
+        ("ANALYZE t; SELECT * FROM nonexistent", False),  # the statement fails
+        ("ANALYZE t", True),  # the request fails after it, and rolls it back
+    ):
+        statements = [S(failing)] + ([S("SELECT * FROM nonexistent")] if transaction else [])
+        out = leader.execute(statements, transaction=transaction)
+        assert out.cid is None
+    leader.execute([S("CREATE TABLE out2(id INTEGER PRIMARY KEY, v)")])
+    leader.execute([S("INSERT INTO out2(v) SELECT id FROM t WHERE a = 1 AND b < -390")])
+    follower = _follower_with(leader, tmp_path / "follower")
+    assert contents_of_store(follower)["out2"] == contents_of_store(leader)["out2"]
+    leader.close()
+    follower.close()
