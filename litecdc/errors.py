@@ -63,6 +63,13 @@ class BodyTooLargeError(RequestError):
     http_status = 413
 
 
+class BodyTimeoutError(RequestError):
+    """A request body that stopped arriving (a client that hung, or holds connections
+    open on purpose, a "slowloris")."""
+
+    http_status = 408
+
+
 class UnsupportedEncodingError(RequestError):
     """A request body in a Content-Encoding litecdc does not decode (gzip…), as Go's
     net/http does not: refused as such rather than as malformed JSON."""

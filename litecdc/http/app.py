@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
 
+import anyio
 import msgspec
 from anyio import CapacityLimiter, to_thread
 from starlette.applications import Starlette
@@ -54,6 +55,7 @@ from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
 from litecdc.db.datafile import SQLITE_HEADER
 from litecdc.errors import (
+    BodyTimeoutError,
     BodyTooLargeError,
     LitecdcError,
     LoadError,
@@ -162,6 +164,9 @@ class _WriteQueue:
 
 #: threads the writes run on, apart from anyio's default 40 that every other call shares
 WRITE_THREADS = 40
+#: seconds a request body may go without a byte arriving (a request's head has its own
+#: limit: litecdc/http/protocol.py)
+BODY_IDLE_TIMEOUT_S = 30.0
 
 
 def _json(doc: Any, *, status: int = 200, pretty: bool = False) -> Response:
@@ -321,7 +326,19 @@ class _Api:
             )
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        stream = request.stream()
+        while True:
+            try:
+                with anyio.fail_after(BODY_IDLE_TIMEOUT_S):
+                    chunk = await anext(stream)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                # (a body trickling in, or stopped, held its connection forever: QA)
+                raise BodyTimeoutError(
+                    f"request timeout: no part of the body arrived for {BODY_IDLE_TIMEOUT_S:g} s "
+                    f"({size} bytes came)"
+                ) from None
             size += len(chunk)
             if size > limit:
                 raise BodyTooLargeError(
