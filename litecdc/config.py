@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,6 +16,7 @@ from urllib.parse import urlsplit
 from litecdc.cdc.config import CDCConfig, shown_cdc_config
 from litecdc.db.schema import DEFAULT_RETENTION_CIDS
 from litecdc.errors import ConfigError
+from litecdc.tls_files import check_ca_file, check_cert_and_key
 
 DEFAULT_HTTP_ADDR = "127.0.0.1:4001"
 DEFAULT_DB_FILE = "db.sqlite"
@@ -194,9 +194,14 @@ class NodeConfig:
             ("node-ca-cert", self.node_ca_cert),
         ):
             if path is not None:
-                _check_ca_file(name, Path(path))
+                check_ca_file(Path(path), f"--{name}")
         if self.etcd_cert is not None and self.etcd_key is not None:
-            _check_client_pair(Path(self.etcd_cert), Path(self.etcd_key))
+            check_cert_and_key(
+                Path(self.etcd_cert),
+                Path(self.etcd_key),
+                cert_option="--etcd-cert",
+                key_option="--etcd-key",
+            )
         if any(not " " <= ch <= "~" for ch in self.http_allow_origin):
             # it is sent as a header: a line break would let it add headers of its own
             raise ConfigError(
@@ -244,41 +249,6 @@ def _check_file(name: str, path: Path | str | None) -> None:
         raise ConfigError(f"--{name}: file {str(path)!r} does not exist")
     kind = "a directory" if where.is_dir() else "not a regular file"
     raise ConfigError(f"--{name}: {str(path)!r} is {kind}; give a PEM or JSON file")
-
-
-class _EncryptedKeyError(Exception):
-    """The private key asked for a password (litecdc takes none)."""
-
-
-def _no_password() -> bytes:
-    raise _EncryptedKeyError
-
-
-def _check_ca_file(name: str, path: Path) -> None:
-    try:
-        ssl.create_default_context(cafile=str(path))
-    except ssl.SSLError as exc:
-        raise ConfigError(
-            f"--{name} {str(path)!r} holds no PEM CA certificate OpenSSL can load "
-            f"({exc.reason or exc})"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"--{name} {str(path)!r} cannot be read: {exc.strerror}") from None
-
-
-def _check_client_pair(cert: Path, key: Path) -> None:
-    names = f"--etcd-cert {str(cert)!r} and --etcd-key {str(key)!r}"
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_password)
-    except _EncryptedKeyError:
-        raise ConfigError(
-            f"--etcd-key {str(key)!r} is encrypted; litecdc needs the private key unencrypted"
-        ) from None
-    except ssl.SSLError as exc:
-        why = "the key is not the certificate's" if exc.reason == "KEY_VALUES_MISMATCH" else exc
-        raise ConfigError(f"{names} cannot be loaded as a PEM certificate and key: {why}") from None
-    except OSError as exc:
-        raise ConfigError(f"{names} cannot be read: {exc.strerror}") from None
 
 
 def split_host_port(address: str, option: str = "") -> tuple[str, int]:

@@ -8,7 +8,6 @@ import dataclasses
 import errno
 import logging
 import socket
-import ssl
 import sys
 from pathlib import Path
 from types import FrameType
@@ -19,10 +18,11 @@ from litecdc.config import NodeConfig
 from litecdc.errors import ConfigError
 from litecdc.http.app import create_app
 from litecdc.node import Node
+from litecdc.tls_files import check_cert_and_key
 
 log = logging.getLogger("litecdc.http")
 
-__all__ = ["check_tls_files", "listen", "serve"]
+__all__ = ["listen", "serve"]
 
 GIL_SWITCH_INTERVAL_S = 0.0005
 #: seconds a closing connection may wait for its client at shutdown before it is aborted
@@ -87,42 +87,6 @@ def _loop_and_http() -> tuple[str, str | type[asyncio.Protocol]]:
     except ImportError:  # pragma: no cover
         http = "h11"
     return loop, http
-
-
-class _EncryptedKeyError(Exception):
-    """The private key asked for a password (litecdc takes none)."""
-
-
-def _no_password() -> bytes:
-    raise _EncryptedKeyError
-
-
-def check_tls_files(cert: Path, key: Path) -> None:
-    """Load the HTTPS certificate and key as uvicorn will; ConfigError naming the files
-    and what is wrong with them (swapped, not PEM, a key of another certificate,
-    encrypted) instead of OpenSSL's ``[SSL] PEM lib``."""
-    names = f"--http-cert {str(cert)!r} and --http-key {str(key)!r}"
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
-    except _EncryptedKeyError:
-        raise ConfigError(
-            f"--http-key {str(key)!r} is encrypted; litecdc needs the private key unencrypted"
-        ) from None
-    except ssl.SSLError as exc:
-        cert_text, key_text = cert.read_bytes(), key.read_bytes()
-        if b"-----BEGIN CERTIFICATE-----" not in cert_text:
-            why = f"--http-cert {str(cert)!r} holds no PEM certificate"
-            if b"PRIVATE KEY-----" in cert_text and b"-----BEGIN CERTIFICATE-----" in key_text:
-                why += " (it holds the private key: are --http-cert and --http-key swapped?)"
-        elif b"PRIVATE KEY-----" not in key_text:
-            why = f"--http-key {str(key)!r} holds no PEM private key"
-        elif exc.reason == "KEY_VALUES_MISMATCH":
-            why = f"the private key in --http-key {str(key)!r} is not the certificate's key"
-        else:
-            why = f"{names} cannot be loaded: {exc}"
-        raise ConfigError(why) from None
-    except OSError as exc:
-        raise ConfigError(f"{names} cannot be read: {exc}") from None
 
 
 #: uvicorn's default
@@ -197,7 +161,7 @@ def serve(config: NodeConfig) -> None:
     # 1,717 -> 1,946 req/s with 0.5 ms, bench/bench_http.py --client stdlib).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     if config.http_cert is not None and config.http_key is not None:
-        check_tls_files(Path(config.http_cert), Path(config.http_key))
+        check_cert_and_key(Path(config.http_cert), Path(config.http_key))
     sockets = listen(config.http_host, config.http_port)
     if config.http_port == 0 and sockets:
         config = with_bound_port(config, sockets[0].getsockname()[1])

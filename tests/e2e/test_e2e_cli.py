@@ -286,7 +286,7 @@ def test_bad_values_found_by_qa_are_refused_before_the_data_dir_is_made(tmp_path
         ((*etcd, "--etcd-ca-cert", str(junk)), f"error: --etcd-ca-cert '{junk}' holds no PEM CA"),
         (
             (*etcd, "--etcd-cert", str(certs.client_cert), "--etcd-key", str(certs.server_key)),
-            "error: --etcd-cert",
+            f"error: the private key in --etcd-key '{certs.server_key}' is not the certificate's",
         ),
     ]
     for args, message in cases:
