@@ -82,6 +82,9 @@ from litecdc.store import Store
 
 log = logging.getLogger("litecdc.cluster")
 
+#: the start of the error a failed leadership change leaves in ``last_error``
+_CHANGE_FAILED = "leadership change failed"
+
 #: default seconds a write may take from submission until applied on the leader
 DEFAULT_WRITE_TIMEOUT = 10.0
 #: default seconds a new leader may take to apply what the log already holds before it
@@ -471,7 +474,12 @@ class ClusterNode:
                     self._become_follower()
             except Exception as exc:
                 log.exception("leadership change failed")
-                self.last_error = f"leadership change failed: {exc}"
+                self.last_error = f"{_CHANGE_FAILED}: {exc}"
+            else:
+                # A failed change was retried and went through: its error is history
+                # (monitoring reads /status last_error as a current problem).
+                if self.last_error is not None and self.last_error.startswith(_CHANGE_FAILED):
+                    self.last_error = None
             self._report()
 
     def _take_over(self) -> None:
@@ -528,6 +536,7 @@ class ClusterNode:
             self.journal.set_mode(Mode.LEADER)
             self.appender.open(fence, self.journal.last_cid() + 1)
             self._accepting = True
+            self.last_error = None  # an earlier failed take-over no longer holds
         log.info("%s accepts writes as leader of %s from cid %d", self.node_id, self.cluster,
                  self.journal.last_cid() + 1)  # fmt: skip
 

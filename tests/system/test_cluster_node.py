@@ -15,6 +15,7 @@ from litecdc.cluster import (
     ClusterNode,
     EtcdClient,
     EtcdSettings,
+    LogAppender,
     NotLeaderError,
     leader_key,
     log_prefix,
@@ -252,6 +253,34 @@ def test_internal_entries_go_through_the_log(cluster: Cluster) -> None:
     with pytest.raises(NotLeaderError) as raised:
         follower.write_internal(high_watermark_sql(8))
     assert raised.value.leader_id == leader.node_id
+
+
+def test_a_failed_take_over_retried_successfully_leaves_no_error_in_status(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fault injection: the first opening of the log appender fails (nothing real fails
+    # that way on demand); the control loop retries the take-over, which then succeeds.
+    failures = [RuntimeError("injected: appender would not open")]
+    real_open = LogAppender.open
+
+    def open_once_failing(self: LogAppender, fence_revision: int, next_cid: int) -> None:
+        if failures:
+            raise failures.pop()
+        real_open(self, fence_revision, next_cid)
+
+    monkeypatch.setattr(LogAppender, "open", open_once_failing)
+    store = Store(NodeConfig(data_dir=tmp_path / "n1"))
+    settings = EtcdSettings(endpoints=etcd.endpoints, request_timeout=2.0)
+    node = ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name)
+    try:
+        wait_for(node.is_leader, 20)
+        assert not failures  # the injected failure happened
+        assert node.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY)")]).cid is not None
+        status = node.status()
+        assert status["last_error"] is None, status
+    finally:
+        node.close()
+        store.close()
 
 
 def test_a_second_node_with_a_taken_node_id_is_refused(cluster: Cluster, tmp_path: Path) -> None:
