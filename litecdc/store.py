@@ -23,6 +23,7 @@ from litecdc.db import source
 from litecdc.db.datafile import SQLITE_HEADER
 from litecdc.db.engine import Engine
 from litecdc.db.page_workers import PageWorkers
+from litecdc.db.read_limit import ReadLimit
 from litecdc.db.schema import (
     HOLDS_TABLE,
     advance_hold_sql,
@@ -187,13 +188,16 @@ class Store:
         transaction: bool = False,
         level: ReadLevel = "weak",
         read_only: bool | None = None,
+        limit: ReadLimit | None = None,
     ) -> WriteOutcome:
         """rqlite's unified /db/request: reads only → query path, else one journaled write.
-        ``read_only``: what :meth:`is_read_only` answered for them, when already asked."""
+        ``read_only``: what :meth:`is_read_only` answered for them, when already asked;
+        ``limit``: when the reads must stop (:meth:`query`; writes run to the end)."""
         if read_only is None:
             read_only = self.is_read_only(statements)
         if read_only:
-            return WriteOutcome(results=self.query(statements, level=level), read_only=True)
+            results = self.query(statements, level=level, limit=limit)
+            return WriteOutcome(results=results, read_only=True)
         return self.execute(statements, transaction=transaction)
 
     def is_read_only(self, statements: Sequence[Statement]) -> bool:
@@ -223,8 +227,10 @@ class Store:
         *,
         level: ReadLevel = "weak",
         transaction: bool = False,
+        limit: ReadLimit | None = None,
     ) -> list[StatementResult]:
-        """Run read-only statements on a reader connection (rqlite's /db/query).
+        """Run read-only statements on a reader connection (rqlite's /db/query); ``limit``
+        stops them past a deadline or once cancelled (error ``query timeout``).
 
         A standalone node is always the leader, so every level reads local data that
         includes every acknowledged write. In a cluster, the read gate decides first:
@@ -234,7 +240,7 @@ class Store:
         """
         if self._read_gate is not None:
             self._read_gate(level)
-        return self.engine.query(statements, transaction=transaction)
+        return self.engine.query(statements, transaction=transaction, limit=limit)
 
     def route_reads(self, gate: Callable[[ReadLevel], None]) -> None:
         """Check every read's consistency level first (a cluster node's leadership rules)."""

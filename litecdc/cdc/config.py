@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from litecdc.config_files import check_text, decode_json, read_config_file
+from litecdc.durations import DurationOutOfRange, parse_go_duration
 from litecdc.errors import ConfigError
 
 #: Defaults, as rqlite's (cdc/config.go); durations in seconds.
@@ -47,65 +48,6 @@ STDOUT = "stdout"
 
 #: the longest duration any key takes: a day
 MAX_DURATION_S = 86_400.0
-#: Go's duration units in nanoseconds (time.ParseDuration: "µs" is U+00B5, "μs" U+03BC)
-_UNIT_NS = {
-    "ns": 1,
-    "us": 1_000,
-    "\u00b5s": 1_000,
-    "\u03bcs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-_GO_MAX_DURATION_NS = 2**63 - 1
-_DIGITS = re.compile(r"[0-9]*")
-_UNIT = re.compile(r"[^0-9.]*")  # as Go reads a unit: up to the next digit or "."
-
-
-class DurationOutOfRange(ValueError):
-    """A duration past Go's limit (about 292 years)."""
-
-
-def parse_go_duration(text: str) -> int:
-    """Nanoseconds of a duration in Go's syntax, exactly as ``time.ParseDuration`` reads it:
-    an optional sign, then ``0`` or one or more decimal numbers (fraction allowed, "1.5h",
-    ".5s", "1.s") each with a unit (ns, us, µs, μs, ms, s, m, h), as in "1h2m3.5s". Raises
-    ValueError with Go's reason."""
-    s, negative = text, False
-    if s[:1] in ("-", "+"):
-        negative, s = s[0] == "-", s[1:]
-    if s == "0":
-        return 0
-    if not s:
-        raise ValueError("invalid duration")
-    total, pos = 0, 0
-    while pos < len(s):
-        whole = _DIGITS.match(s, pos)
-        assert whole is not None  # [0-9]* always matches
-        pos = whole.end()
-        fraction = ""
-        if s.startswith(".", pos):
-            digits = _DIGITS.match(s, pos + 1)
-            assert digits is not None
-            fraction, pos = digits.group(), digits.end()
-        if not whole.group() and not fraction:
-            raise ValueError("invalid duration")  # no digits ("." or "s")
-        unit_match = _UNIT.match(s, pos)
-        assert unit_match is not None
-        unit, pos = unit_match.group(), unit_match.end()
-        if not unit:
-            raise ValueError("missing unit in duration")
-        if unit not in _UNIT_NS:
-            raise ValueError(f"unknown unit {unit!r} in duration")
-        scale = _UNIT_NS[unit]
-        total += int(whole.group() or "0") * scale
-        if fraction:  # truncated to whole nanoseconds, as Go does
-            fraction = fraction[:30]
-            total += int(fraction) * scale // 10 ** len(fraction)
-        if total > _GO_MAX_DURATION_NS:
-            raise DurationOutOfRange("invalid duration: out of range")
-    return -total if negative else total
 
 
 def parse_duration(value: object, key: str) -> float:

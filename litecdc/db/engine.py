@@ -36,6 +36,7 @@ from litecdc.db.determinism import DeterministicRandom, FixedClockVFS, pin_proce
 from litecdc.db.dump import dump_statements
 from litecdc.db.load import children_first
 from litecdc.db.load import load_statements as sql_text_statements
+from litecdc.db.read_limit import QUERY_TIMEOUT, READ_CHECK_STEPS, ReadLimit
 from litecdc.db.reshape import ReshapeWatch
 from litecdc.db.schema import (
     CDC_STATE_TABLE,
@@ -1447,12 +1448,23 @@ class Engine:
 
     # -- reads ----------------------------------------------------------------------------
     def query(
-        self, statements: Sequence[Statement], *, transaction: bool = False
+        self,
+        statements: Sequence[Statement],
+        *,
+        transaction: bool = False,
+        limit: ReadLimit | None = None,
     ) -> list[StatementResult]:
-        """Run read-only statements on this thread's reader connection."""
+        """Run read-only statements on this thread's reader connection.
+
+        With ``limit``, a statement still running past its deadline (or once it is
+        cancelled) is interrupted and its result is the error ``query timeout``; the
+        statements after it are not run and get the same error (rqlite's db_timeout).
+        """
         conn = self._reader()
         authorizer: ReadAuthorizer = self._readers.authorizer
         results: list[StatementResult] = []
+        if limit is not None:
+            conn.set_progress_handler(limit.stop_now, READ_CHECK_STEPS)
         if transaction:
             with authorizer.trusted():
                 conn.execute("BEGIN")
@@ -1460,20 +1472,33 @@ class Engine:
             # every statement gets its result, an error too, as rqlite's queryWithConn
             # gives them (with `transaction` as well: reads have nothing to roll back)
             for statement in statements:
-                results.append(self._read_one(conn, statement))
+                stopped = limit.reason() if limit is not None else None
+                if stopped is not None:
+                    results.append(StatementResult(error=stopped))
+                    continue
+                results.append(self._read_one(conn, statement, limit))
         finally:
+            if limit is not None:
+                conn.set_progress_handler(None)  # (the COMMIT below must not be interrupted)
             if conn.in_transaction:  # ours, or anything a statement left open
                 with authorizer.trusted():
                     conn.execute("COMMIT" if transaction else "ROLLBACK")
         return results
 
-    def _read_one(self, conn: apsw.Connection, statement: Statement) -> StatementResult:
+    def _read_one(
+        self, conn: apsw.Connection, statement: Statement, limit: ReadLimit | None = None
+    ) -> StatementResult:
         started = time.perf_counter()
         last = _LastResult()
         refusals = self._readers.authorizer
         refusals.reason = None
         try:
             last.run(conn.cursor(), statement.sql, _bindable(statement.sql, statement.params))
+        except apsw.InterruptError:
+            return StatementResult(
+                error=(limit.reason() if limit is not None else None) or QUERY_TIMEOUT,
+                seconds=time.perf_counter() - started,
+            )
         except apsw.AuthError as exc:
             return StatementResult(
                 error=refusals.reason or _statement_error(exc, None),

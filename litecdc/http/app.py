@@ -38,7 +38,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 import msgspec
@@ -54,6 +54,8 @@ from litecdc.cdc.config import shown_cdc_config
 from litecdc.cdc.service import CDCService
 from litecdc.config import NodeConfig
 from litecdc.db.datafile import SQLITE_HEADER
+from litecdc.db.read_limit import ReadLimit
+from litecdc.durations import format_go_duration
 from litecdc.errors import (
     BodyTimeoutError,
     BodyTooLargeError,
@@ -70,7 +72,7 @@ from litecdc.http import rqlite
 from litecdc.http.auth import CredentialStore, parse_basic_auth
 from litecdc.http.forward import LeaderForwarder
 from litecdc.http.metrics import NodeMetrics
-from litecdc.results import MAX_CID, MAX_SEQ, Statement
+from litecdc.results import MAX_CID, MAX_SEQ, Statement, WriteOutcome
 from litecdc.store import Store
 from litecdc.wire import ARROW_STREAM, decode_key, encode_key, table_to_json, to_ipc
 
@@ -162,6 +164,8 @@ class _WriteQueue:
         self.processed = max(self.processed, number)
 
 
+T = TypeVar("T")
+
 #: threads the writes run on, apart from anyio's default 40 that every other call shares
 WRITE_THREADS = 40
 #: seconds a request body may go without a byte arriving (a request's head has its own
@@ -178,36 +182,6 @@ def _json(doc: Any, *, status: int = 200, pretty: bool = False) -> Response:
 
 def _text_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     return Response(f"{message}\n", status_code=status, media_type=_TEXT, headers=headers)
-
-
-def go_duration(seconds: float) -> str:
-    """A duration as Go's time.Duration.String() writes it (``1h2m3.5s``, ``1.5ms``):
-    rqlite's ``node.uptime``, which clients parse with time.ParseDuration."""
-    nanos = round(seconds * 1e9)
-    if nanos == 0:
-        return "0s"
-    sign, nanos = ("-", -nanos) if nanos < 0 else ("", nanos)
-    if nanos < 1_000_000_000:
-        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if nanos >= size or unit == "ns":
-                return sign + _go_decimal(nanos, size) + unit
-    hours, rest = divmod(nanos, 3_600_000_000_000)
-    minutes, rest = divmod(rest, 60_000_000_000)
-    text = _go_decimal(rest, 1_000_000_000) + "s"
-    if hours:
-        return f"{sign}{hours}h{minutes}m{text}"
-    if minutes:
-        return f"{sign}{minutes}m{text}"
-    return sign + text
-
-
-def _go_decimal(value: int, unit: int) -> str:
-    """``value / unit`` with the fraction's trailing zeros dropped, exactly."""
-    whole, fraction = divmod(value, unit)
-    if not fraction:
-        return str(whole)
-    digits = len(str(unit)) - 1
-    return f"{whole}.{str(fraction).rjust(digits, '0').rstrip('0')}"
 
 
 def _go_time(moment: datetime) -> str:
@@ -483,8 +457,13 @@ class _Api:
                     f"(it has {self.store.journal.available_snapshot()}); retry, or read with "
                     "a stronger level"
                 )
-        results = await to_thread.run_sync(
-            lambda: self.store.query(statements, level=opts.level, transaction=opts.transaction)
+        limit = ReadLimit(opts.db_timeout)
+        results = await self._read_for(
+            request,
+            limit,
+            lambda: self.store.query(
+                statements, level=opts.level, transaction=opts.transaction, limit=limit
+            ),
         )
         doc = {
             "results": rqlite.format_results(
@@ -505,12 +484,21 @@ class _Api:
         statements = await self._statements(request)
         self.stats.add("request_stmts_rx", len(statements))
         read_only = await to_thread.run_sync(lambda: self.store.is_read_only(statements))
-        outcome = await to_thread.run_sync(
-            lambda: self.store.request(
-                statements, transaction=opts.transaction, level=opts.level, read_only=read_only
-            ),
-            limiter=None if read_only else self.write_threads,
-        )
+        limit = ReadLimit(opts.db_timeout)
+
+        def run() -> WriteOutcome:
+            return self.store.request(
+                statements,
+                transaction=opts.transaction,
+                level=opts.level,
+                read_only=read_only,
+                limit=limit,
+            )
+
+        if read_only:
+            outcome = await self._read_for(request, limit, run)
+        else:
+            outcome = await to_thread.run_sync(run, limiter=self.write_threads)
         doc = {
             "results": rqlite.format_results(
                 outcome.results,
@@ -522,6 +510,36 @@ class _Api:
             )
         }
         return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
+
+    @staticmethod
+    async def _read_for(request: Request, limit: ReadLimit, read: Callable[[], T]) -> T:
+        """Run ``read`` on a thread; if the client disconnects meanwhile, cancel ``limit``
+        so that SQLite stops the read (nobody will see its rows) and frees its thread."""
+
+        async def watch_client() -> None:
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    limit.cancel()
+                    return
+
+        def outcome() -> tuple[T | None, BaseException | None]:
+            # (caught here and raised outside the task group, which would wrap it in an
+            # ExceptionGroup: NotLeaderError must reach the forwarding as it is)
+            try:
+                return read(), None
+            except Exception as exc:
+                return None, exc
+
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(watch_client)
+            try:
+                result, error = await to_thread.run_sync(outcome)
+            finally:
+                watching.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return cast(T, result)
 
     @staticmethod
     def _finish(
@@ -657,7 +675,7 @@ class _Api:
                 "leader": self.cluster.is_leader() if self.cluster is not None else True,
                 "start_time": _go_time(self.started),
                 "current_time": _go_time(now),
-                "uptime": go_duration((now - self.started).total_seconds()),
+                "uptime": format_go_duration((now - self.started).total_seconds()),
             },
             "os": {
                 "pid": os.getpid(),

@@ -46,6 +46,7 @@ from urllib.parse import parse_qsl, unquote_plus
 import msgspec
 
 from litecdc.db.sqltext import named_values, parse_template
+from litecdc.durations import parse_go_duration
 from litecdc.errors import BodyTooLargeError, RequestError, StatementError
 from litecdc.results import ReadLevel, SQLValue, Statement, StatementResult
 
@@ -266,7 +267,6 @@ _LEVELS: dict[str, ReadLevel] = {
     "linearizable": "linearizable",
     "auto": "auto",
 }
-_DURATION_RE = re.compile(r"[-+]?(0|(\d+(\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+")
 _DURATION_PARAMS = ("timeout", "freshness", "db_timeout", "linearizable_timeout")
 
 
@@ -285,6 +285,8 @@ class QueryOptions:
     #: litecdc: wait until this node has applied this cid before reading (read-your-writes
     #: on a follower; the cid is the raft_index a write returned)
     min_cid: int | None = None
+    #: seconds a read may run (``db_timeout``); None: no limit (absent, 0 or negative)
+    db_timeout: float | None = None
 
 
 _INTEGER_PARAMS = ("retries", "trailing_logs")
@@ -343,8 +345,8 @@ def check_params(params: Mapping[str, str]) -> None:
         raise RequestError("freshness_strict requires freshness")
     for key in _DURATION_PARAMS:
         value = params.get(key)
-        if value is not None and not _DURATION_RE.fullmatch(value):
-            raise RequestError(f'time: invalid duration "{value}" (query parameter {key})')
+        if value is not None:
+            _duration_seconds(key, value)
     for key in _INTEGER_PARAMS:
         value = params.get(key)
         if value is not None and not GO_INTEGER_RE.fullmatch(value):
@@ -370,7 +372,26 @@ def parse_options(params: Mapping[str, str]) -> QueryOptions:
         raft_index="raft_index" in params,
         level=_LEVELS.get(params.get("level", "weak").lower(), "weak"),
         min_cid=_min_cid(params.get("min_cid")),
+        db_timeout=_db_timeout(params.get("db_timeout")),
     )
+
+
+def _duration_seconds(key: str, value: str) -> float:
+    """A URL duration in seconds; RequestError with Go's message when it does not parse
+    (out of range included, as time.ParseDuration refuses it)."""
+    try:
+        return parse_go_duration(value) / 1e9
+    except ValueError:
+        raise RequestError(f'time: invalid duration "{value}" (query parameter {key})') from None
+
+
+def _db_timeout(value: str | None) -> float | None:
+    """rqlite's ``db_timeout``: a read stops with "query timeout" once it has run this long;
+    0 or negative is no limit, as in rqlite (``DbTimeout > 0``)."""
+    if value is None:
+        return None
+    seconds = _duration_seconds("db_timeout", value)
+    return seconds if seconds > 0 else None
 
 
 def _min_cid(text: str | None) -> int | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -313,7 +315,6 @@ def test_reads_that_wait_long_do_not_hold_up_writes(node: Node) -> None:
     """HTTP QA: 45 reads waiting for a cid that never comes (min_cid, 10 s each) held all
     of anyio's 40 threads, and a plain write waited for them. Writes have threads of their
     own: this write is answered while every one of those reads is still waiting."""
-    import threading
 
     answered: list[int] = []
 
@@ -335,6 +336,37 @@ def test_reads_that_wait_long_do_not_hold_up_writes(node: Node) -> None:
     for t in waiters:
         t.join(60)
     assert answered == [503] * 45
+
+
+RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def test_db_timeout_stops_a_runaway_read_with_rqlites_error(client: httpx.Client) -> None:
+    """rqlite's db_timeout was checked for syntax and then ignored: the read ran forever."""
+    r = client.get("/db/query", params={"q": RUNAWAY, "db_timeout": "200ms"})
+    assert r.status_code == 200 and r.json()["results"] == [{"error": "query timeout"}], r.text
+    r = client.post("/db/request?db_timeout=200ms", json=[RUNAWAY, "SELECT 1"])
+    assert r.json()["results"] == [{"error": "query timeout"}] * 2, r.text
+    r = client.post("/db/query?db_timeout=0&associative", json=["SELECT 7 AS n"])
+    assert r.json()["results"][0]["rows"] == [{"n": 7}], r.text  # 0: no limit
+
+
+def test_a_read_whose_client_left_stops_and_frees_its_thread(node: Node) -> None:
+    """A read ran to its end when its client went away: 45 runaway reads whose clients
+    gave up held every read thread (40) for good, and each later read waited forever."""
+    request = f"GET /db/query?q={quote(RUNAWAY)} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with node.client() as c:
+        before = int(c.get("/debug/vars").json()["http"]["queries"])
+        clients = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(45)]
+        for conn in clients:
+            conn.sendall(request)
+        while int(c.get("/debug/vars").json()["http"]["queries"]) < before + 45:
+            threading.Event().wait(0.05)  # every read has reached the node
+        for conn in clients:
+            conn.close()
+        r = c.get("/db/query", params={"q": "SELECT 42"}, timeout=60)
+        assert r.json()["results"][0]["values"] == [[42]], r.text
+    assert "Traceback" not in node.log()
 
 
 def test_a_huge_request_head_is_431_on_a_real_node(node: Node) -> None:

@@ -565,7 +565,7 @@ def test_first_values_only_keeps_the_parts_as_sent() -> None:
 
 def test_uptime_is_written_as_go_writes_a_duration() -> None:
     """rqlite's node.uptime is time.Duration.String(); Go clients parse it back."""
-    from litecdc.http.app import go_duration
+    from litecdc.durations import format_go_duration as go_duration
 
     assert go_duration(0) == "0s"
     assert go_duration(0.5) == "500ms"

@@ -164,10 +164,22 @@ def test_valid_durations(value: str) -> None:
     parse_options({"timeout": value, "freshness": value, "db_timeout": value})
 
 
-@pytest.mark.parametrize("value", ["", "1", "s", "1x", "soon", "1 s"])
+@pytest.mark.parametrize("value", ["", "1", "s", "1x", "soon", "1 s", "9999999999999h", "."])
 def test_invalid_durations(value: str) -> None:
+    # (an out-of-range duration passed the old pattern check; Go refuses it)
     with pytest.raises(RequestError, match=rf'^time: invalid duration "{value}"'):
         parse_options({"freshness": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("500ms", 0.5), ("1m30s", 90.0), ("1.5s", 1.5), ("0", None), ("-2s", None), (None, None)],
+)
+def test_db_timeout_in_seconds_zero_or_negative_is_no_limit(
+    value: str | None, seconds: float | None
+) -> None:
+    params = {} if value is None else {"db_timeout": value}
+    assert parse_options(params).db_timeout == seconds
 
 
 def _read(

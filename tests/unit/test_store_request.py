@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 from litecdc import Statement, Store
+from litecdc.db.read_limit import CLIENT_LEFT, QUERY_TIMEOUT, ReadLimit
 
 S = Statement
 
@@ -97,3 +100,29 @@ def test_too_few_values_say_so_in_rqlites_words(store: Store) -> None:
     wrote = store.execute([S("INSERT INTO t VALUES(?, ?)", (1,))]).results[0].error
     read = store.query([S("SELECT ?, ?", (1,))])[0].error
     assert wrote == read == "not enough args to execute query: want 2 got 1"
+
+
+RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def test_a_read_past_its_db_timeout_stops_with_rqlites_error(store: Store) -> None:
+    """rqlite's db_timeout: the read is interrupted, and the reads after it do not run."""
+    limit = ReadLimit(0.05)
+    results = store.query([S("SELECT 1"), S(RUNAWAY), S("SELECT 2")], limit=limit)
+    assert results[0].rows == [(1,)]
+    assert [r.error for r in results[1:]] == [QUERY_TIMEOUT, QUERY_TIMEOUT]
+    # inside a read transaction too, and the reader is left without a limit or transaction
+    results = store.query([S(RUNAWAY)], transaction=True, limit=ReadLimit(0.05))
+    assert results[0].error == QUERY_TIMEOUT
+    heavy = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 300000) "
+    assert store.query([S(heavy + "SELECT count(*) FROM c")])[0].rows == [(300000,)]
+    out = store.request([S(RUNAWAY)], limit=ReadLimit(0.05))
+    assert out.read_only and out.results[0].error == QUERY_TIMEOUT
+
+
+def test_a_cancelled_read_stops_and_says_its_client_left(store: Store) -> None:
+    limit = ReadLimit()
+    threading.Timer(0.1, limit.cancel).start()
+    results = store.query([S(RUNAWAY), S("SELECT 1")], limit=limit)
+    assert [r.error for r in results] == [CLIENT_LEFT, CLIENT_LEFT]
+    assert store.query([S("SELECT 3")], limit=ReadLimit(60))[0].rows == [(3,)]
