@@ -49,6 +49,9 @@ class TableShape:
     rowid_key: bool
     #: False for WITHOUT ROWID tables
     has_rowid: bool = True
+    #: positions of REAL-affinity columns with a DEFAULT: SQLite gives a row written before
+    #: ``ADD COLUMN … REAL DEFAULT 3`` the default unconverted (3, not 3.0) as its old value
+    real_defaults: tuple[int, ...] = ()
     _image_struct: type[msgspec.Struct] | None = field(init=False, repr=False, compare=False)
     _pk_prefix: bytes | None = field(init=False, repr=False, compare=False)
 
@@ -70,10 +73,29 @@ class TableShape:
 
     def image(self, values: Sequence[SQLValue]) -> bytes:
         """A full row as its MessagePack image: column name -> value, in column order."""
+        if len(values) != len(self.columns):
+            # a stale shape: failing the write beats recording images that silently drop
+            # or misname columns
+            raise RuntimeError(
+                f"capture: a row of table {self.table} has {len(values)} values, but its "
+                f"shape as known has {len(self.columns)} columns"
+            )
         struct = self._image_struct
-        if struct is not None and len(values) == len(self.columns):
+        if struct is not None:
             return _encode(struct(*values))
-        return _encode(dict(zip(self.columns, values, strict=False)))
+        return _encode(dict(zip(self.columns, values, strict=True)))
+
+    def old_image(self, values: Sequence[SQLValue]) -> bytes:
+        """A before image: :meth:`image`, with an integer in a REAL column made the float
+        that reading the row gives."""
+        if self.real_defaults:
+            converted = list(values)
+            for i in self.real_defaults:
+                value = converted[i]
+                if isinstance(value, int):
+                    converted[i] = float(value)
+            values = converted
+        return self.image(values)
 
     def key(self, rowid: int, values: Sequence[SQLValue]) -> bytes:
         """The MessagePack primary-key map of a row (``values`` in column order)."""
@@ -86,6 +108,15 @@ class TableShape:
             return _encode({self.columns[i]: values[i] for i in positions})
         assert self._pk_prefix is not None
         return self._pk_prefix + _encode(value)
+
+
+def has_real_affinity(declared_type: str) -> bool:
+    """Whether a column of this declared type has REAL affinity (SQLite's rules, in order:
+    INT → INTEGER; CHAR, CLOB, TEXT → TEXT; BLOB or none → BLOB; then REAL, FLOA, DOUB)."""
+    upper = declared_type.upper()
+    if "INT" in upper or any(word in upper for word in ("CHAR", "CLOB", "TEXT", "BLOB")):
+        return False
+    return any(word in upper for word in ("REAL", "FLOA", "DOUB"))
 
 
 def _image_struct(columns: tuple[str, ...]) -> type[msgspec.Struct] | None:
@@ -163,7 +194,7 @@ class ChangeBuffer:
                 rowid if old is not None and shape.has_rowid else None,
                 rowid_new if new is not None and shape.has_rowid else None,
                 pk,
-                shape.image(old) if old is not None else None,
+                shape.old_image(old) if old is not None else None,
                 after,
                 timestamp_ms,
             )

@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 import apsw
 
 from litecdc.db.access import Access, AccessCache, ReadAuthorizer, WriteAuthorizer
-from litecdc.db.capture import CHANGE_COLUMNS, ChangeBuffer, TableShape, decode_change
+from litecdc.db.capture import (
+    CHANGE_COLUMNS,
+    ChangeBuffer,
+    TableShape,
+    decode_change,
+    has_real_affinity,
+)
 from litecdc.db.checkpoint import BackgroundCheckpointer
 from litecdc.db.datafile import (
     SQLITE_HEADER,
@@ -357,7 +363,9 @@ class Engine:
 
     def _table_shape(self, table: str) -> TableShape:
         """Columns and key of ``table``, read from the schema (called from the capture hook)."""
-        rows = self._internal("SELECT name, type, pk, hidden FROM pragma_table_xinfo(?)", (table,))
+        rows = self._internal(
+            "SELECT name, type, pk, hidden, dflt_value FROM pragma_table_xinfo(?)", (table,)
+        )
         columns = tuple(r[0] for r in rows)
         pk = sorted((r[2], i) for i, r in enumerate(rows) if r[2])
         pk_positions = tuple(i for _, i in pk)
@@ -370,7 +378,10 @@ class Engine:
             not pk_positions
             or (len(pk_positions) == 1 and str(rows[pk_positions[0]][1]).upper() == "INTEGER")
         )
-        return TableShape(table, columns, pk_positions, rowid_key, not without_rowid)
+        real_defaults = tuple(
+            i for i, r in enumerate(rows) if r[4] is not None and has_real_affinity(str(r[1]))
+        )
+        return TableShape(table, columns, pk_positions, rowid_key, not without_rowid, real_defaults)
 
     def _deferred_violations(self) -> bool:
         """Whether the open transaction holds deferred foreign-key violations."""
@@ -691,6 +702,7 @@ class Engine:
                 self._commit()
             except BaseException:
                 self._rollback()
+                self._schema_changed()  # (whatever schema the rolled-back statements made)
                 raise
             finally:
                 buffer.clear()
@@ -844,6 +856,7 @@ class Engine:
                 for step in steps:
                     done.append(step())
                     if not self._writer.in_transaction:
+                        self._schema_changed()  # (the steps' schema changes are undone)
                         return None
                 if state:
                     was, self._authorizer.internal = self._authorizer.internal, True
@@ -858,10 +871,12 @@ class Engine:
                     self._checkpointer.after_commit()
                 return done
             except _BatchRolledBack:
+                self._schema_changed()
                 return None
             except BaseException:
                 self._nested = False
                 self._rollback()
+                self._schema_changed()
                 raise
             finally:
                 self._nested = False
@@ -921,6 +936,10 @@ class Engine:
                     self._reload_statistics()
             self._buffer.cut(buffer_mark)
             self._random.calls = random_mark
+            if access is not None and access.schema:
+                # its schema change is undone too: shapes captured after it (a string's
+                # "ALTER …; UPDATE …; <fails>") would mislabel every later image (QA)
+                self._schema_changed()
             message = _statement_error(exc, refused)
             if isinstance(exc, KeyError):
                 message = f"no value for parameter :{exc.args[0]}"

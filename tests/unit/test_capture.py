@@ -535,3 +535,71 @@ def test_litecdc_bookkeeping_never_becomes_a_change(store: Store) -> None:
     out = store.execute([S("INSERT INTO t VALUES(1)")])
     assert [(c.table, c.op) for c in store.changes(0, 100)] == [("t", "insert")]
     assert out.cid is not None
+
+
+@pytest.mark.parametrize("transaction", [False, True])
+def test_a_failed_string_that_changed_the_schema_leaves_later_images_right(
+    store: Store, transaction: bool
+) -> None:
+    """QA: the string's ALTER was rolled back with it, but the shape captured after the
+    ALTER stayed: every later image of the table lacked column b (or named it 'bee')."""
+    store.execute(
+        [
+            S("CREATE TABLE sd(id INTEGER PRIMARY KEY, a, b)"),
+            S("INSERT INTO sd VALUES(1, 'a', 'b')"),
+        ]
+    )
+    for ddl in ("ALTER TABLE sd DROP COLUMN b", "ALTER TABLE sd RENAME COLUMN b TO bee"):
+        out = store.execute(
+            [S(f"{ddl}; UPDATE sd SET a = 'x'; SELECT * FROM nosuch")], transaction=transaction
+        )
+        assert out.cid is None and "no such table: nosuch" in str(out.results[0].error)
+    out = store.execute([S("UPDATE sd SET a = 'y'")])
+    (change,) = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    assert change.before == {"id": 1, "a": "a", "b": "b"}
+    assert change.after == {"id": 1, "a": "y", "b": "b"}
+
+
+def test_a_failed_string_that_recreated_a_table_leaves_its_key_right(
+    store: Store,
+) -> None:
+    store.execute([S("CREATE TABLE sk(id INTEGER PRIMARY KEY, v)")])
+    out = store.execute(
+        [
+            S(
+                "DROP TABLE sk; CREATE TABLE sk(k TEXT PRIMARY KEY, v) WITHOUT ROWID; "
+                "INSERT INTO sk VALUES('a', 1); SELECT * FROM nosuch"
+            )
+        ],
+        transaction=True,
+    )
+    assert out.cid is None
+    out = store.execute([S("INSERT INTO sk VALUES(2, 'b')")])
+    (change,) = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    assert (change.pk, change.new_rowid, change.after) == ({"id": 2}, 2, {"id": 2, "v": "b"})
+
+
+def test_an_image_of_another_length_than_its_shape_fails_instead_of_dropping_values() -> None:
+    from litecdc.db.capture import TableShape
+
+    shape = TableShape("t", ("id", "a", "b"), (), True)
+    with pytest.raises(RuntimeError, match="has 2 values, but its shape as known has 3"):
+        shape.image((1, "a"))
+
+
+def test_before_images_of_rows_older_than_a_real_default_hold_the_float(store: Store) -> None:
+    """QA: SQLite hands a row written before ADD COLUMN … REAL DEFAULT 3 its default
+    unconverted as the old value: the before image said 3 where every read says 3.0."""
+    store.execute(
+        [S("CREATE TABLE rr(id INTEGER PRIMARY KEY, q)"), S("INSERT INTO rr VALUES(1, 1)")]
+    )
+    store.execute([S("ALTER TABLE rr ADD COLUMN price REAL DEFAULT 3")])
+    store.execute([S("ALTER TABLE rr ADD COLUMN n NUMERIC DEFAULT 3.0")])
+    (read,) = store.query([S("SELECT price, n FROM rr")])[0].rows
+    assert [type(v) for v in read] == [float, int]  # what every read of the row gives
+    out = store.execute([S("UPDATE rr SET q = 2"), S("DELETE FROM rr")], transaction=True)
+    update, delete = store.changes(out.cid - 1, 10)  # type: ignore[operator]
+    for image in (update.before, update.after, delete.before):
+        assert image is not None
+        assert type(image["price"]) is float and image["price"] == 3.0
+        assert type(image["n"]) is int and image["n"] == 3  # as SQLite reads it
