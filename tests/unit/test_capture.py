@@ -330,6 +330,26 @@ def test_load_of_garbage_is_refused_and_changes_nothing(store: Store) -> None:
     assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
 
 
+def test_load_of_a_damaged_file_that_still_reads_is_refused(store: Store, tmp_path: Path) -> None:
+    """QA: a leaf page whose cell count was lowered by 2 reads as 2 rows fewer; the load
+    replaced every table with what it read, and the 2 rows were gone without a word."""
+    made = apsw.Connection(str(tmp_path / "damaged.db"))
+    made.execute("CREATE TABLE big(id INTEGER PRIMARY KEY, v)")
+    made.executemany("INSERT INTO big VALUES(?, ?)", [(i, "x" * 50) for i in range(1, 21)])
+    made.close()
+    data = bytearray((tmp_path / "damaged.db").read_bytes())
+    page = 4096  # page 2: the table's only (leaf) page
+    assert data[page] == 0x0D
+    cells = int.from_bytes(data[page + 3 : page + 5], "big")
+    data[page + 3 : page + 5] = (cells - 2).to_bytes(2, "big")
+    store.execute([S("CREATE TABLE keep(v)"), S("INSERT INTO keep VALUES('precious')")])
+    before = store.journal.last_cid()
+    with pytest.raises(LoadError, match="^load: the uploaded SQLite file is damaged: "):
+        store.load(bytes(data))
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT v FROM keep")])[0].rows == [("precious",)]
+
+
 def test_dump_and_load_tables_with_generated_columns(store: Store, tmp_path: Path) -> None:
     from litecdc import NodeConfig
 
