@@ -185,6 +185,24 @@ def _runs_as_text(sql: str, random_views: frozenset[str] = frozenset()) -> bool:
 FAILED_STATEMENT_FUNCTION = "litecdc_statement_failed"
 
 
+#: SQLite steps (virtual-machine instructions) one client statement of a write may run:
+#: about 100 s of work on the project's machine (~100 M steps/s; an UPDATE costs about 10
+#: steps a row, so a billion rows). A statement that never ends (a recursive CTE without
+#: a bound) held the write lock for good and, in a cluster, stopped every node's apply
+#: loop at that log entry, restarts included (security QA). Steps, not seconds: every
+#: replica stops the statement at the same step, so they agree that it failed — up to the
+#: check's granularity, whose phase follows SQLite's statement cache (a statement ending
+#: within WRITE_CHECK_STEPS of the limit could pass on one node and fail on another).
+WRITE_STEP_LIMIT = 10_000_000_000
+WRITE_CHECK_STEPS = 10_000
+_WRITE_LIMIT_CHECKS = WRITE_STEP_LIMIT // WRITE_CHECK_STEPS
+WRITE_LIMIT_ERROR = (
+    f"statement stopped: it ran {WRITE_STEP_LIMIT:,} SQLite steps, the most one statement "
+    "of a write may run (it would hold every other write back); bound it (LIMIT, WHERE) "
+    "or split it"
+)
+
+
 def _fail_statement(*reason: SQLValue) -> SQLValue:
     raise StatementError(str(reason[0]) if reason else "statement failed")
 
@@ -288,6 +306,10 @@ class Engine:
             self._writer.execute("PRAGMA foreign_keys=ON")
         self._random = DeterministicRandom()
         self._random.install(self._writer)
+        #: progress checks (every WRITE_CHECK_STEPS steps) of the client statement that
+        #: runs; None while none does (litecdc's own statements have no limit)
+        self._write_checks: int | None = None
+        self._writer.set_progress_handler(self._past_write_limit, WRITE_CHECK_STEPS)
         self._writer.create_scalar_function(FAILED_STATEMENT_FUNCTION, _fail_statement, 1)
         self._access_cache = AccessCache()
         #: whether sqlite_sequence exists (some table has AUTOINCREMENT); None: not known
@@ -418,6 +440,18 @@ class Engine:
                     "row first"
                 )
         return None
+
+    def _past_write_limit(self) -> bool:
+        """The writer's progress handler: True (interrupt) once the client statement that
+        runs has taken WRITE_STEP_LIMIT steps."""
+        checks = self._write_checks
+        if checks is None:
+            return False
+        self._write_checks = checks + 1
+        return checks >= _WRITE_LIMIT_CHECKS
+
+    def _write_limit_reached(self) -> bool:
+        return self._write_checks is not None and self._write_checks > _WRITE_LIMIT_CHECKS
 
     def _schema_changed(self) -> None:
         self._buffer.shapes.clear()
@@ -750,6 +784,7 @@ class Engine:
             # (fresh for each: a batch is one INSERT/UPDATE/DELETE, which always sets it)
             last_ids.append(last_insert_rowid())
             counts.append(changes())
+            self._write_checks = 0  # (each execution has the limit of a statement)
             return True
 
         try:
@@ -765,7 +800,10 @@ class Engine:
         try:
             cursor = writer.cursor()
             cursor.exec_trace = before_each
-            cursor.executemany(sql, params).fetchall()
+            try:
+                cursor.executemany(sql, params).fetchall()
+            finally:
+                self._write_checks = None  # (over the limit: run singly, which says so)
             if self._check_rowid_space(buffer_mark) is not None:
                 raise StatementError("rowid space")  # re-run singly to report it
             texts = render_many(sql, params)
@@ -950,16 +988,22 @@ class Engine:
                 aborts,
             )
 
+        limited = False  # the statement ran past WRITE_STEP_LIMIT
         try:
             last = _LastResult(prepared)
             params = _bindable(statement.sql, statement.params)
             text: str | None = None
-            if _runs_as_text(statement.sql, self._random_views()):
-                text = render(statement.sql, params).rstrip()
-                text += parse_template(statement.sql).terminator
-                last.run(writer.cursor(), text, None, can_cache=False)
-            else:
-                last.run(writer.cursor(), statement.sql, params, can_cache=not recording)
+            self._write_checks = 0
+            try:
+                if _runs_as_text(statement.sql, self._random_views()):
+                    text = render(statement.sql, params).rstrip()
+                    text += parse_template(statement.sql).terminator
+                    last.run(writer.cursor(), text, None, can_cache=False)
+                else:
+                    last.run(writer.cursor(), statement.sql, params, can_cache=not recording)
+            finally:
+                limited = self._write_limit_reached()
+                self._write_checks = None
             watch.finish()
             description, rows = last.description, last.rows
             assert access is not None
@@ -987,6 +1031,8 @@ class Engine:
                     + parse_template(statement.sql).terminator
                 )
         except ENVIRONMENTAL_ERRORS as exc:
+            if isinstance(exc, apsw.InterruptError) and limited:
+                return failed(StatementError(WRITE_LIMIT_ERROR))  # the statement's fault
             if isinstance(exc, apsw.FullError) and near_end:
                 # SQLite says "database or disk is full" when an AUTOINCREMENT table has no
                 # rowid left: the statement's fault, the same on every replica (QA: taken

@@ -21,6 +21,8 @@ from litecdc.cluster import (
     log_prefix,
 )
 from litecdc.config import NodeConfig
+from litecdc.db import engine as engine_module
+from litecdc.db.engine import WRITE_LIMIT_ERROR
 from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
 from litecdc.errors import ConfigError
 from litecdc.results import Statement as S
@@ -132,6 +134,30 @@ def test_writes_on_the_leader_apply_identically_on_all_three(cluster: Cluster) -
         lambda: {m.applied_cid for m in leader.members()} == {failed.log_cid}, 5
     )  # updated every couple of seconds
     assert [m.node_id for m in leader.members()] == ["n1", "n2", "n3"]
+
+
+def test_a_write_that_never_ends_fails_alike_everywhere_and_the_cluster_goes_on(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Security QA: such an entry stopped every node's apply loop for good (restarts ran
+    it again). The step limit (lowered here to a million steps) fails it on every node at
+    the same step, as any failing statement."""
+    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", 100)
+    leader = cluster.leader()
+    leader.execute([S("CREATE TABLE e(v)")])
+    endless = (
+        "INSERT INTO e(v) SELECT x FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+        "SELECT x + 1 FROM c) SELECT x FROM c) WHERE x < 0"
+    )
+    stopped = leader.execute([S(endless)])
+    assert stopped.cid is None and stopped.results[0].error == WRITE_LIMIT_ERROR
+    after = leader.execute([S("INSERT INTO e VALUES(1)")])
+    assert after.cid == stopped.log_cid + 1
+    cluster.converged()
+    states = [snapshot(s) for s in cluster.stores.values()]
+    rows = [s.query([S("SELECT v FROM e")])[0].rows for s in cluster.stores.values()]
+    assert rows == [[(1,)]] * 3
+    assert states[0][1:] == states[1][1:] == states[2][1:]  # journals and changes
 
 
 def test_concurrent_writers_share_etcd_txns(cluster: Cluster, client: EtcdClient) -> None:

@@ -344,7 +344,7 @@ def test_load_of_a_damaged_file_that_still_reads_is_refused(store: Store, tmp_pa
     data[page + 3 : page + 5] = (cells - 2).to_bytes(2, "big")
     store.execute([S("CREATE TABLE keep(v)"), S("INSERT INTO keep VALUES('precious')")])
     before = store.journal.last_cid()
-    with pytest.raises(LoadError, match="^load: the uploaded SQLite file is damaged: "):
+    with pytest.raises(LoadError, match=r"^load: the uploaded SQLite file is damaged: "):
         store.load(bytes(data))
     assert store.journal.last_cid() == before
     assert store.query([S("SELECT v FROM keep")])[0].rows == [("precious",)]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from litecdc import Statement, Store
+from litecdc.db import engine as engine_module
+from litecdc.db.engine import WRITE_LIMIT_ERROR
 from litecdc.db.read_limit import CLIENT_LEFT, QUERY_TIMEOUT, ReadLimit
 
 S = Statement
@@ -126,3 +130,37 @@ def test_a_cancelled_read_stops_and_says_its_client_left(store: Store) -> None:
     results = store.query([S(RUNAWAY), S("SELECT 1")], limit=limit)
     assert [r.error for r in results] == [CLIENT_LEFT, CLIENT_LEFT]
     assert store.query([S("SELECT 3")], limit=ReadLimit(60))[0].rows == [(3,)]
+
+
+ENDLESS_WRITE = (
+    "INSERT INTO e(v) SELECT x FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+    "SELECT x + 1 FROM c) SELECT x FROM c) WHERE x < ?"
+)
+
+
+def test_a_write_statement_that_never_ends_is_stopped_at_the_step_limit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Security QA: a statement without end held the write lock for good (and, in a
+    cluster, every node's apply loop). The limit counts SQLite steps (here lowered to a
+    million, about 10 ms): the statement fails, the next one runs with a limit of its own."""
+    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", 100)
+    store.execute([S("CREATE TABLE e(v)")])
+    last = store.journal.last_cid()
+    # SQLite ends the transaction of an interrupted INSERT/UPDATE/DELETE: the request fails
+    out = store.execute([S(ENDLESS_WRITE, (0,)), S("INSERT INTO e VALUES(1)")])
+    assert out.cid is None and out.results[0].error == WRITE_LIMIT_ERROR
+    assert str(out.results[1].error).startswith("not run: ")
+    assert store.journal.last_cid() == last
+    # a read stopped so fails alone
+    out = store.execute([S(RUNAWAY), S("INSERT INTO e VALUES(1)")])
+    assert [r.error for r in out.results] == [WRITE_LIMIT_ERROR, None]
+    assert store.journal.last_cid() == last + 1  # the insert alone
+    assert store.query([S("SELECT v FROM e")])[0].rows == [(1,)]
+    # in a transaction, batched (one executemany): the whole request is rolled back
+    out = store.execute([S(ENDLESS_WRITE, (0,)), S(ENDLESS_WRITE, (-1,))], transaction=True)
+    assert out.cid is None and out.results[0].error == WRITE_LIMIT_ERROR
+    # a long write of litecdc's own, or many short statements, are not limited together
+    big = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20000) "
+    out = store.execute([S(big + "INSERT INTO e SELECT x FROM c")] * 3)
+    assert [r.error for r in out.results] == [None] * 3
