@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import apsw
 
 from litecdc.db.determinism import NON_DETERMINISTIC_FUNCTIONS
-from litecdc.db.schema import INTERNAL_PREFIX
+from litecdc.db.schema import INTERNAL_PREFIX, is_internal_name
 
 _WRITE = {apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE}
 # DDL whose first argument names the object and (for indexes and triggers) second its table
@@ -39,6 +39,7 @@ _DDL = {
     apsw.SQLITE_ANALYZE,
 }
 _CREATE = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_VIEW, apsw.SQLITE_CREATE_TRIGGER}
+_CREATE_OBJECT = {*_CREATE, apsw.SQLITE_CREATE_INDEX}
 #: DDL that may reshape a table (see db/reshape.py)
 _TABLE_DDL = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_DROP_TABLE, apsw.SQLITE_ALTER_TABLE}
 _TEMP_DDL = {
@@ -360,7 +361,12 @@ class WriteAuthorizer:
                 (arg2,) if action == apsw.SQLITE_ALTER_TABLE else (arg1, arg2)
             )
             for name in names:
-                if name and name.startswith(INTERNAL_PREFIX):
+                # a new object's name as the client wrote it; an existing object's as stored
+                # (an upper-case one made before litecdc refused them may be renamed away)
+                if name and (
+                    name.startswith(INTERNAL_PREFIX)
+                    or (action in _CREATE_OBJECT and is_internal_name(name))
+                ):
                     if action == apsw.SQLITE_ANALYZE:
                         return self._refuse(
                             "ANALYZE without a table name would analyze litecdc's internal "

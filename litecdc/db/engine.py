@@ -521,13 +521,14 @@ class Engine:
         known = ", ".join(f"'{name}'" for name in sorted(INTERNAL_TABLES))
         rows = self._internal(
             "SELECT name FROM sqlite_schema "
-            f"WHERE substr(name, 1, {len(INTERNAL_PREFIX)}) = '{INTERNAL_PREFIX}' "
+            f"WHERE lower(substr(name, 1, {len(INTERNAL_PREFIX)})) = '{INTERNAL_PREFIX}' "
             f"AND name NOT IN ({known})"
         )
         if rows:
             return (
-                f"{rows[0][0]}: names starting with {INTERNAL_PREFIX} are reserved for "
-                "litecdc's internal tables"
+                f"{rows[0][0]}: names starting with {INTERNAL_PREFIX} (in any case: SQLite "
+                "compares names without it) are reserved for litecdc's internal tables; "
+                "rename it"
             )
         return None
 
@@ -1742,6 +1743,20 @@ class Engine:
                 # replaced the whole database and silently lost those rows — QA)
                 found = "; ".join(str(row[0]) for row in problems)
                 raise LoadError(f"load: the uploaded SQLite file is damaged: {found}")
+            # litecdc's own tables (a backup's) are left out; a client object in that
+            # namespace would be left out too, without a word (QA): say so instead
+            known = ", ".join(f"'{name}'" for name in sorted(INTERNAL_TABLES))
+            foreign = scratch.execute(
+                "SELECT type, name FROM sqlite_schema WHERE lower(substr(name, 1, "
+                f"{len(INTERNAL_PREFIX)})) = '{INTERNAL_PREFIX}' AND name NOT IN ({known})"
+            ).fetchall()
+            if foreign:
+                kind, name = foreign[0]
+                raise LoadError(
+                    f"load: the SQLite file has a {kind} named {name}: names starting with "
+                    f"{INTERNAL_PREFIX} (in any case) are reserved for litecdc's internal "
+                    "tables; rename it before loading"
+                )
             try:
                 new = [Statement(s) for s in dump_statements(scratch, transaction=False)]
             except DataTypeError as exc:

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 INTERNAL_PREFIX = "_litecdc_"
 
+
+def is_internal_name(name: str) -> bool:
+    """Whether a new object's name falls in litecdc's namespace. SQLite compares names
+    without case, so ``_LITECDC_CDC_STATE`` is ``_litecdc_cdc_state``: a client table so
+    named before litecdc made its own was then taken for it (security QA)."""
+    return name[: len(INTERNAL_PREFIX)].lower() == INTERNAL_PREFIX
+
+
 JOURNAL_TABLE = "_litecdc_journal"
 CHANGES_TABLE = "_litecdc_changes"
 TABLE_CIDS_TABLE = "_litecdc_table_cids"

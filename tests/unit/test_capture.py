@@ -159,6 +159,51 @@ def test_internal_tables_reject_writes_and_emit_nothing(store: Store) -> None:
     assert store.query([S("SELECT count(*) FROM _litecdc_journal")])[0].rows == [(1,)]
 
 
+def test_litecdcs_names_are_taken_in_any_case(store: Store) -> None:
+    """Security QA: CREATE TABLE _LITECDC_CDC_STATE (SQLite compares names without case)
+    was accepted; litecdc's CREATE TABLE IF NOT EXISTS then took it for its own, and the
+    client's high watermark of 10**9 silenced CDC delivery."""
+    store.execute([S("CREATE TABLE t(x)")])
+    out = store.execute(
+        [
+            S("CREATE TABLE _LITECDC_CDC_STATE(name TEXT PRIMARY KEY, value)"),
+            S("CREATE TABLE _LiteCDC_holds(junk)"),
+            S("CREATE VIEW _LITECDC_V AS SELECT 1"),
+            S("CREATE INDEX _LITECDC_I ON t(x)"),
+            S("CREATE TRIGGER _Litecdc_tr AFTER INSERT ON t BEGIN SELECT 1; END"),
+            S("ALTER TABLE t RENAME TO _LITECDC_T"),
+        ]
+    )
+    assert out.cid is None
+    for result in out.results[:5]:
+        assert "is internal to litecdc and cannot be changed" in str(result.error), result
+    assert "reserved for litecdc's internal tables; rename it" in str(out.results[5].error)
+    tables = store.query([S("SELECT lower(name) FROM sqlite_schema WHERE name LIKE '_lite%'")])
+    assert ("_litecdc_cdc_state",) not in tables[0].rows and ("t",) not in tables[0].rows
+
+
+def test_a_table_in_litecdcs_names_from_before_can_be_renamed_away(
+    tmp_path: Path,
+) -> None:
+    """A data directory may hold such a table from before litecdc refused the name: every
+    DDL then says so, and the rename that fixes it is allowed."""
+    from litecdc import NodeConfig
+
+    plain = apsw.Connection(str(tmp_path / "db.sqlite"))
+    plain.execute("CREATE TABLE _LITECDC_MINE(x); INSERT INTO _LITECDC_MINE VALUES(1)")
+    plain.close()
+    adopted = Store(NodeConfig(data_dir=tmp_path))
+    try:
+        out = adopted.execute([S("CREATE TABLE other(y)")])
+        assert "_LITECDC_MINE: names starting with _litecdc_" in str(out.results[0].error)
+        out = adopted.execute([S("ALTER TABLE _LITECDC_MINE RENAME TO mine")])
+        assert out.results[0].error is None, out.results[0].error
+        assert adopted.execute([S("CREATE TABLE other(y)")]).results[0].error is None
+        assert adopted.query([S("SELECT x FROM mine")])[0].rows == [(1,)]
+    finally:
+        adopted.close()
+
+
 def test_virtual_generated_columns_are_refused_with_a_reason(store: Store) -> None:
     out = store.execute([S("CREATE TABLE t(a, b AS (a * 2) VIRTUAL)")])
     assert "VIRTUAL generated column b" in (out.results[0].error or "")
@@ -348,6 +393,23 @@ def test_load_of_a_damaged_file_that_still_reads_is_refused(store: Store, tmp_pa
         store.load(bytes(data))
     assert store.journal.last_cid() == before
     assert store.query([S("SELECT v FROM keep")])[0].rows == [("precious",)]
+
+
+def test_load_of_a_file_with_a_table_in_litecdcs_names_says_so(
+    store: Store, tmp_path: Path
+) -> None:
+    """QA: a client table _litecdc_mine in the file was left out of the load without a
+    word (a view on it then failed with "no such table")."""
+    made = apsw.Connection(str(tmp_path / "plain.db"))
+    made.execute("CREATE TABLE _litecdc_mine(x); CREATE TABLE ok(y)")
+    made.close()
+    store.execute([S("CREATE TABLE keep(v)")])
+    with pytest.raises(LoadError, match=r"has a table named _litecdc_mine: names starting"):
+        store.load((tmp_path / "plain.db").read_bytes())
+    assert store.query([S("SELECT count(*) FROM keep")])[0].rows == [(0,)]
+    # a litecdc backup's own internal tables are no problem
+    store.backup(tmp_path / "backup.db")
+    assert store.load((tmp_path / "backup.db").read_bytes()).cid is not None
 
 
 def test_dump_and_load_tables_with_generated_columns(store: Store, tmp_path: Path) -> None:
