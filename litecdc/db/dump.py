@@ -8,7 +8,7 @@ from typing import Any
 import apsw
 
 from litecdc.db.schema import USER_OBJECTS
-from litecdc.db.sqltext import sql_literal
+from litecdc.db.sqltext import parse_template, sql_literal
 from litecdc.errors import DataTypeError
 
 
@@ -41,17 +41,24 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
         tables = [str(name) for kind, name, _ in objects if kind == "table"]
         for kind, _, sql in objects:
             if kind == "table":
-                yield f"{sql};"
+                yield _ended(str(sql))
         for name in tables:
             yield from _rows(conn, name)
         yield from _sequences(conn, tables)
         for kind, _, sql in objects:
             if kind != "table":
-                yield f"{sql};"
+                yield _ended(str(sql))
     finally:
         conn.execute("COMMIT")
     if transaction:
         yield "COMMIT;"
+
+
+def _ended(sql: str) -> str:
+    """A schema object's SQL ended with ``;`` — after a newline when it ends in a ``--``
+    comment, which SQLite keeps in the stored SQL and which swallowed the ``;`` (QA: such
+    a view's dump loaded neither here nor into sqlite3)."""
+    return sql.rstrip() + parse_template(sql).terminator
 
 
 def _rows(conn: apsw.Connection, name: str) -> Iterator[str]:
