@@ -38,6 +38,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 import anyio
@@ -168,6 +169,10 @@ T = TypeVar("T")
 
 #: threads the writes run on, apart from anyio's default 40 that every other call shares
 WRITE_THREADS = 40
+#: /db/backup copies the database into the data directory under this prefix, then sends
+#: the copy: on the data's own disk (not /tmp, maybe a small tmpfs), and a copy left by a
+#: node killed meanwhile is removed at its next start (it leaked in /tmp: backup QA)
+BACKUP_FILE_PREFIX = ".backup-"
 #: seconds a request body may go without a byte arriving (a request's head has its own
 #: limit: litecdc/http/protocol.py)
 BODY_IDLE_TIMEOUT_S = 30.0
@@ -244,6 +249,7 @@ class _Api:
         self.scheme = "https" if self.tls else "http"
         self.started = datetime.now(UTC)
         self.last_backup: datetime | None = None
+        _remove_stale_backups(Path(config.data_dir))
         self.stats = _HttpStats()
         self.queue = _WriteQueue()
         #: writes run on threads of their own: reads that take long or wait (min_cid), from
@@ -573,7 +579,9 @@ class _Api:
             if compress:
                 data = gzip.compress(data)
             return Response(data, media_type="application/sql")
-        fd, path = tempfile.mkstemp(prefix="litecdc-backup-", suffix=".sqlite")
+        fd, path = tempfile.mkstemp(
+            prefix=BACKUP_FILE_PREFIX, suffix=".sqlite", dir=self.config.data_dir
+        )
         os.close(fd)
         try:
             await to_thread.run_sync(lambda: self._backup_to(path, compress, fmt == "delete"))
@@ -1248,6 +1256,14 @@ def _sub_document(doc: dict[str, Any], key: str) -> Any:
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _remove_stale_backups(data_dir: Path) -> None:
+    """Remove the copies /db/backup left when the node was killed while serving them (the
+    data directory's lock makes them this node's)."""
+    for stale in data_dir.glob(BACKUP_FILE_PREFIX + "*"):
+        log.info("removing %s, a backup copy left by a node that did not stop cleanly", stale)
+        _remove(str(stale))
 
 
 def _guard(

@@ -27,6 +27,22 @@ __all__ = ["listen", "serve"]
 GIL_SWITCH_INTERVAL_S = 0.0005
 #: seconds a closing connection may wait for its client at shutdown before it is aborted
 SHUTDOWN_LINGER_S = 1.0
+#: seconds requests in progress get to finish once the node is told to stop; then they are
+#: cancelled (a client that stopped reading a /db/backup stream kept a stopping node, and
+#: its data directory's lock, alive for as long as it held the connection: backup QA)
+SHUTDOWN_GRACE_S = 10
+
+
+class _NoTracebackForShutdownCancels(logging.Filter):
+    """uvicorn logs "Cancel N running task(s), timeout graceful shutdown exceeded", then a
+    full traceback per cancelled request: that one line says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+_SHUTDOWN_CANCELS = _NoTracebackForShutdownCancels()
 
 
 class _GracefulServer(uvicorn.Server):
@@ -184,8 +200,12 @@ def serve(config: NodeConfig) -> None:
                     ssl_keyfile=str(config.http_key) if config.http_key else None,
                     server_header=False,
                     date_header=False,
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                 )
             )
+            uvicorn_log = logging.getLogger("uvicorn.error")  # (set up by uvicorn.Config)
+            if _SHUTDOWN_CANCELS not in uvicorn_log.filters:
+                uvicorn_log.addFilter(_SHUTDOWN_CANCELS)
             node.start()
             scheme = "https" if config.http_cert else "http"
             log.info("litecdc node %s serving %s://%s", config.node_id, scheme, config.http_addr)

@@ -274,6 +274,44 @@ def test_sigusr1_prints_every_threads_stack_and_the_node_goes_on(tmp_path: Path)
         assert node.stop() == 0
 
 
+def test_a_client_that_stopped_reading_a_backup_does_not_keep_a_stopping_node(
+    tmp_path: Path,
+) -> None:
+    """Backup QA: SIGTERM left the node (and its data directory's lock) alive for as long
+    as such a client held its connection; in-progress requests now get 10 s. And the
+    backup's copy goes in the data directory, where a node killed meanwhile left it (in
+    /tmp nothing removed it): the next start removes it."""
+    node = Node(tmp_path / "n").start()
+    conn: socket.socket | None = None
+    try:
+        with node.client() as c:
+            node.execute(c, ["CREATE TABLE big(b)"])
+            fill = (
+                "INSERT INTO big SELECT randomblob(100000) FROM (WITH RECURSIVE c(x) AS "
+                "(SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 40) SELECT x FROM c)"
+            )
+            for _ in range(10):  # 40 MB: more than the sockets' buffers hold
+                node.execute(c, [fill])
+        conn = socket.create_connection(("127.0.0.1", node.port))
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.sendall(b"GET /db/backup HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(2048).startswith(b"HTTP/1.1 200")  # and reads no more
+        copies = list(node.data_dir.glob(".backup-*"))
+        assert len(copies) == 1
+        assert node.stop() == 0  # (Node.stop kills a node still running after 15 s)
+    finally:
+        if conn is not None:
+            conn.close()
+        node.stop()
+    stale = node.data_dir / ".backup-left-by-a-kill.sqlite"
+    stale.write_bytes(b"a copy of the data")
+    node.start()
+    try:
+        assert not stale.exists()
+    finally:
+        assert node.stop() == 0
+
+
 def test_too_many_statements_and_compressed_bodies_are_refused_as_such(
     client: httpx.Client,
 ) -> None:
