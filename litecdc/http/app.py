@@ -169,6 +169,8 @@ T = TypeVar("T")
 
 #: threads the writes run on, apart from anyio's default 40 that every other call shares
 WRITE_THREADS = 40
+#: threads bcrypt password checks run on (each takes a core for tens of milliseconds)
+AUTH_THREADS = 2
 #: /db/backup copies the database into the data directory under this prefix, then sends
 #: the copy: on the data's own disk (not /tmp, maybe a small tmpfs), and a copy left by a
 #: node killed meanwhile is removed at its next start (it leaked in /tmp: backup QA)
@@ -255,15 +257,27 @@ class _Api:
         #: writes run on threads of their own: reads that take long or wait (min_cid), from
         #: clients that may have left, held all of anyio's 40 and stalled every write (QA)
         self.write_threads = CapacityLimiter(WRITE_THREADS)
+        #: bcrypt password checks run on threads of their own, a few: guessers queue there
+        self.auth_threads = CapacityLimiter(AUTH_THREADS)
         #: forwards writes to the leader; readyz checks the leader through it (set by create_app)
         self.forwarder: LeaderForwarder | None = None
 
     # -- plumbing ----------------------------------------------------------------------
-    def _denied(self, request: Request, perms: tuple[str, ...]) -> Response | None:
-        if self.credentials is None:
+    async def _denied(self, request: Request, perms: tuple[str, ...]) -> Response | None:
+        credentials = self.credentials
+        if credentials is None:
             return None
         username, password = parse_basic_auth(request.headers.get("authorization"))
-        if self.credentials.allows_all(username, password, perms):
+        if credentials.needs_hashing(username, password):
+            # a bcrypt check takes tens of milliseconds of CPU: on the event loop, four
+            # clients guessing passwords slowed every other request 200-fold (security QA)
+            allowed = await to_thread.run_sync(
+                lambda: credentials.allows_all(username, password, perms),
+                limiter=self.auth_threads,
+            )
+        else:
+            allowed = credentials.allows_all(username, password, perms)
+        if allowed:
             self.stats.add("authOK")
             return None
         self.stats.add("authFail")
@@ -275,11 +289,11 @@ class _Api:
             headers={"WWW-Authenticate": 'Basic realm="litecdc"'},
         )
 
-    def _gate(
+    async def _gate(
         self, request: Request, perms: tuple[str, ...], methods: tuple[str, ...]
     ) -> Response | None:
         """rqlite's order: permission first (401), then method (405)."""
-        return self._denied(request, perms) or self._wrong_method(request, methods)
+        return await self._denied(request, perms) or self._wrong_method(request, methods)
 
     @staticmethod
     def _wrong_method(request: Request, allowed: tuple[str, ...]) -> Response | None:
@@ -335,7 +349,7 @@ class _Api:
 
     # -- rqlite endpoints ----------------------------------------------------------------
     async def execute(self, request: Request) -> Response:
-        if r := self._gate(request, ("execute",), ("POST",)):
+        if r := await self._gate(request, ("execute",), ("POST",)):
             return r
         start = time.perf_counter()
         opts = rqlite.parse_options(request.query_params)
@@ -440,7 +454,7 @@ class _Api:
         self.stats.add("queued_statements_failed", failed)
 
     async def query(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET", "POST")):
+        if r := await self._gate(request, ("query",), ("GET", "POST")):
             return r
         start = time.perf_counter()
         opts = rqlite.parse_options(request.query_params)
@@ -483,7 +497,7 @@ class _Api:
         return self._finish(doc, opts, start, None)
 
     async def request(self, request: Request) -> Response:
-        if r := self._gate(request, ("query", "execute"), ("POST",)):
+        if r := await self._gate(request, ("query", "execute"), ("POST",)):
             return r
         start = time.perf_counter()
         opts = rqlite.parse_options(request.query_params)
@@ -564,7 +578,7 @@ class _Api:
         return _json(doc, pretty=opts.pretty)
 
     async def backup(self, request: Request) -> Response:
-        if r := self._gate(request, ("backup",), ("GET",)):
+        if r := await self._gate(request, ("backup",), ("GET",)):
             return r
         params = request.query_params
         # rqlite's BackupFormatFromString (command/strings.go): lower-cased; "sql" is the SQL
@@ -602,7 +616,7 @@ class _Api:
             os.replace(packed, path)
 
     async def load(self, request: Request) -> Response:
-        if r := self._gate(request, ("load",), ("POST",)):
+        if r := await self._gate(request, ("load",), ("POST",)):
             return r
         start = time.perf_counter()
         opts = rqlite.parse_options(request.query_params)
@@ -634,7 +648,7 @@ class _Api:
         cluster of more than one node, answers 503 ``not leader`` / ``not single-node`` as
         rqlite does (its boot bypasses consensus, so it refuses clusters). 200 with an empty
         body once loaded."""
-        if r := self._gate(request, ("load",), ("POST",)):
+        if r := await self._gate(request, ("load",), ("POST",)):
             return r
         data = await self._body(request)
         if not data.startswith(SQLITE_HEADER):
@@ -653,7 +667,7 @@ class _Api:
         return Response(status_code=200)
 
     async def status(self, request: Request) -> Response:
-        if r := self._gate(request, ("status",), ("GET",)):
+        if r := await self._gate(request, ("status",), ("GET",)):
             return r
         node = await to_thread.run_sync(self.store.status)
         now = datetime.now(UTC)
@@ -712,7 +726,7 @@ class _Api:
         return _json(doc, pretty="pretty" in request.query_params)
 
     async def nodes(self, request: Request) -> Response:
-        if r := self._gate(request, ("status",), ("GET",)):
+        if r := await self._gate(request, ("status",), ("GET",)):
             return r
         nodes = [
             {
@@ -748,7 +762,7 @@ class _Api:
     async def remove(self, request: Request) -> Response:
         """rqlite's ``DELETE /remove`` with ``{"id": "NODE_ID"}``: forget a node that left
         the cluster for good, so ``/nodes`` stops listing it."""
-        if r := self._gate(request, ("remove",), ("DELETE",)):
+        if r := await self._gate(request, ("remove",), ("DELETE",)):
             return r
         doc = await self._json_object(request)
         node_id = doc.get("id")
@@ -764,7 +778,7 @@ class _Api:
         return Response(status_code=200)  # rqlite answers 200 with an empty body
 
     async def readyz(self, request: Request) -> Response:
-        if r := self._gate(request, ("ready",), ("GET",)):
+        if r := await self._gate(request, ("ready",), ("GET",)):
             return r
         if "noleader" in request.query_params:
             return Response("[+]node ok", media_type=_TEXT)
@@ -820,7 +834,7 @@ class _Api:
         here ``cmdline`` (password values hidden), the process's ``memory``, Python's
         garbage collector (``gc``) and ``http``, this API's counters under rqlite's names.
         ``key`` keeps one of them. Needs ``status``; any method, as in rqlite."""
-        if r := self._denied(request, ("status",)):
+        if r := await self._denied(request, ("status",)):
             return r
         doc: dict[str, Any] = {
             "cmdline": _cmdline(sys.orig_argv),
@@ -836,13 +850,13 @@ class _Api:
     # -- litecdc's own endpoints -----------------------------------------------------------
     async def metrics(self, request: Request) -> Response:
         """Prometheus text exposition of the store's and the CDC service's figures."""
-        if r := self._gate(request, ("status",), ("GET",)):
+        if r := await self._gate(request, ("status",), ("GET",)):
             return r
         body, content_type = await to_thread.run_sync(self.node_metrics.render)
         return Response(body, media_type=content_type)
 
     async def journal(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         after, limit, pretty = _page_params(request)
         page = await to_thread.run_sync(lambda: self.store.journal_page(after, limit))
@@ -856,7 +870,7 @@ class _Api:
         )
 
     async def changes(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         after, limit, pretty = _page_params(request, _CHANGES_PARAMS)
         after_seq = (
@@ -889,7 +903,7 @@ class _Api:
 
     async def subscriptions(self, request: Request) -> Response:
         if request.method == "POST":
-            if r := self._gate(request, ("execute",), ("POST",)):
+            if r := await self._gate(request, ("execute",), ("POST",)):
                 return r
             _check_params(request, set())
             doc = await self._json_object(request)
@@ -899,7 +913,7 @@ class _Api:
                 raise RequestError(f"name must be a string, got {name!r}")
             cid = await to_thread.run_sync(lambda: self.store.register_subscriber(name))
             return _json({"name": name, "cid": cid})
-        if r := self._gate(request, ("query",), ("GET", "POST")):
+        if r := await self._gate(request, ("query",), ("GET", "POST")):
             return r
         _check_params(request, {"pretty"})
         subs = await to_thread.run_sync(self.store.subscribers)
@@ -916,7 +930,7 @@ class _Api:
         )
 
     async def subscription(self, request: Request) -> Response:
-        if r := self._gate(request, ("execute",), ("DELETE",)):
+        if r := await self._gate(request, ("execute",), ("DELETE",)):
             return r
         _check_params(request, set())
         name = request.path_params["name"]
@@ -924,7 +938,7 @@ class _Api:
         return _json({"name": name, "released": True})
 
     async def subscription_progress(self, request: Request) -> Response:
-        if r := self._gate(request, ("execute",), ("POST",)):
+        if r := await self._gate(request, ("execute",), ("POST",)):
             return r
         _check_params(request, set())
         doc = await self._json_object(request)
@@ -948,14 +962,14 @@ class _Api:
         return await handler(self, request)
 
     async def source_tables(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         _check_params(request, {"pretty"})
         tables = await to_thread.run_sync(self.store.source_tables)
         return _json({"tables": tables}, pretty="pretty" in request.query_params)
 
     async def source_table(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         _check_params(request, {"pretty", "count"})
         name = request.path_params["table"]
@@ -969,7 +983,7 @@ class _Api:
         return _json(doc, pretty="pretty" in request.query_params)
 
     async def source_splits(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         _check_params(request, {"partitions", "pretty"})
         name = request.path_params["table"]
@@ -981,7 +995,7 @@ class _Api:
         )
 
     async def source_rows(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         _check_params(request, {"after_key", "until_key", "limit", "format", "pretty"})
         params = request.query_params
@@ -1005,7 +1019,7 @@ class _Api:
         return _json(doc, pretty="pretty" in params)
 
     async def source_changes(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         _check_params(request, {"after", "until", "limit", "format", "pretty"})
         params = request.query_params
@@ -1028,7 +1042,7 @@ class _Api:
         return _json(doc, pretty="pretty" in params)
 
     async def source_position(self, request: Request) -> Response:
-        if r := self._gate(request, ("query",), ("GET",)):
+        if r := await self._gate(request, ("query",), ("GET",)):
             return r
         _check_params(request, {"after", "max_events", "pretty"})
         params = request.query_params

@@ -131,20 +131,34 @@ class CredentialStore:
                 return True
         return False
 
+    def needs_hashing(self, username: str | None, password: str | None) -> bool:
+        """Whether checking this user's password means running bcrypt (slow: the caller
+        runs it on a thread), rather than a comparison or a remembered answer."""
+        user = self._users.get(username or "")
+        if user is None or user.password is None or not user.password.startswith("$2"):
+            return False
+        return _cache_key(username or "", password or "") not in self._checked
+
     def _check_password(self, username: str, password: str) -> bool:
         user = self._users.get(username)
         if user is None or user.password is None:
             return False
-        key = (username, hashlib.sha256(password.encode()).digest())
-        cached = self._checked.get(key)
-        if cached is not None:
-            return cached
+        key = _cache_key(username, password)
+        if key in self._checked:
+            return True
         ok = _password_matches(user.password, password)
-        with self._lock:
-            if len(self._checked) >= _CACHE_LIMIT:
-                self._checked.clear()
-            self._checked[key] = ok
+        if ok:
+            # only passwords that matched are remembered: wrong guesses flushed the cache
+            # (QA), and each costs the guesser a bcrypt run anyway
+            with self._lock:
+                if len(self._checked) >= _CACHE_LIMIT:
+                    self._checked.clear()
+                self._checked[key] = True
         return ok
+
+
+def _cache_key(username: str, password: str) -> tuple[str, bytes]:
+    return username, hashlib.sha256(password.encode()).digest()
 
 
 def _parse_user(entry: Any, index: int, source: str) -> tuple[str, _User]:

@@ -535,6 +535,58 @@ def test_debug_vars_needs_the_status_permission(store: Store, tmp_path: Path) ->
         assert c.post("/boot", content=b"x", auth=("loader", "pw")).status_code == 400
 
 
+def test_bcrypt_checks_run_off_the_event_loop(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Security QA: each bcrypt check (tens of ms) ran on the event loop, so four clients
+    guessing passwords slowed every other request 200-fold."""
+    import asyncio
+
+    import bcrypt
+
+    from litecdc.http import auth as auth_module
+
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    auth = tmp_path / "auth.json"
+    auth.write_text(f'[{{"username": "u", "password": "{hashed}", "perms": ["status"]}}]')
+    on_the_loop: list[bool] = []
+    real = auth_module._password_matches
+
+    def recording(stored: str, given: str) -> bool:
+        try:
+            asyncio.get_running_loop()
+            on_the_loop.append(True)
+        except RuntimeError:
+            on_the_loop.append(False)
+        return real(stored, given)
+
+    monkeypatch.setattr(auth_module, "_password_matches", recording)
+    config = NodeConfig(data_dir=store.config.data_dir, auth_file=auth)
+    with TestClient(create_app(store, config)) as c:
+        assert c.get("/status", auth=("u", "wrong")).status_code == 401
+        assert c.get("/status", auth=("u", "s3cret")).status_code == 200
+        assert c.get("/status", auth=("u", "s3cret")).status_code == 200  # remembered
+    assert on_the_loop == [False, False]
+
+
+def test_wrong_guesses_do_not_flush_remembered_passwords() -> None:
+    import bcrypt
+
+    from litecdc.http.auth import CredentialStore
+
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    creds = CredentialStore.from_json(
+        f'[{{"username": "u", "password": "{hashed}", "perms": ["query"]}}]'.encode()
+    )
+    assert creds.needs_hashing("u", "s3cret") and creds.allows("u", "s3cret", "query")
+    assert not creds.needs_hashing("u", "s3cret")
+    for guess in range(1100):  # more than the cache holds
+        creds._check_password("u", f"guess-{guess}")
+    assert not creds.needs_hashing("u", "s3cret")
+    assert creds.needs_hashing("u", "guess-1")  # a wrong one costs bcrypt every time
+    assert not creds.needs_hashing("nobody", "x")
+
+
 def test_allow_origin_must_be_one_header_value(store: Store) -> None:
     with pytest.raises(ConfigError, match="--http-allow-origin must be one header value"):
         NodeConfig(data_dir=store.config.data_dir, http_allow_origin="https://a\r\nX-Evil: 1")
