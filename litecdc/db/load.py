@@ -25,6 +25,11 @@ _FOREIGN_KEYS_PRAGMA = re.compile(
     r"PRAGMA\s+(?:main\s*\.\s*)?foreign_keys\s*(?:=\s*[\w']+|\(\s*[\w']+\s*\))\s*;?",
     re.IGNORECASE,
 )
+#: a dump's copy of the query planner's statistics (sqlite3's .dump and rqlite's dump write
+#: them after ``ANALYZE sqlite_schema``): a client may not write them (db/access.py)
+_STATISTICS_ROW = re.compile(
+    r"INSERT\s+INTO\s+(?:main\s*\.\s*)?[\"`\[]?sqlite_stat[1-4][\"`\]]?[\s(]", re.IGNORECASE
+)
 _LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*", re.DOTALL)
 
 
@@ -84,14 +89,19 @@ DEFER_FOREIGN_KEYS = "PRAGMA defer_foreign_keys=ON;"
 
 def load_statements(text: str, *, defer_foreign_keys: bool = False) -> list[str]:
     """The statements of an uploaded SQL text that a load runs, in order (no empty ones,
-    no dump wrapper; with ``defer_foreign_keys``, a dump's ``PRAGMA foreign_keys=OFF``
-    becomes ``DEFER_FOREIGN_KEYS``)."""
+    no dump wrapper, no rows of the planner's statistics — a dump of an analyzed database
+    could not load: run ANALYZE on the tables afterwards; with ``defer_foreign_keys``, a
+    dump's ``PRAGMA foreign_keys=OFF`` becomes ``DEFER_FOREIGN_KEYS``)."""
     out = []
     for statement in split_statements(text):
         body = _body(statement)
         if defer_foreign_keys and _turns_foreign_keys_off(body):
             out.append(DEFER_FOREIGN_KEYS)
-        elif body not in ("", ";") and not is_dump_wrapper(statement):
+        elif (
+            body not in ("", ";")
+            and not is_dump_wrapper(statement)
+            and not _STATISTICS_ROW.match(body)
+        ):
             out.append(statement)
     return out
 
