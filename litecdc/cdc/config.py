@@ -79,10 +79,11 @@ def parse_duration(value: object, key: str) -> float:
 
 
 def redact_endpoint(endpoint: str) -> str:
-    """The endpoint without its ``user:password@`` part, exactly as written otherwise
-    (IPv6 brackets, port, path) — for /status, logs and error messages. Works on URLs
-    that do not parse too: the credentials are whatever precedes the authority's last
-    "@", as both urllib and httpx read it."""
+    """The endpoint without its ``user:password@`` part and with its query's values as
+    ``…`` (``?token=…``: webhook services put their keys there), exactly as written
+    otherwise (IPv6 brackets, port, path, parameter names) — for /status, logs and error
+    messages. Works on URLs that do not parse too: the credentials are whatever precedes
+    the authority's last "@", as both urllib and httpx read it."""
     scheme, separator, rest = endpoint.partition("://")
     if not separator:
         return endpoint
@@ -91,10 +92,18 @@ def redact_endpoint(endpoint: str) -> str:
         found = rest.find(delimiter)
         if found != -1:
             end = min(end, found)
-    authority = rest[:end]
-    if "@" not in authority:
-        return endpoint
-    return f"{scheme}://{authority.rpartition('@')[2]}{rest[end:]}"
+    authority, after = rest[:end], rest[end:]
+    path, question, query_and_fragment = after.partition("?")
+    if question:
+        query, hash_sign, fragment = query_and_fragment.partition("#")
+        masked = "&".join(_masked_parameter(p) for p in query.split("&"))
+        after = f"{path}?{masked}{hash_sign}{fragment}"
+    return f"{scheme}://{authority.rpartition('@')[2]}{after}"
+
+
+def _masked_parameter(parameter: str) -> str:
+    name, equals, value = parameter.partition("=")
+    return f"{name}=…" if equals and value else parameter
 
 
 def _shown(endpoint: str) -> str:

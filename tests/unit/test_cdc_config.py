@@ -373,7 +373,9 @@ def test_a_url_without_slashes_taken_for_a_file_shows_no_credentials() -> None:
     ("endpoint", "shown"),
     [
         ("http://u:p@[::1]:9/hook", "http://[::1]:9/hook"),
-        ("https://u@[fe80::1%25eth0]/x?a=b@c#f", "https://[fe80::1%25eth0]/x?a=b@c#f"),
+        ("https://u@[fe80::1%25eth0]/x?a=b@c#f", "https://[fe80::1%25eth0]/x?a=…#f"),
+        # a webhook service's key in the query (security QA: it was in the log, /status)
+        ("https://h/hook?token=T0KEN&flag&code=", "https://h/hook?token=…&flag&code="),
         ("http://host/users/bob@example.com", "http://host/users/bob@example.com"),
         ("http://a:b@HOST:80/", "http://HOST:80/"),
         ("stdout", "stdout"),

@@ -507,7 +507,7 @@ def test_debug_vars_is_a_small_honest_expvar(
         "python", "-m", "litecdc", "serve", "--etcd-password", "[redacted]",
         "--node-password=[redacted]",
         # a webhook's credentials are never shown (docs/cdc.md); a file path stays as it is
-        "--cdc-config", "https://hooks.example.com/h?x=1",
+        "--cdc-config", "https://hooks.example.com/h?x=…",
         "--cdc-config=…@example.com", "--advertise-url", "https://n1:4001",
         "--cdc-config", "/etc/litecdc/cdc@1.json", "--node-id", "a@b",
     ]  # fmt: skip
