@@ -37,6 +37,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -267,6 +268,11 @@ class _SQLiteBackend:
         )
         if not create and not path.exists():
             raise missing  # (a mistyped --meta made an empty store: QA)
+        if not path.exists():
+            # owner-only: the store keeps sources' and sinks' passwords in clear; SQLite
+            # gives its -wal and -shm files the same mode (it was 0644: security QA)
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         try:
             # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE for writes,
             # so two writers never deadlock upgrading a read lock). One connection serves all

@@ -469,6 +469,14 @@ def test_sqlite_relative_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert store.get_subscription("orders-lake").table_name == "orders"
 
 
+def test_a_new_sqlite_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """Security QA: it holds sources' and sinks' passwords in clear, and was made 0644."""
+    with MetadataStore.open(sqlite_url(tmp_path / "meta.db")) as store:
+        add(store)
+        for made in tmp_path.glob("meta.db*"):  # the -wal and -shm files too
+            assert made.stat().st_mode & 0o777 == 0o600, made
+
+
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     (tmp_path / "meta.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(MetadataError, match=r"meta\.db"):
