@@ -190,9 +190,10 @@ FAILED_STATEMENT_FUNCTION = "litecdc_statement_failed"
 #: steps a row, so a billion rows). A statement that never ends (a recursive CTE without
 #: a bound) held the write lock for good and, in a cluster, stopped every node's apply
 #: loop at that log entry, restarts included (security QA). Steps, not seconds: every
-#: replica stops the statement at the same step, so they agree that it failed — up to the
-#: check's granularity, whose phase follows SQLite's statement cache (a statement ending
-#: within WRITE_CHECK_STEPS of the limit could pass on one node and fail on another).
+#: replica stops the statement at the same step, so they agree that it failed: the check
+#: runs every WRITE_CHECK_STEPS steps, counted from the statement's first run since it was
+#: prepared — so statements replicas run (no parameters) are never taken from SQLite's
+#: statement cache (_run_statement).
 WRITE_STEP_LIMIT = 10_000_000_000
 WRITE_CHECK_STEPS = 10_000
 _WRITE_LIMIT_CHECKS = WRITE_STEP_LIMIT // WRITE_CHECK_STEPS
@@ -1016,7 +1017,13 @@ class Engine:
                     text += parse_template(statement.sql).terminator
                     last.run(writer.cursor(), text, None, can_cache=False)
                 else:
-                    last.run(writer.cursor(), statement.sql, params, can_cache=not recording)
+                    # Only a statement with parameters is cached: one without (every
+                    # cluster log entry's, a journal replay's) is prepared afresh, so that
+                    # SQLite's progress checks fall on the same steps on every replica
+                    # (a cached statement's phase follows its earlier runs; see
+                    # WRITE_STEP_LIMIT)
+                    cache = not recording and bool(statement.params)
+                    last.run(writer.cursor(), statement.sql, params, can_cache=cache)
             finally:
                 limited = self._write_limit_reached()
                 self._write_checks = None

@@ -164,3 +164,45 @@ def test_a_write_statement_that_never_ends_is_stopped_at_the_step_limit(
     big = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20000) "
     out = store.execute([S(big + "INSERT INTO e SELECT x FROM c")] * 3)
     assert [r.error for r in out.results] == [None] * 3
+
+
+def _vm_steps(sql: str) -> int:
+    """The SQLite steps ``sql`` runs on a fresh database with table e(v)."""
+    import apsw
+
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE e(v)")
+    steps = [0]
+
+    def count() -> bool:
+        steps[0] += 1
+        return False
+
+    conn.set_progress_handler(count, 1)
+    conn.execute(sql, can_cache=False).fetchall()
+    return steps[0]
+
+
+def test_the_step_limit_counts_a_repeated_statement_alike_on_every_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas must agree on whether a statement ran past the limit. SQLite counts a
+    cached statement's steps across its runs and checks at multiples of the interval, so
+    the same statement, taken from the cache with another history, was checked at other
+    steps; statements without parameters (all that replicas run) are prepared afresh."""
+    grow = (
+        "INSERT INTO e SELECT x FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+        "SELECT x + 1 FROM c LIMIT {}) SELECT x FROM c)"
+    )
+    interval = engine_module.WRITE_CHECK_STEPS
+    # a statement whose steps end in the second half of an interval: a run whose checks
+    # start mid-interval (a cached statement's second run) has one check more
+    sql = next(
+        grow.format(n)
+        for n in range(1000, 5000, 7)
+        if _vm_steps(grow.format(n)) % interval >= interval // 2
+    )
+    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", _vm_steps(sql) // interval)
+    store.execute([S("CREATE TABLE e(v)")])
+    out = store.execute([S(sql)] * 4)  # (one request: the statement stays in the cache)
+    assert [r.error for r in out.results] == [None] * 4
