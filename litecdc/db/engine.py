@@ -1612,14 +1612,16 @@ class Engine:
         result.rows = last.rows
         return result
 
-    def is_read_only(self, statement: Statement) -> bool:
+    def is_read_only(self, statement: Statement, limit: ReadLimit | None = None) -> bool:
         """Whether every SQL statement in ``statement`` only reads.
 
         Each statement is prepared and bound on a reader connection and stopped
         before it runs; when the text holds several statements, the read-only ones
         before the last run (on the read-only connection) so the next can be
-        prepared. Anything that fails to prepare or bind counts as a write, so the
-        write path reports the error.
+        prepared — under ``limit``, as the read itself would (QA: a runaway read before
+        a second statement ran here unbounded, its client gone or not). One stopped so
+        counts as a read: the read path then reports the limit. Anything that fails to
+        prepare or bind counts as a write, so the write path reports the error.
         """
         read_only = True
         several = parse_template(statement.sql).statements > 1
@@ -1631,14 +1633,22 @@ class Engine:
                 return False
             return several
 
-        cursor = self._reader().cursor()
+        conn = self._reader()
+        cursor = conn.cursor()
         cursor.exec_trace = check
+        if several and limit is not None:
+            conn.set_progress_handler(limit.stop_now, READ_CHECK_STEPS)
         try:
             cursor.execute(statement.sql, _bindable(statement.sql, statement.params)).fetchall()
         except apsw.ExecTraceAbort:
             pass
+        except apsw.InterruptError:
+            return True
         except (apsw.Error, OverflowError, TypeError, KeyError, ValueError):
             return False
+        finally:
+            if several and limit is not None:
+                conn.set_progress_handler(None)
         return read_only
 
     # -- backup, dump, load -------------------------------------------------------------------

@@ -503,8 +503,10 @@ class _Api:
         opts = rqlite.parse_options(request.query_params)
         statements = await self._statements(request)
         self.stats.add("request_stmts_rx", len(statements))
-        read_only = await to_thread.run_sync(lambda: self.store.is_read_only(statements))
         limit = ReadLimit(opts.db_timeout)
+        read_only = await self._read_for(
+            request, limit, lambda: self.store.is_read_only(statements, limit)
+        )
 
         def run() -> WriteOutcome:
             return self.store.request(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from pathlib import Path
@@ -385,20 +386,38 @@ def test_db_timeout_stops_a_runaway_read_with_rqlites_error(client: httpx.Client
     assert r.status_code == 200 and r.json()["results"] == [{"error": "query timeout"}], r.text
     r = client.post("/db/request?db_timeout=200ms", json=[RUNAWAY, "SELECT 1"])
     assert r.json()["results"] == [{"error": "query timeout"}] * 2, r.text
+    # review QA: a string of several ran its reads unbounded while /db/request found out
+    # whether it writes (it runs the reads before the last statement to prepare that)
+    r = client.post("/db/request?db_timeout=200ms", json=[f"{RUNAWAY}; SELECT 1"])
+    assert r.json()["results"] == [{"error": "query timeout"}], r.text
     r = client.post("/db/query?db_timeout=0&associative", json=["SELECT 7 AS n"])
     assert r.json()["results"][0]["rows"] == [{"n": 7}], r.text  # 0: no limit
 
 
 def test_a_read_whose_client_left_stops_and_frees_its_thread(node: Node) -> None:
     """A read ran to its end when its client went away: 45 runaway reads whose clients
-    gave up held every read thread (40) for good, and each later read waited forever."""
-    request = f"GET /db/query?q={quote(RUNAWAY)} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    gave up held every read thread (40) for good, and each later read waited forever
+    (either kind below alone)."""
+    query = f"GET /db/query?q={quote(RUNAWAY)} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    # (a /db/request string of several: its reads run while the node finds out whether
+    # it writes — review QA)
+    body = json.dumps([f"{RUNAWAY}; SELECT 1"]).encode()
+    request = (
+        b"POST /db/request HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+    def counted(c: httpx.Client) -> int:
+        http = c.get("/debug/vars").json()["http"]
+        return int(http["queries"]) + int(http["requests"])
+
     with node.client() as c:
-        before = int(c.get("/debug/vars").json()["http"]["queries"])
-        clients = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(45)]
-        for conn in clients:
-            conn.sendall(request)
-        while int(c.get("/debug/vars").json()["http"]["queries"]) < before + 45:
+        before = counted(c)
+        clients = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(90)]
+        for n, conn in enumerate(clients):
+            conn.sendall(query if n % 2 else request)  # 45 of each
+        while counted(c) < before + 90:
             threading.Event().wait(0.05)  # every read has reached the node
         for conn in clients:
             conn.close()
