@@ -204,6 +204,26 @@ WRITE_LIMIT_ERROR = (
 )
 
 
+#: seconds close() waits for an interrupted reader to stop before leaving it open
+CLOSE_WAIT_S = 5.0
+
+
+def _close_when_idle(conn: apsw.Connection) -> None:
+    """Close a connection that another thread may still be stepping (just interrupted):
+    APSW refuses to close one in use; leave it open (the process is ending) if it stays
+    busy."""
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    while True:
+        try:
+            conn.close()
+            return
+        except apsw.ThreadingViolationError:
+            if time.monotonic() >= deadline:
+                log.warning("a reader connection stayed busy after interrupt(); left open")
+                return
+            time.sleep(0.02)
+
+
 def _virtual_column_error(table: str, column: str) -> str:
     return (
         f"table {table} has VIRTUAL generated column {column}, whose values cannot be "
@@ -358,16 +378,27 @@ class Engine:
         return conn
 
     def close(self) -> None:
-        with self._write_lock:
+        """Close every connection. A read or write still running on another thread (its
+        request cancelled at shutdown; a read nobody bounded) is interrupted first: the
+        node closed nothing after the first busy reader raised, and stayed up (QA)."""
+        with self._reader_lock:
+            readers = list(self._reader_list)
+        for conn in readers:
+            conn.interrupt()  # (SQLite's own way to stop a statement from another thread)
+        if not self._write_lock.acquire(blocking=False):
+            self._writer.interrupt()  # a write interrupted so rolls back, journaling nothing
+            self._write_lock.acquire()
+        try:
             if self._closed:
                 return
             self._closed = True
-            with self._reader_lock:
-                for conn in self._reader_list:
-                    conn.close()
+            for conn in readers:
+                _close_when_idle(conn)
             if self._checkpointer is not None:
                 self._checkpointer.close()
             self._writer.close()
+        finally:
+            self._write_lock.release()
 
     # -- internal statements ----------------------------------------------------------
     def _read(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

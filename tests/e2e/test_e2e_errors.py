@@ -426,6 +426,22 @@ def test_a_read_whose_client_left_stops_and_frees_its_thread(node: Node) -> None
     assert "Traceback" not in node.log()
 
 
+def test_a_node_stops_while_a_runaway_read_still_has_its_client(tmp_path: Path) -> None:
+    """Review QA: after the 10 s grace the request was cancelled, but its read went on in
+    SQLite; closing the store then failed on the busy reader connection, closed nothing
+    else, and the process stayed up until killed. Closing interrupts such reads now."""
+    node = Node(tmp_path / "n").start()
+    query = f"GET /db/query?q={quote(RUNAWAY)} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with node.client() as c:
+        before = int(c.get("/debug/vars").json()["http"]["queries"])
+        with socket.create_connection(("127.0.0.1", node.port)) as conn:
+            conn.sendall(query)
+            while int(c.get("/debug/vars").json()["http"]["queries"]) <= before:
+                threading.Event().wait(0.05)
+            assert node.stop() == 0  # (Node.stop kills a node still running after 15 s)
+    assert "Traceback" not in node.log(), node.log()[-3000:]
+
+
 def test_a_huge_request_head_is_431_on_a_real_node(node: Node) -> None:
     """HTTP QA: 400 MB of headers grew the node by as much and were answered 200 (the
     limits themselves: tests/unit/test_http_protocol.py)."""
