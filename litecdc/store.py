@@ -200,9 +200,7 @@ class Store:
             return WriteOutcome(results=results, read_only=True)
         return self.execute(statements, transaction=transaction)
 
-    def is_read_only(
-        self, statements: Sequence[Statement], limit: ReadLimit | None = None
-    ) -> bool:
+    def is_read_only(self, statements: Sequence[Statement], limit: ReadLimit | None = None) -> bool:
         """Whether every statement only reads (what /db/request runs as a query); the
         earlier statements of a string of several run to tell, under ``limit``."""
         return all(self.engine.is_read_only(s, limit) for s in statements)

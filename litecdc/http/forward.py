@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Awaitable
 from urllib.parse import quote
 
+import anyio
 import httpx
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -86,11 +88,15 @@ class LeaderForwarder:
         body = getattr(request.state, "body", None)  # the handler read it already
         if body is None:
             body = await request.body()
-        try:
-            answer = await self._client.request(
-                request.method, target, content=body, headers=headers
-            )
-        except httpx.HTTPError as exc:
+        outcome = await self._unless_client_leaves(
+            request, self._client.request(request.method, target, content=body, headers=headers)
+        )
+        if outcome is None:
+            # the client left: dropping the forwarded request lets the leader stop its read
+            # (it kept running there until this client's 30 s timeout: review QA)
+            return Response(status_code=499)
+        if isinstance(outcome, httpx.HTTPError):
+            exc = outcome
             if not isinstance(exc, httpx.ConnectError):
                 # the leader may have received it: a retry could apply the write twice
                 return Response(
@@ -107,8 +113,31 @@ class LeaderForwarder:
                 media_type="text/plain; charset=utf-8",
                 headers={"Retry-After": "1"},
             )
+        answer = outcome
         relayed = {k: v for k in _RELAYED_HEADERS if (v := answer.headers.get(k)) is not None}
         return Response(answer.content, status_code=answer.status_code, headers=relayed)
+
+    @staticmethod
+    async def _unless_client_leaves(
+        request: Request, forwarding: Awaitable[httpx.Response]
+    ) -> httpx.Response | httpx.HTTPError | None:
+        """The leader's answer (or the error reaching it); None when the client
+        disconnected first, which cancels the forwarded request."""
+        outcome: httpx.Response | httpx.HTTPError | None = None
+        async with anyio.create_task_group() as group:
+
+            async def watch_client() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch_client)
+            try:
+                outcome = await forwarding
+            except httpx.HTTPError as exc:  # (returned: a task group would wrap it)
+                outcome = exc
+            group.cancel_scope.cancel()
+        return outcome
 
     async def leader_problem(self, leader_id: str, address: str) -> str | None:
         """Why writes cannot be forwarded to the leader at ``address`` (it does not answer,

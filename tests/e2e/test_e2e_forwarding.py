@@ -130,3 +130,72 @@ async def test_a_leader_that_drops_the_forwarded_request_is_504_not_retryable(
     dropper.join(timeout=5)
     store.close()
     server.close()
+
+
+async def test_a_client_that_leaves_cancels_its_forwarded_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review QA: a read forwarded to the leader went on there until the forwarder's own
+    timeout (30 s; here an hour) after its client left. The forward is dropped now, which
+    the leader sees as its client leaving (it stops the read)."""
+    import functools
+    import json
+    import socket
+    import threading
+
+    import anyio
+
+    from litecdc.http import app as app_module
+    from litecdc.http.forward import LeaderForwarder
+
+    monkeypatch.setattr(
+        app_module, "LeaderForwarder", functools.partial(LeaderForwarder, timeout=3600.0)
+    )
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    received, dropped = threading.Event(), threading.Event()
+
+    def hold_without_answering() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        received.set()
+        while conn.recv(65536):  # b"": the follower closed the forwarded request
+            pass
+        dropped.set()
+        conn.close()
+
+    leader = threading.Thread(target=hold_without_answering, daemon=True)
+    leader.start()
+    store, _client = follower_app(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}")
+    app = create_app(store, store.config)
+    body = json.dumps(["CREATE TABLE g(x)"]).encode()
+    left = anyio.Event()
+    body_sent: list[bool] = []
+
+    async def receive() -> dict[str, object]:
+        if not body_sent:
+            body_sent.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: object) -> None:
+        pass
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/db/execute", "raw_path": b"/db/execute",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+        "server": ("follower", 80),
+        "headers": [(b"host", b"follower"), (b"content-type", b"application/json")],
+    }  # fmt: skip
+    with anyio.fail_after(60):  # (a hang guard: the old code waited the hour)
+        async with anyio.create_task_group() as group:
+            group.start_soon(app, scope, receive, send)
+            await anyio.to_thread.run_sync(received.wait)
+            left.set()
+        assert await anyio.to_thread.run_sync(dropped.wait)
+    leader.join(5)
+    store.close()
+    server.close()
