@@ -27,8 +27,19 @@ _FOREIGN_KEYS_PRAGMA = re.compile(
 )
 #: a dump's copy of the query planner's statistics (sqlite3's .dump and rqlite's dump write
 #: them after ``ANALYZE sqlite_schema``): a client may not write them (db/access.py)
+_NAME = r"[\"`\[]?{}[\"`\]]?"
+_MAIN = r"(?:" + _NAME.format("main") + r"\s*\.\s*)?"
 _STATISTICS_ROW = re.compile(
-    r"INSERT\s+INTO\s+(?:main\s*\.\s*)?[\"`\[]?sqlite_stat[1-4][\"`\]]?[\s(]", re.IGNORECASE
+    r"(?:INSERT|REPLACE)\s+(?:OR\s+\w+\s+)?INTO\s+"
+    + _MAIN
+    + _NAME.format("sqlite_stat[1-4]")
+    + r"[\s(]",
+    re.IGNORECASE,
+)
+#: the line before them, which makes the statistics tables (emptying them when they exist:
+#: a node that had run ANALYZE refused that too — review QA)
+_STATISTICS_TABLES = re.compile(
+    r"ANALYZE\s+" + _MAIN + _NAME.format("sqlite_(?:schema|master)") + r"\s*;?", re.IGNORECASE
 )
 _LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*", re.DOTALL)
 
@@ -101,6 +112,7 @@ def load_statements(text: str, *, defer_foreign_keys: bool = False) -> list[str]
             body not in ("", ";")
             and not is_dump_wrapper(statement)
             and not _STATISTICS_ROW.match(body)
+            and not _STATISTICS_TABLES.fullmatch(body)
         ):
             out.append(statement)
     return out
