@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import apsw
 
 from litecdc.db.determinism import NON_DETERMINISTIC_FUNCTIONS
-from litecdc.db.schema import INTERNAL_PREFIX, is_internal_name
+from litecdc.db.schema import INTERNAL_PREFIX, INTERNAL_TABLES, is_internal_name
 
 _WRITE = {apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE}
 # DDL whose first argument names the object and (for indexes and triggers) second its table
@@ -212,6 +212,13 @@ class AccessCache:
         return len(self._entries)
 
 
+def _is_internal(name: str) -> bool:
+    """Whether an existing object (named as SQLite stores it) is litecdc's: the prefix in
+    lower case, or one of its tables in another case (one a client made under that name
+    before the prefix was reserved in any case: litecdc took it for its own)."""
+    return name.startswith(INTERNAL_PREFIX) or name.lower() in INTERNAL_TABLES
+
+
 def _is_user_object(name: str | None) -> bool:
     return name is not None and name != "" and not name.startswith("sqlite_")
 
@@ -308,7 +315,7 @@ class WriteAuthorizer:
             table = arg1 or ""
             if table[: len(_PRAGMA_TABLE_PREFIX)].lower() == _PRAGMA_TABLE_PREFIX:
                 self._pragma_tables.setdefault(table, trigger_or_view)  # judged in prepared
-            if table.startswith(INTERNAL_PREFIX):
+            if _is_internal(table):
                 return self._refuse(
                     f"table {table} is internal to litecdc and cannot be read in a write: its "
                     "contents differ between replicas"
@@ -334,7 +341,7 @@ class WriteAuthorizer:
                     access.reads.add(trigger_or_view)
             return apsw.SQLITE_OK
         if action in _WRITE:
-            if arg1 and arg1.startswith(INTERNAL_PREFIX):
+            if arg1 and _is_internal(arg1):
                 return self._refuse(f"table {arg1} is internal to litecdc and cannot be written")
             if arg1 in _SCHEMA_TABLES and arg2 == "rootpage":
                 self._moved_rootpage = True
@@ -364,8 +371,7 @@ class WriteAuthorizer:
                 # a new object's name as the client wrote it; an existing object's as stored
                 # (an upper-case one made before litecdc refused them may be renamed away)
                 if name and (
-                    name.startswith(INTERNAL_PREFIX)
-                    or (action in _CREATE_OBJECT and is_internal_name(name))
+                    _is_internal(name) or (action in _CREATE_OBJECT and is_internal_name(name))
                 ):
                     if action == apsw.SQLITE_ANALYZE:
                         return self._refuse(

@@ -569,13 +569,13 @@ class Engine:
         rows = self._internal(
             "SELECT name FROM sqlite_schema "
             f"WHERE lower(substr(name, 1, {len(INTERNAL_PREFIX)})) = '{INTERNAL_PREFIX}' "
-            f"AND name NOT IN ({known})"
+            f"AND lower(name) NOT IN ({known})"
         )
         if rows:
             return (
                 f"{rows[0][0]}: names starting with {INTERNAL_PREFIX} (in any case: SQLite "
                 "compares names without it) are reserved for litecdc's internal tables; "
-                "rename it"
+                "rename it (an index or trigger: drop it)"
             )
         return None
 
@@ -1815,8 +1815,9 @@ class Engine:
             ).fetchall()
             if foreign:
                 kind, name = foreign[0]
+                article = "an" if str(kind)[:1] in "aeiou" else "a"
                 raise LoadError(
-                    f"load: the SQLite file has a {kind} named {name}: names starting with "
+                    f"load: the SQLite file has {article} {kind} named {name}: names starting with "
                     f"{INTERNAL_PREFIX} (in any case) are reserved for litecdc's internal "
                     "tables; rename it before loading"
                 )

@@ -1282,6 +1282,13 @@ def _remove_stale_backups(data_dir: Path) -> None:
         _remove(str(stale))
 
 
+def remove_backup_copies(data_dir: Path | str) -> None:
+    """Remove every /db/backup copy in ``data_dir`` (at shutdown: a backup cancelled then
+    left its copy)."""
+    for copy in Path(data_dir).glob(BACKUP_FILE_PREFIX + "*"):
+        _remove(str(copy))
+
+
 def _guard(
     handler: Handler, *, json_errors: bool, forwarder: LeaderForwarder | None = None
 ) -> Handler:

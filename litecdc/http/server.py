@@ -16,7 +16,7 @@ import uvicorn
 
 from litecdc.config import NodeConfig
 from litecdc.errors import ConfigError
-from litecdc.http.app import create_app
+from litecdc.http.app import create_app, remove_backup_copies
 from litecdc.node import Node
 from litecdc.tls_files import check_cert_and_key
 
@@ -212,6 +212,8 @@ def serve(config: NodeConfig) -> None:
             server.run(sockets=sockets)
         finally:
             node.close()
+            # (a /db/backup cancelled at shutdown leaves its copy: it is no use now)
+            remove_backup_copies(config.data_dir)
     finally:
         for sock in sockets:
             sock.close()

@@ -300,6 +300,7 @@ def test_a_client_that_stopped_reading_a_backup_does_not_keep_a_stopping_node(
         copies = list(node.data_dir.glob(".backup-*"))
         assert len(copies) == 1
         assert node.stop() == 0  # (Node.stop kills a node still running after 15 s)
+        assert list(node.data_dir.glob(".backup-*")) == []  # the cancelled one's copy too
     finally:
         if conn is not None:
             conn.close()

@@ -182,6 +182,33 @@ def test_litecdcs_names_are_taken_in_any_case(store: Store) -> None:
     assert ("_litecdc_cdc_state",) not in tables[0].rows and ("t",) not in tables[0].rows
 
 
+def test_litecdcs_table_under_a_name_in_another_case_from_before_stays_internal(
+    tmp_path: Path,
+) -> None:
+    """Review QA: a _LITECDC_CDC_STATE a client made before the prefix was reserved in
+    any case is litecdc's table for SQLite; it was writable (and renamable) under that
+    stored name."""
+    from litecdc import NodeConfig
+
+    plain = apsw.Connection(str(tmp_path / "db.sqlite"))
+    plain.execute("CREATE TABLE _LITECDC_CDC_STATE(name TEXT PRIMARY KEY, value)")
+    plain.close()
+    adopted = Store(NodeConfig(data_dir=tmp_path))
+    try:
+        out = adopted.execute(
+            [
+                S("INSERT INTO _LITECDC_CDC_STATE VALUES('hwm', 1000000000)"),
+                S("ALTER TABLE _LITECDC_CDC_STATE RENAME TO mine"),
+                S("DROP TABLE _litecdc_cdc_state"),
+            ]
+        )
+        for result in out.results:
+            assert "internal to litecdc" in str(result.error), result
+        assert adopted.execute([S("CREATE TABLE other(y)")]).results[0].error is None
+    finally:
+        adopted.close()
+
+
 def test_a_table_in_litecdcs_names_from_before_can_be_renamed_away(
     tmp_path: Path,
 ) -> None:
