@@ -538,6 +538,11 @@ class _Api:
         """Run ``read`` on a thread; if the client disconnects meanwhile, cancel ``limit``
         so that SQLite stops the read (nobody will see its rows) and frees its thread."""
 
+        if getattr(request.state, "body", None) is None:
+            # a GET's (empty) body is read first, and kept: the watch below would take its
+            # message, and forwarding the read to the leader waited for it forever
+            await request.body()
+
         async def watch_client() -> None:
             while True:
                 message = await request.receive()

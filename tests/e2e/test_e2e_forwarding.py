@@ -71,6 +71,33 @@ async def test_writes_are_forwarded_to_the_leader(
     assert r.status_code == 200 and r.json()["results"][0]["rows_affected"] == 1
 
 
+async def test_reads_at_a_level_the_follower_cannot_serve_are_forwarded(
+    tmp_path: Path, leader: Node
+) -> None:
+    """GET (no body) and POST reads: a read that needs the leader is answered by it."""
+    store, client = follower_app(tmp_path, leader.url)
+
+    def leader_only(level: str) -> None:
+        if level != "none":
+            raise NotLeaderError(
+                "node follower is not the leader", leader_id="leader", leader_address=leader.url
+            )
+
+    store.route_reads(leader_only)  # type: ignore[arg-type]
+    async with client:
+        with leader.client() as c:
+            leader.execute(c, ["CREATE TABLE r(x)", "INSERT INTO r VALUES(7)"])
+        r = await client.get("/db/query", params={"q": "SELECT x FROM r", "level": "strong"})
+        assert r.status_code == 200 and r.json()["results"][0]["values"] == [[7]], r.text
+        r = await client.post("/db/query?level=strong", json=["SELECT x FROM r"])
+        assert r.json()["results"][0]["values"] == [[7]], r.text
+        r = await client.post("/db/request?level=strong", json=["SELECT x FROM r"])
+        assert r.json()["results"][0]["values"] == [[7]], r.text
+        r = await client.get("/db/query", params={"q": "SELECT 1", "level": "none"})
+        assert r.json()["results"][0]["values"] == [[1]], r.text  # served here
+    store.close()
+
+
 async def test_redirect_parameter_answers_301_to_the_leader(
     follower: httpx.AsyncClient, leader: Node
 ) -> None:
