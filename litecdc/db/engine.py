@@ -1655,14 +1655,17 @@ class Engine:
         prepare or bind counts as a write, so the write path reports the error.
         """
         read_only = True
-        several = parse_template(statement.sql).statements > 1
+        count = parse_template(statement.sql).statements
+        several = count > 1
+        seen = 0
 
         def check(cur: apsw.Cursor, text: str, bindings: Any) -> bool:
-            nonlocal read_only
+            nonlocal read_only, seen
+            seen += 1
             if not cur.is_readonly:
                 read_only = False
                 return False
-            return several
+            return seen < count  # the last need not run: nothing comes after it (QA)
 
         conn = self._reader()
         cursor = conn.cursor()

@@ -87,7 +87,9 @@ class LeaderForwarder:
         headers[FORWARDED_HEADER] = self._node_id
         body = getattr(request.state, "body", None)  # the handler read it already
         if body is None:
-            body = await request.body()
+            # a handler that refuses before reading takes no body (a GET): none is sent —
+            # reading it here would skip the body limits (review QA: 200 MB read whole)
+            body = b""
         outcome = await self._unless_client_leaves(
             request, self._client.request(request.method, target, content=body, headers=headers)
         )

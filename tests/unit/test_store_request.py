@@ -242,3 +242,18 @@ def test_close_stops_a_read_and_a_write_still_running_on_other_threads(
         assert again.query([S("SELECT v FROM e")])[0].rows == [(1,)]  # nothing half-written
     finally:
         again.close()
+
+
+def test_telling_whether_a_string_writes_does_not_run_its_last_statement(store: Store) -> None:
+    """Review QA: /db/request ran every read of a string of several twice (once to tell
+    whether it writes, once to answer), spending db_timeout twice. Only the statements
+    before the last run to tell; here the last would never end."""
+    answer: list[bool] = []
+    check = threading.Thread(
+        target=lambda: answer.append(store.is_read_only([S(f"SELECT 1; {RUNAWAY}")])),
+        daemon=True,
+    )
+    check.start()
+    check.join(60)  # (a hang guard)
+    assert answer == [True]
+    assert store.is_read_only([S("SELECT 1; CREATE TABLE w(x)")]) is False
