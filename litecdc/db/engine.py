@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -337,6 +337,11 @@ class Engine:
         #: progress checks (every WRITE_CHECK_STEPS steps) of the client statement that
         #: runs; None while none does (litecdc's own statements have no limit)
         self._write_checks: int | None = None
+        #: close() was called: no client statement starts any more
+        self._closing = False
+        #: interrupt_writes() was called during the write in progress (depth > 0)
+        self._abort_write = False
+        self._write_depth = 0
         self._writer.set_progress_handler(self._past_write_limit, WRITE_CHECK_STEPS)
         self._writer.create_scalar_function(FAILED_STATEMENT_FUNCTION, _fail_statement, 1)
         self._access_cache = AccessCache()
@@ -360,6 +365,16 @@ class Engine:
         #: True while in_one_transaction runs: writes become savepoints of its transaction
         self._nested = False
         self.sqlite_version = apsw.sqlite_lib_version()
+        #: objects named in litecdc's prefix from before it was reserved in any case
+        self._names_from_before = frozenset(self._names_in_litecdcs_prefix())
+        for name in sorted(self._names_from_before):
+            log.warning(
+                "%s: names starting with %s (in any case) are reserved for litecdc's "
+                "internal tables; rename it (an index or trigger: drop it) — a dump of "
+                "this database will not load",
+                name,
+                INTERNAL_PREFIX,
+            )
 
     # -- connections ------------------------------------------------------------------
     def _reader(self) -> apsw.Connection:
@@ -381,6 +396,7 @@ class Engine:
         """Close every connection. A read or write still running on another thread (its
         request cancelled at shutdown; a read nobody bounded) is interrupted first: the
         node closed nothing after the first busy reader raised, and stayed up (QA)."""
+        self._closing = True
         with self._reader_lock:
             readers = list(self._reader_list)
         for conn in readers:
@@ -489,12 +505,38 @@ class Engine:
 
     def _past_write_limit(self) -> bool:
         """The writer's progress handler: True (interrupt) once the client statement that
-        runs has taken WRITE_STEP_LIMIT steps."""
+        runs has taken WRITE_STEP_LIMIT steps, or when the write must stop now."""
         checks = self._write_checks
         if checks is None:
             return False
         self._write_checks = checks + 1
-        return checks >= _WRITE_LIMIT_CHECKS
+        return checks >= _WRITE_LIMIT_CHECKS or self._closing or self._abort_write
+
+    @contextlib.contextmanager
+    def _write_in_progress(self) -> Iterator[None]:
+        """Hold the write lock for a write (run_write, in_one_transaction; nested too)."""
+        with self._write_lock:
+            self._write_depth += 1
+            try:
+                yield
+            finally:
+                self._write_depth -= 1
+                if self._write_depth == 0:
+                    self._abort_write = False
+
+    def interrupt_writes(self) -> None:
+        """Abort the write in progress, if any (a cluster node leaving stops its apply):
+        its running statement is interrupted and no further one starts; it rolls back,
+        journaling nothing, and its caller gets apsw.InterruptError."""
+        if self._write_depth > 0:
+            self._abort_write = True
+            self._writer.interrupt()
+
+    def _check_not_stopping(self) -> None:
+        # SQLite's interrupt ends the statement that runs, not the next one: a write of
+        # many statements went on, and committed, after close() (QA: a /db/load at SIGTERM)
+        if self._closing or self._abort_write:
+            raise apsw.InterruptError("litecdc is stopping: the write did not finish")
 
     def _write_limit_reached(self) -> bool:
         return self._write_checks is not None and self._write_checks > _WRITE_LIMIT_CHECKS
@@ -561,19 +603,26 @@ class Engine:
                 return _virtual_column_error(table, str(rows[0][0]))
         return None
 
-    def _check_internal_names(self) -> str | None:
-        """A client object renamed into litecdc's prefix (ALTER TABLE t RENAME TO
-        _litecdc_t: the authorizer sees only the old name) could never be written, renamed
-        back or dropped again, and dumps would leave it out."""
+    def _names_in_litecdcs_prefix(self) -> set[str]:
+        """Objects named in litecdc's prefix (in any case) that are not its tables."""
         known = ", ".join(f"'{name}'" for name in sorted(INTERNAL_TABLES))
         rows = self._internal(
             "SELECT name FROM sqlite_schema "
             f"WHERE lower(substr(name, 1, {len(INTERNAL_PREFIX)})) = '{INTERNAL_PREFIX}' "
             f"AND lower(name) NOT IN ({known})"
         )
+        return {str(row[0]) for row in rows}
+
+    def _check_internal_names(self) -> str | None:
+        """A client object renamed into litecdc's prefix (ALTER TABLE t RENAME TO
+        _litecdc_t: the authorizer sees only the old name) could never be written, renamed
+        back or dropped again, and dumps would leave it out. Objects so named before the
+        prefix was reserved in any case (warned of at start) are let be: two of them made
+        every DDL fail, the rename of one refused for the other (QA)."""
+        rows = sorted(self._names_in_litecdcs_prefix() - self._names_from_before)
         if rows:
             return (
-                f"{rows[0][0]}: names starting with {INTERNAL_PREFIX} (in any case: SQLite "
+                f"{rows[0]}: names starting with {INTERNAL_PREFIX} (in any case: SQLite "
                 "compares names without it) are reserved for litecdc's internal tables; "
                 "rename it (an index or trigger: drop it)"
             )
@@ -708,7 +757,7 @@ class Engine:
         committed when every statement failed, or when ``transaction`` is set and
         one failed.
         """
-        with self._write_lock:
+        with self._write_in_progress():
             writer = self._writer
             self._vfs.pin(timestamp_ms)
             self._random.start(seed)
@@ -818,6 +867,7 @@ class Engine:
         and False returned, and the caller runs the statements one by one to report
         exactly which one failed (the transaction is rolled back either way).
         """
+        self._check_not_stopping()
         writer = self._writer
         sql = group[0].sql
         access = self._access_cache.get(sql)
@@ -934,7 +984,7 @@ class Engine:
         the whole transaction back (ON CONFLICT ROLLBACK) — the caller runs them one by
         one instead.
         """
-        with self._write_lock:
+        with self._write_in_progress():
             self._internal("BEGIN IMMEDIATE")
             self._nested = True
             try:
@@ -972,6 +1022,7 @@ class Engine:
     ) -> tuple[StatementResult, str | None, bool]:
         """Run one client statement; returns its result, its journal text (None when it
         failed) and whether its failure must fail the whole request."""
+        self._check_not_stopping()
         writer = self._writer
         buffer_mark = self._buffer.mark()
         random_mark = self._random.calls

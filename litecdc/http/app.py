@@ -1404,12 +1404,29 @@ class _RqliteHeaders:
         if query_string:
             scope = {**scope, "query_string": rqlite.first_values_only(query_string)}
 
+        started = False
+
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message = {**message, "headers": [*message.get("headers", ()), *self.headers]}
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except asyncio.CancelledError:
+            # the node stops, and the request's grace ran out (litecdc/http/server.py):
+            # say so, as an unknown outcome — a write may have committed (it answered a
+            # bare 500 before: review QA)
+            if not started:
+                await _text_error(
+                    504,
+                    "the node stopped before this request finished; a write in it may "
+                    "have been applied: check before retrying",
+                    dict(self._text_headers),
+                )(scope, receive, send)
+            raise
 
 
 def _rqlite_headers(config: NodeConfig, auth: bool) -> list[tuple[bytes, bytes]]:

@@ -440,6 +440,10 @@ def test_a_node_stops_while_a_runaway_read_still_has_its_client(tmp_path: Path) 
             while int(c.get("/debug/vars").json()["http"]["queries"]) <= before:
                 threading.Event().wait(0.05)
             assert node.stop() == 0  # (Node.stop kills a node still running after 15 s)
+            # the client is told, as an unknown outcome (a bare 500 before: review QA)
+            answer = conn.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 504 "), answer
+            assert b"the node stopped before this request finished" in answer
     assert "Traceback" not in node.log(), node.log()[-3000:]
 
 

@@ -209,24 +209,36 @@ def test_litecdcs_table_under_a_name_in_another_case_from_before_stays_internal(
         adopted.close()
 
 
-def test_a_table_in_litecdcs_names_from_before_can_be_renamed_away(
-    tmp_path: Path,
+def test_objects_in_litecdcs_names_from_before_are_warned_of_and_can_be_renamed_away(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A data directory may hold such a table from before litecdc refused the name: every
-    DDL then says so, and the rename that fixes it is allowed."""
+    """A data directory may hold such objects from before litecdc refused the names: the
+    node warns at start, DDL goes on (review QA: with two of them every DDL failed, each
+    naming the other, the renames included), and the renames that fix them work."""
     from litecdc import NodeConfig
 
     plain = apsw.Connection(str(tmp_path / "db.sqlite"))
-    plain.execute("CREATE TABLE _LITECDC_MINE(x); INSERT INTO _LITECDC_MINE VALUES(1)")
+    plain.execute(
+        "CREATE TABLE _LITECDC_MINE(x); INSERT INTO _LITECDC_MINE VALUES(1);"
+        "CREATE TABLE _LITECDC_MINE2(y); CREATE INDEX _LITECDC_I ON _LITECDC_MINE2(y)"
+    )
     plain.close()
-    adopted = Store(NodeConfig(data_dir=tmp_path))
+    with caplog.at_level("WARNING", logger="litecdc.db"):
+        adopted = Store(NodeConfig(data_dir=tmp_path))
+    assert "_LITECDC_MINE: names starting with _litecdc_" in caplog.text
     try:
-        out = adopted.execute([S("CREATE TABLE other(y)")])
-        assert "_LITECDC_MINE: names starting with _litecdc_" in str(out.results[0].error)
-        out = adopted.execute([S("ALTER TABLE _LITECDC_MINE RENAME TO mine")])
-        assert out.results[0].error is None, out.results[0].error
-        assert adopted.execute([S("CREATE TABLE other(y)")]).results[0].error is None
+        out = adopted.execute(
+            [
+                S("CREATE TABLE other(y)"),
+                S("ALTER TABLE _LITECDC_MINE RENAME TO mine"),
+                S("DROP INDEX _LITECDC_I"),
+                S("ALTER TABLE _LITECDC_MINE2 RENAME TO mine2"),
+            ]
+        )
+        assert [r.error for r in out.results] == [None] * 4
         assert adopted.query([S("SELECT x FROM mine")])[0].rows == [(1,)]
+        out = adopted.execute([S("ALTER TABLE mine RENAME TO _LITECDC_BACK")])
+        assert "reserved for litecdc's internal tables" in str(out.results[0].error)
     finally:
         adopted.close()
 
