@@ -257,6 +257,11 @@ class WriteAuthorizer:
         self._pragma_tables = {}
         self._table_ddl = []
 
+    @property
+    def ddl_prepared(self) -> bool:
+        """Whether the statement just prepared (not judged yet) changes the schema."""
+        return self._ddl_prepared
+
     def take_table_ddl(self) -> list[tuple[str, bool]]:
         """The user tables the statement just prepared creates, drops or alters, as
         (name, whether by ALTER TABLE) — what SQLite says of them when it prepares the

@@ -365,9 +365,8 @@ class Engine:
         #: True while in_one_transaction runs: writes become savepoints of its transaction
         self._nested = False
         self.sqlite_version = apsw.sqlite_lib_version()
-        #: objects named in litecdc's prefix from before it was reserved in any case
-        self._names_from_before = frozenset(self._names_in_litecdcs_prefix())
-        for name in sorted(self._names_from_before):
+        # objects named in litecdc's prefix from before it was reserved in any case
+        for name in sorted(self._names_in_litecdcs_prefix()):
             log.warning(
                 "%s: names starting with %s (in any case) are reserved for litecdc's "
                 "internal tables; rename it (an index or trigger: drop it) — a dump of "
@@ -613,13 +612,17 @@ class Engine:
         )
         return {str(row[0]) for row in rows}
 
-    def _check_internal_names(self) -> str | None:
+    def _check_internal_names(self, before: set[str] | None) -> str | None:
         """A client object renamed into litecdc's prefix (ALTER TABLE t RENAME TO
         _litecdc_t: the authorizer sees only the old name) could never be written, renamed
-        back or dropped again, and dumps would leave it out. Objects so named before the
-        prefix was reserved in any case (warned of at start) are let be: two of them made
-        every DDL fail, the rename of one refused for the other (QA)."""
-        rows = sorted(self._names_in_litecdcs_prefix() - self._names_from_before)
+        back or dropped again, and dumps would leave it out. Only what the statement itself
+        brought into the prefix counts (``before``: the names there when its DDL was
+        prepared): objects so named before the prefix was reserved in any case are warned
+        of at start and let be — two of them made every DDL fail, the rename of one refused
+        for the other (QA) — and every replica judges a statement alike."""
+        if before is None:
+            return None
+        rows = sorted(self._names_in_litecdcs_prefix() - before)
         if rows:
             return (
                 f"{rows[0]}: names starting with {INTERNAL_PREFIX} (in any case: SQLite "
@@ -1043,8 +1046,12 @@ class Engine:
 
         near_end: list[str] = []  # AUTOINCREMENT tables it writes that are nearly full
 
+        prefix_names: list[set[str]] = []  # in litecdc's prefix before the first DDL ran
+
         def prepared() -> str | None:
             watch.statement()  # first: judging the statement resets what was noted of it
+            if not prefix_names and self._authorizer.ddl_prepared:
+                prefix_names.append(self._names_in_litecdcs_prefix())
             refused = self._authorizer.prepared()
             if refused is None and access is not None:
                 near_end[:] = self._autoincrement_near_end(access.writes)
@@ -1117,7 +1124,7 @@ class Engine:
             if access.schema:
                 problem = (
                     self._check_capturable(access.writes)
-                    or self._check_internal_names()
+                    or self._check_internal_names(prefix_names[0] if prefix_names else None)
                     or self._check_triggers(access)
                 )
                 if problem is not None:
