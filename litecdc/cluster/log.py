@@ -609,7 +609,8 @@ class ApplyLoop:
             self._thread.start()
         return self
 
-    def close(self, timeout: float = 10.0) -> None:
+    def request_stop(self) -> None:
+        """Tell the loop to stop after what it applies (close() waits for it)."""
         self._stop.set()
         with self._watch_lock:
             watch = self._watch
@@ -617,6 +618,9 @@ class ApplyLoop:
             watch.cancel()
         with self._changed:
             self._changed.notify_all()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -665,6 +669,11 @@ class ApplyLoop:
                 self._error(f"log watch: {exc}; watching again", _level_of(exc))
                 self._stop.wait(self.retry_interval)
             except Exception as exc:  # SQLite failure…: retry from the last applied entry
+                if self._stop.is_set():
+                    # the node is leaving and interrupted the entry (ClusterNode.close):
+                    # it is applied again at the next start — not a failure to report
+                    log.info("stopped applying the log: %s", exc)
+                    break
                 log.exception("applying the log failed")
                 self._stall(f"applying the log failed: {exc}", level=logging.DEBUG)
                 self._stop.wait(self.stall_retry_interval)

@@ -944,7 +944,9 @@ class ClusterNode:
         self.appender.close()
         self.compactor.close()
         # an entry being applied stops now (rolled back: applied again at the next start);
-        # the loop finished it first, however long it ran (QA: 47 s to stop a follower)
+        # the loop finished it first, however long it ran (QA: 47 s to stop a follower).
+        # The loop is told first, so that it starts no other entry after the interrupt.
+        self.apply_loop.request_stop()
         self.store.engine.interrupt_writes()
         self.apply_loop.close()
         for thread in (getattr(self, "_control", None), getattr(self, "_member", None)):

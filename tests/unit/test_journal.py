@@ -864,3 +864,58 @@ def test_distinct_sql_texts_do_not_grow_the_access_cache_without_end(store: Stor
     store.execute([S(f"INSERT INTO t VALUES({i})") for i in range(limit + 500)], transaction=True)
     assert len(store.engine._access_cache) == limit
     assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(limit + 500,)]
+
+
+def test_an_entry_interrupted_from_outside_is_not_recorded_as_failed(tmp_path: Path) -> None:
+    """Review QA: a cluster node leaving interrupts the entry its apply loop runs; landing
+    in the trigger check's internal DROP TRIGGER, the interrupt rolled the transaction back
+    and the check's ROLLBACK TO then failed with "no such savepoint" — taken for the
+    statement's own error, the entry was recorded empty on this replica alone. (The
+    interrupt is injected at that statement: the race cannot be timed in a test.)"""
+    from litecdc.db import engine as engine_module
+    from litecdc.results import LogEntry
+
+    store = Store(NodeConfig(data_dir=tmp_path / "n"))
+    store.execute(
+        [S("CREATE TABLE t(x)"), S("CREATE TRIGGER tr1 AFTER INSERT ON t BEGIN SELECT 1; END")]
+    )
+    engine = store.engine
+    store.journal.set_mode(Mode.FOLLOWER)
+    last = store.journal.last_cid()
+    real_internal = engine._internal
+    fired: list[bool] = []
+
+    def interrupting(sql: str, params: object = None) -> object:
+        if sql.startswith("DROP TRIGGER") and not fired:
+
+            def at_first_step() -> bool:
+                if not fired:
+                    fired.append(True)
+                    engine.interrupt_writes()  # what ClusterNode.close() does
+                return False
+
+            engine._writer.set_progress_handler(at_first_step, 1)
+            try:
+                return real_internal(sql, params)
+            finally:
+                engine._writer.set_progress_handler(
+                    engine._past_write_limit, engine_module.WRITE_CHECK_STEPS
+                )
+        return real_internal(sql, params)
+
+    engine._internal = interrupting  # type: ignore[method-assign]
+    entry = LogEntry(
+        last + 1, last, 1_700_000_000_000, 42,
+        ("CREATE TRIGGER tr2 AFTER INSERT ON t BEGIN SELECT 2; END",), False, False,
+    )  # fmt: skip
+    try:
+        with pytest.raises(apsw.InterruptError):
+            store.journal.apply_log_entry(entry, revision=7)
+    finally:
+        engine._internal = real_internal  # type: ignore[method-assign]
+    assert fired and store.journal.last_cid() == last  # not recorded: applied again later
+    out = store.journal.apply_log_entry(entry, revision=7)  # the retry
+    assert out.cid == last + 1
+    triggers = store.query([S("SELECT name FROM sqlite_schema WHERE type = 'trigger'")])
+    assert triggers[0].rows == [("tr1",), ("tr2",)]
+    store.close()
