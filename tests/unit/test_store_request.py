@@ -260,8 +260,24 @@ def test_telling_whether_a_string_writes_does_not_run_its_last_statement(store: 
     assert store.is_read_only([S("SELECT 1; CREATE TABLE w(x)")]) is False
 
 
-def _many_small_writes(store: Store, rows: int) -> Callable[[], object]:
-    return lambda: store.execute([S("INSERT INTO e VALUES(?)", (i,)) for i in range(rows)])
+def _start_a_long_write(store: Store) -> tuple[threading.Thread, list[object]]:
+    """A write of 200,000 small statements on a thread, begun; what it returned or raised
+    lands in the list."""
+    outcomes: list[object] = []
+
+    def run() -> None:
+        try:
+            outcomes.append(
+                store.execute([S("INSERT INTO e VALUES(?)", (i,)) for i in range(200_000)])
+            )
+        except Exception as exc:
+            outcomes.append(exc)
+
+    write = threading.Thread(target=run)
+    write.start()
+    while store.engine._write_depth == 0:  # (the write has begun)
+        threading.Event().wait(0.01)
+    return write, outcomes
 
 
 def test_close_stops_a_write_of_many_statements_between_two_of_them(tmp_path: Path) -> None:
@@ -272,18 +288,7 @@ def test_close_stops_a_write_of_many_statements_between_two_of_them(tmp_path: Pa
     config = NodeConfig(data_dir=tmp_path / "n")
     store = Store(config)
     store.execute([S("CREATE TABLE e(v)")])
-    outcomes: list[object] = []
-
-    def run() -> None:
-        try:
-            outcomes.append(_many_small_writes(store, 200_000)())
-        except Exception as exc:
-            outcomes.append(exc)
-
-    write = threading.Thread(target=run)
-    write.start()
-    while store.engine._write_depth == 0:  # (the write has begun)
-        threading.Event().wait(0.01)
+    write, outcomes = _start_a_long_write(store)
     store.close()
     write.join(60)
     assert len(outcomes) == 1 and isinstance(outcomes[0], apsw.InterruptError), outcomes
@@ -299,18 +304,7 @@ def test_interrupt_writes_aborts_the_write_in_progress_only(store: Store) -> Non
     """What a cluster node leaving does to its apply loop's write (it waited for it)."""
     store.execute([S("CREATE TABLE e(v)")])
     last = store.journal.last_cid()
-    outcomes: list[object] = []
-
-    def run() -> None:
-        try:
-            outcomes.append(_many_small_writes(store, 200_000)())
-        except Exception as exc:
-            outcomes.append(exc)
-
-    write = threading.Thread(target=run)
-    write.start()
-    while store.engine._write_depth == 0:
-        threading.Event().wait(0.01)
+    write, outcomes = _start_a_long_write(store)
     store.engine.interrupt_writes()
     write.join(60)
     assert isinstance(outcomes[0], apsw.InterruptError), outcomes
