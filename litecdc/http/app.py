@@ -249,7 +249,7 @@ class _Api:
         self.scheme = "https" if self.tls else "http"
         self.started = datetime.now(UTC)
         self.last_backup: datetime | None = None
-        _remove_stale_backups(Path(config.data_dir))
+        remove_backup_copies(config.data_dir, left_by_a_crash=True)
         self.stats = _HttpStats()
         self.queue = _WriteQueue()
         #: writes run on threads of their own: reads that take long or wait (min_cid), from
@@ -1246,18 +1246,13 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _remove_stale_backups(data_dir: Path) -> None:
-    """Remove the copies /db/backup left when the node was killed while serving them (the
+def remove_backup_copies(data_dir: Path | str, *, left_by_a_crash: bool = False) -> None:
+    """Remove every /db/backup copy in ``data_dir``: at shutdown (a cancelled backup left
+    its copy) and at start (``left_by_a_crash``: the node was killed while serving one; the
     data directory's lock makes them this node's)."""
-    for stale in data_dir.glob(BACKUP_FILE_PREFIX + "*"):
-        log.info("removing %s, a backup copy left by a node that did not stop cleanly", stale)
-        _remove(str(stale))
-
-
-def remove_backup_copies(data_dir: Path | str) -> None:
-    """Remove every /db/backup copy in ``data_dir`` (at shutdown: a backup cancelled then
-    left its copy)."""
     for copy in Path(data_dir).glob(BACKUP_FILE_PREFIX + "*"):
+        if left_by_a_crash:
+            log.info("removing %s, a backup copy left by a node that did not stop cleanly", copy)
         _remove(str(copy))
 
 
