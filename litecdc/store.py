@@ -247,12 +247,16 @@ class Store:
         """Check every read's consistency level first (a cluster node's leadership rules)."""
         self._read_gate = gate
 
-    def wait_for_cid(self, cid: int, timeout: float) -> bool:
-        """Block until this node has applied ``cid`` (read-your-writes on a follower)."""
+    def wait_for_cid(
+        self, cid: int, timeout: float, given_up: Callable[[], bool] | None = None
+    ) -> bool:
+        """Block until this node has applied ``cid`` (read-your-writes on a follower);
+        False after ``timeout`` or once ``given_up()`` (checked twice a second) says the
+        reader is gone."""
         deadline = time.monotonic() + timeout
         while self.journal.available_snapshot() < cid:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (given_up is not None and given_up()):
                 return False
             self.journal.wait_for_commit_after(self.journal.last_cid(), min(remaining, 0.5))
         return True

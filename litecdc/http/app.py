@@ -467,15 +467,21 @@ class _Api:
         else:
             statements = await self._statements(request)
         self.stats.add("query_stmts_rx", len(statements))
+        client_gone = _client_gone(request)
         if opts.min_cid is not None:
             min_cid = opts.min_cid
-            if not await to_thread.run_sync(lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT)):
+            if not await to_thread.run_sync(
+                lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT, client_gone)
+            ):
+                if client_gone is not None and client_gone():
+                    # nobody reads the answer; the wait held one of the read threads
+                    return Response(status_code=499)
                 raise NotReadyError(
                     f"this node has not applied cid {min_cid} within {MIN_CID_WAIT:g} s "
                     f"(it has {self.store.journal.available_snapshot()}); retry, or read with "
                     "a stronger level"
                 )
-        limit = ReadLimit(opts.db_timeout, _client_gone(request))
+        limit = ReadLimit(opts.db_timeout, client_gone)
         results = await to_thread.run_sync(
             lambda: self.store.query(
                 statements, level=opts.level, transaction=opts.transaction, limit=limit

@@ -6,6 +6,7 @@ import gzip
 import logging
 import sqlite3
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from starlette.testclient import TestClient
 from litecdc.config import NodeConfig
 from litecdc.db.datafile import SQLITE_HEADER
 from litecdc.errors import ConfigError, ModeError
+from litecdc.http import app as app_module
 from litecdc.http import create_app
 from litecdc.http.app import VERSION
 from litecdc.store import Store
@@ -629,3 +631,35 @@ def test_uptime_is_written_as_go_writes_a_duration() -> None:
     assert go_duration(86.709266) == "1m26.709266s"
     assert go_duration(3723.5) == "1h2m3.5s"
     assert go_duration(90061) == "25h1m1s"
+
+
+def test_a_min_cid_wait_ends_once_its_client_is_gone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read waiting for a cid this node has not applied (min_cid) held its read thread
+    for the whole wait after its client had left. The wait now asks, twice a second,
+    whether the client is still there (the wait is made an hour here, so only that ends
+    it; the client's going is faked, as the test client cannot hang up mid-request)."""
+    gone = threading.Event()
+    waited: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(store.wait_for_cid(10**9, 3600, gone.is_set)), daemon=True
+    )
+    waiter.start()
+    gone.set()
+    waiter.join(30)  # (a hang guard: it returns within half a second)
+    assert waited == [False]
+
+    monkeypatch.setattr(app_module, "MIN_CID_WAIT", 3600)
+    monkeypatch.setattr(app_module, "_client_gone", lambda request: lambda: True)
+    answers: list[int] = []
+
+    def read_waiting_for_a_cid() -> None:
+        with TestClient(create_app(store, store.config)) as c:
+            r = c.get("/db/query", params={"q": "SELECT 1", "min_cid": "999999999"})
+            answers.append(r.status_code)
+
+    reader = threading.Thread(target=read_waiting_for_a_cid, daemon=True)
+    reader.start()
+    reader.join(30)
+    assert answers == [499]  # (nobody reads it; 503 once the wait runs out otherwise)
