@@ -67,6 +67,12 @@ class WriteOutcome:
     #: /db/request of reads only, answered by the read path (rqlite's db.Query)
     read_only: bool = False
 
+    @property
+    def raft_index(self) -> int | None:
+        """The write's place in the node's history, answered as rqlite's ``raft_index``:
+        its cid (None when a standalone node committed nothing, so used no cid)."""
+        return self.cid
+
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:

@@ -116,6 +116,12 @@ class LogWriteOutcome(WriteOutcome):
     log_cid: int = 0
     revision: int = 0
 
+    @property
+    def raft_index(self) -> int | None:
+        """The entry's cid in the log, committed or not: a write whose statements all
+        failed still took its place (rqlite's raft_index is there for every write)."""
+        return self.log_cid or self.cid
+
 
 # --- the leader's group commit -----------------------------------------------------------
 

@@ -364,7 +364,7 @@ class _Api:
                 outcome.results, timings=opts.timings, blob_array=opts.blob_array
             )
         }
-        return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
+        return self._finish(doc, opts, start, outcome.raft_index, outcome.log_revision)
 
     async def queued_execute(
         self, request: Request, opts: rqlite.QueryOptions, start: float
@@ -405,7 +405,7 @@ class _Api:
             except StatementError as exc:
                 failures.append(f"refused: {exc}")
             else:
-                cid, revision = outcome.cid, outcome.log_revision
+                cid, revision = outcome.raft_index, outcome.log_revision
                 failures = [
                     f"statement {i} failed: {result.error}"
                     for i, result in enumerate(outcome.results, start=1)
@@ -528,7 +528,7 @@ class _Api:
                 endpoint="query" if outcome.read_only else "request",
             )
         }
-        return self._finish(doc, opts, start, outcome.cid, outcome.log_revision)
+        return self._finish(doc, opts, start, outcome.raft_index, outcome.log_revision)
 
     @staticmethod
     def _finish(
@@ -608,7 +608,9 @@ class _Api:
         results = (
             [] if is_sqlite else rqlite.format_results(outcome.results[-1:], timings=opts.timings)
         )
-        return self._finish({"results": results}, opts, start, outcome.cid, outcome.log_revision)
+        return self._finish(
+            {"results": results}, opts, start, outcome.raft_index, outcome.log_revision
+        )
 
     async def boot(self, request: Request) -> Response:
         """rqlite v8's ``POST /boot`` (handleBoot, Store.ReadFrom): a SQLite file replaces the

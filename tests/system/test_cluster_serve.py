@@ -47,6 +47,13 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
         assert r.json()["log_revision"] > 0  # acknowledged once committed in etcd
         plain = c.post("/db/execute", json=[["INSERT INTO kv(v) VALUES(?)", "two"]]).json()
         assert plain["raft_index"] == cid + 1 and plain["log_revision"] > r.json()["log_revision"]
+        # a write that commits nothing still took its place in the log, and says which
+        # (docs QA: raft_index was left out, so a client had no min_cid to read with)
+        for params in ({"raft_index": ""}, {"queue": ""}):
+            failed = c.post("/db/execute", params=params, json=["INSERT INTO nosuch VALUES(1)"])
+            assert failed.status_code == 200, failed.text
+            assert failed.json()["raft_index"] == plain["raft_index"] + 1, failed.text
+            plain = failed.json()
         cid = plain["raft_index"]
         redirect = c.post("/db/execute", params={"redirect": ""}, json=["SELECT 1"])
         assert redirect.status_code == 301
