@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from litecdc.errors import ConfigError, LitecdcError
+from litecdc.errors import ConfigError, LitecdcError, MetadataError
 
 if TYPE_CHECKING:
     from litecdc.pipeline.metadata import MetadataStore
@@ -93,7 +93,8 @@ def _open(meta: str | None, owner: str | None = None, *, create: bool = False) -
             f"{DEFAULT_META_FILE} in the working directory"
         )
     if meta is None and not create and not (Path.cwd() / DEFAULT_META_FILE).exists():
-        raise ConfigError(
+        # exit 1, as for a --meta file that is missing: a store that cannot be opened
+        raise MetadataError(
             f"no metadata store here: the default is {DEFAULT_META_FILE} in the working "
             f"directory ({Path.cwd()}), made by `litecdc pipeline subscribe`; run where you "
             "subscribed, or give --meta (or LITECDC_PIPELINE_META)"
