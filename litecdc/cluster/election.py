@@ -128,6 +128,9 @@ class Election:
         self._leader: LeaderInfo | None = None
         #: when etcd last answered this node's election thread (monotonic seconds)
         self._last_contact = time.monotonic()
+        #: leases this node gave up but could not revoke (etcd out of reach): its leader
+        #: key may still hold one when etcd answers again
+        self._unrevoked: set[int] = set()
 
         self._stop = threading.Event()
         self._watch: Watch | None = None
@@ -244,11 +247,32 @@ class Election:
                 self._leader = info
                 self._changed.notify_all()
 
-    def _revoke(self, lease_id: int) -> None:
+    def _revoke(self, lease_id: int) -> bool:
+        """Revoke a lease of this node's; False (and remembered) when etcd did not answer."""
         try:
             self.client.revoke_lease(lease_id, timeout=self.ttl / 3)
         except ClusterError as exc:
             log.info("could not revoke lease %x (it expires by itself): %s", lease_id, exc)
+            with self._lock:
+                self._unrevoked.add(lease_id)
+            return False
+        with self._lock:
+            self._unrevoked.discard(lease_id)
+        return True
+
+    def _end_given_up_leadership(self, kv: KeyValue) -> bool:
+        """Whether the leader key was this node's, given up when etcd was out of reach;
+        its lease is revoked now (True) rather than waited out. Every write was refused
+        until then, on every node, while the key named a leader that no longer led
+        (cluster QA: about 3.5 s after etcd came back, with a 2 s lease)."""
+        with self._lock:
+            if kv.lease not in self._unrevoked:
+                return False
+        log.info("%s revokes its lease %x, given up while etcd was out of reach",
+                 self.node_id, kv.lease)  # fmt: skip
+        if not self._revoke(kv.lease):
+            self._stop.wait(self.retry_interval)
+        return True
 
     # -- the election thread --------------------------------------------------------------------
 
@@ -263,7 +287,7 @@ class Election:
                         self._stop.wait(self.retry_interval)
                     elif self._campaign():
                         self._lead()
-                else:
+                elif not self._end_given_up_leadership(current.kvs[0]):
                     self._follow(current.kvs[0], current.revision)
             except ClusterError as exc:
                 lease = self._set_follower(str(exc))
@@ -321,11 +345,15 @@ class Election:
         interval = self.ttl / 3
         with self._lock:
             lease, fence = self._lease_id, self._fence
+
+        def given_up() -> bool:
+            return self._stop.is_set() or not self._leading or self._lease_id != lease
+
         try:
-            while not self._stop.wait(interval):
-                with self._lock:
-                    if not self._leading or self._lease_id != lease:
-                        return  # step_down() was called
+            while True:
+                with self._changed:  # (step_down() and close() notify it: back at once)
+                    if self._changed.wait_for(given_up, timeout=interval):
+                        return
                 sent = time.monotonic()
                 ttl = self.client.keepalive(lease, timeout=interval)
                 if ttl <= 0:

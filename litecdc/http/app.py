@@ -782,6 +782,17 @@ class _Api:
             return Response(
                 f"[+]node ok\n[+]leader ok\n{store_line}", status_code=503, media_type=_TEXT
             )
+        if leader[0] == self.config.node_id and not self.cluster.is_leader():
+            # the leader key names this node, yet it refuses writes: it is taking over (its
+            # log not yet caught up), or it lost its lease and the key has not gone yet
+            # (it said "[+]leader ok" while every write was 503: cluster QA)
+            return Response(
+                "[+]node ok\n[-]leader not ok: the leader key names this node, which does "
+                "not lead yet (it is taking over) or any more (its lease is ending)"
+                f"\n{store_line}",
+                status_code=503,
+                media_type=_TEXT,
+            )
         if leader[0] != self.config.node_id and not self.cluster.is_leader():
             # as rqlite's readyz does: a follower that cannot reach its leader the way it
             # forwards writes (e.g. it cannot verify the leader's certificate) is not ready

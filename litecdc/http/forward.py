@@ -34,6 +34,14 @@ PEER_CHECK_TIMEOUT = 2.0
 #: seconds a leader check's answer is reused: readyz probes cost the leader one request
 #: per second per follower at most
 LEADER_CHECK_REUSE = 1.0
+#: seconds a node keeps an idle keep-alive connection open (uvicorn's default, made
+#: explicit: server.py) ...
+KEEP_ALIVE_S = 5
+#: ... and seconds a forwarder keeps its idle connection to the leader: well under that,
+#: so a forwarded write never goes out on a connection the leader is closing (with 5 s on
+#: both sides, a write sent as the leader closed the idle connection was answered 504
+#: "the write may have been applied" though the leader never read it: cluster QA)
+IDLE_PEER_CONNECTION_S = KEEP_ALIVE_S / 2
 #: OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
 _HOSTNAME_MISMATCH = 62
 
@@ -45,13 +53,25 @@ class LeaderForwarder:
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=ca_cert) if ca_cert else True
         )
-        self._client = httpx.AsyncClient(verify=verify, timeout=timeout)
+        self._client = httpx.AsyncClient(
+            verify=verify,
+            timeout=timeout,
+            limits=httpx.Limits(  # httpx's default pool, connections kept for less
+                max_connections=100,
+                max_keepalive_connections=20,
+                keepalive_expiry=IDLE_PEER_CONNECTION_S,
+            ),
+        )
         # readyz's and /nodes' checks have a client of their own: in the forwarding pool
         # they would wait behind busy forwarded requests and call a healthy peer unreachable
         self._check_client = httpx.AsyncClient(
             verify=verify,
             timeout=PEER_CHECK_TIMEOUT,
-            limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
+            limits=httpx.Limits(
+                max_connections=8,
+                max_keepalive_connections=8,
+                keepalive_expiry=IDLE_PEER_CONNECTION_S,
+            ),
         )
         self._check_lock = asyncio.Lock()
         #: (leader address, monotonic time, problem) of the last check
@@ -99,6 +119,15 @@ class LeaderForwarder:
             return Response(status_code=499)
         if isinstance(outcome, httpx.HTTPError):
             exc = outcome
+            if not isinstance(exc, httpx.ConnectError) and _is_read(request):
+                # nothing to apply twice: the client may simply ask again
+                return Response(
+                    f"forwarded to the leader at {leader}, which did not answer "
+                    f"({exc.__class__.__name__}: {exc}); a read changes nothing: try again\n",
+                    status_code=503,
+                    media_type="text/plain; charset=utf-8",
+                    headers={"Retry-After": "1"},
+                )
             if not isinstance(exc, httpx.ConnectError):
                 # the leader may have received it: a retry could apply the write twice
                 return Response(
@@ -192,3 +221,9 @@ class LeaderForwarder:
     async def close(self) -> None:
         await self._client.aclose()
         await self._check_client.aclose()
+
+
+def _is_read(request: Request) -> bool:
+    """Whether a forwarded request only reads (a query, or any GET: a backup), so that
+    asking again is always safe; a /db/request may write, and is counted as a write."""
+    return request.method == "GET" or request.url.path.startswith("/db/query")

@@ -17,6 +17,7 @@ import uvicorn
 from litecdc.config import NodeConfig
 from litecdc.errors import ConfigError
 from litecdc.http.app import create_app, remove_backup_copies
+from litecdc.http.forward import KEEP_ALIVE_S
 from litecdc.node import Node
 from litecdc.tls_files import check_cert_and_key
 
@@ -201,6 +202,7 @@ def serve(config: NodeConfig) -> None:
                     server_header=False,
                     date_header=False,
                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                    timeout_keep_alive=KEEP_ALIVE_S,
                 )
             )
             uvicorn_log = logging.getLogger("uvicorn.error")  # (set up by uvicorn.Config)

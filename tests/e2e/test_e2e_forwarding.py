@@ -132,7 +132,7 @@ async def test_no_known_leader_is_503_and_a_forwarded_request_is_not_forwarded_a
     store.close()
 
 
-async def test_a_leader_that_drops_the_forwarded_request_is_504_not_retryable(
+async def test_a_leader_that_drops_the_forwarded_write_is_504_not_retryable(
     tmp_path: Path,
 ) -> None:
     import socket
@@ -142,18 +142,35 @@ async def test_a_leader_that_drops_the_forwarded_request_is_504_not_retryable(
     server.bind(("127.0.0.1", 0))
     server.listen()
 
-    def accept_and_drop() -> None:  # takes the request, then hangs up without answering
-        conn, _ = server.accept()
-        conn.recv(65536)
-        conn.close()
+    def accept_and_drop() -> None:  # takes each request, then hangs up without answering
+        for _ in range(3):
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.close()
 
     dropper = threading.Thread(target=accept_and_drop, daemon=True)
     dropper.start()
-    store, client = follower_app(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}")
+    leader_url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    store, client = follower_app(tmp_path, leader_url)
+
+    def leader_only(level: str) -> None:
+        raise NotLeaderError("node follower is not the leader", leader_id="leader",
+                             leader_address=leader_url)  # fmt: skip
+
+    store.route_reads(leader_only)  # type: ignore[arg-type]
     async with client:
         r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])
         assert r.status_code == 504 and "retry-after" not in r.headers
         assert "may have been applied" in r.text
+        # a read has nothing to apply twice: 503, ask again (it was the write's 504 and
+        # "the write may have been applied": cluster QA)
+        for read in (
+            client.get("/db/query", params={"q": "SELECT 1", "level": "strong"}),
+            client.post("/db/query?level=strong", json=["SELECT 1"]),
+        ):
+            r = await read
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            assert "a read changes nothing: try again" in r.text and "write" not in r.text
     dropper.join(timeout=5)
     store.close()
     server.close()

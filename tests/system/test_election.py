@@ -326,3 +326,41 @@ def test_one_failed_request_does_not_make_a_follower_forget_the_leader(
             time.sleep(0.02)
         assert failed, "the injected failure never happened"
         assert None not in seen
+
+
+def test_a_lease_given_up_but_not_revoked_is_revoked_once_etcd_answers(
+    etcd: EtcdCluster, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cluster QA: a leader that stepped down while etcd was out of reach could not revoke
+    its lease, and once etcd answered again every node waited that lease out — the key
+    named a leader that no longer led, and every write was refused (about 3.5 s with a 2 s
+    lease). Its lease is revoked as soon as etcd answers. The failed revoke is injected;
+    the lease is a minute long, so only the revoke can end it within the wait below."""
+    from litecdc.cluster import EtcdUnavailableError
+
+    client = EtcdClient(EtcdSettings(endpoints=etcd.endpoints, request_timeout=2.0))
+    election = Election(client, cluster_name, "n1", "http://127.0.0.1:4001", ttl=60)
+    try:
+        election.start()
+        wait_for(election.is_leader, 20)
+        first = election.leader()
+        assert first is not None
+        real_revoke = client.revoke_lease
+        refused: list[int] = []
+
+        def revoke_failing_once(lease_id: int, **kwargs: float) -> None:
+            if not refused:
+                refused.append(lease_id)
+                raise EtcdUnavailableError("injected: etcd did not answer")
+            real_revoke(lease_id, **kwargs)
+
+        monkeypatch.setattr(client, "revoke_lease", revoke_failing_once)
+        election.step_down("etcd out of reach (injected)")
+        assert refused == [first.lease]
+        wait_for(election.is_leader, 20)  # (60 s: the lease waited out)
+        again = election.leader()
+        assert again is not None and again.fence_revision != first.fence_revision
+        assert client.lease_ttl(first.lease) <= 0  # revoked, not left to expire
+    finally:
+        election.close()
+        client.close()

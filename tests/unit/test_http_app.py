@@ -227,6 +227,34 @@ def test_readyz_is_503_while_a_follower_needs_a_snapshot(store: Store) -> None:
         assert c.get("/readyz?noleader").status_code == 200
 
 
+class _DeposedLeader(_StuckFollower):
+    """A node the leader key still names after it stopped leading (its lease lost while
+    etcd was out of reach, the key not yet gone), or while it takes over."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def leader(self) -> tuple[str, str] | None:
+        return (self.node_id, "http://127.0.0.1:4001")
+
+    def status(self) -> dict[str, object]:
+        return {}
+
+
+def test_readyz_is_503_on_a_node_named_leader_that_does_not_lead(store: Store) -> None:
+    """Cluster QA: it answered "[+]leader ok" while it refused every write as not the
+    leader (about 3.5 s after etcd came back from an outage)."""
+    cluster = _DeposedLeader(store.config.node_id)
+    app = create_app(store, store.config, cluster=cluster)  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.text.startswith(
+            "[+]node ok\n[-]leader not ok: the leader key names this node, which does not lead"
+        ), r.text
+        assert r.text.endswith("\n[+]store ok"), r.text
+
+
 def test_remove_on_a_standalone_node_is_a_clear_400(http: TestClient) -> None:
     """rqlite's ``DELETE /remove`` forgets a cluster member; a standalone node has none."""
     r = http.request("DELETE", "/remove", json={"id": "n2"})

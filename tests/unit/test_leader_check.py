@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from litecdc.http.forward import LeaderForwarder
+from litecdc.http.forward import IDLE_PEER_CONNECTION_S, KEEP_ALIVE_S, LeaderForwarder
 
 pytestmark = pytest.mark.anyio
 
@@ -30,8 +30,10 @@ class SlowLeader:
         self.release = asyncio.Event()
         self.readyz = 0
         self.held = 0
+        self.connections = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -95,5 +97,28 @@ async def test_a_leader_that_is_not_listening_is_named() -> None:
         problem = await forwarder.leader_problem("n0", "http://127.0.0.1:9")
         assert problem is not None
         assert problem.startswith("the leader n0 at http://127.0.0.1:9 does not answer"), problem
+    finally:
+        await forwarder.close()
+
+
+async def test_an_idle_connection_to_the_leader_is_dropped_before_the_leader_drops_it(
+    leader: tuple[SlowLeader, str],
+) -> None:
+    """Cluster QA: forwarder and leader both kept idle connections 5 s, so a write sent
+    as the leader closed one failed ("ReadError"), and was answered 504 "the write may
+    have been applied" though the leader never read it. The forwarder lets go first."""
+    slow, url = leader
+    slow.release.set()
+    assert IDLE_PEER_CONNECTION_S < KEEP_ALIVE_S  # (the nodes' uvicorn keep-alive: server.py)
+    forwarder = LeaderForwarder("n1")
+    try:
+        for check in (forwarder._client, forwarder._check_client):
+            before = slow.connections
+            assert (await check.post(url + "/db/execute", content=b"[]")).status_code == 200
+            assert (await check.post(url + "/db/execute", content=b"[]")).status_code == 200
+            assert slow.connections == before + 1  # kept alive while in use
+            await asyncio.sleep(IDLE_PEER_CONNECTION_S + 0.5)  # idle: still < KEEP_ALIVE_S
+            assert (await check.post(url + "/db/execute", content=b"[]")).status_code == 200
+            assert slow.connections == before + 2  # a new one, not the idle one
     finally:
         await forwarder.close()
