@@ -56,6 +56,9 @@ log = logging.getLogger("litecdc.cluster")
 DEFAULT_TTL = 2
 #: default pause after a failed etcd request before the election tries again, seconds
 DEFAULT_RETRY_INTERVAL = 0.5
+#: leases given up but not revoked that a node remembers (one per failed revoke: a long
+#: etcd outage adds some; the oldest have expired by the time they are dropped)
+MAX_UNREVOKED = 16
 
 
 def leader_key(cluster: str) -> str:
@@ -130,7 +133,8 @@ class Election:
         self._last_contact = time.monotonic()
         #: leases this node gave up but could not revoke (etcd out of reach): its leader
         #: key may still hold one when etcd answers again
-        self._unrevoked: set[int] = set()
+        #: (a dict as an ordered set: the oldest go first)
+        self._unrevoked: dict[int, None] = {}
 
         self._stop = threading.Event()
         self._watch: Watch | None = None
@@ -254,20 +258,26 @@ class Election:
         except ClusterError as exc:
             log.info("could not revoke lease %x (it expires by itself): %s", lease_id, exc)
             with self._lock:
-                self._unrevoked.add(lease_id)
+                self._unrevoked[lease_id] = None
+                while len(self._unrevoked) > MAX_UNREVOKED:  # (the oldest have expired)
+                    del self._unrevoked[next(iter(self._unrevoked))]
             return False
         with self._lock:
-            self._unrevoked.discard(lease_id)
+            self._unrevoked.pop(lease_id, None)
         return True
+
+    def _gave_up(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` is one this node gave up but could not revoke."""
+        with self._lock:
+            return lease_id in self._unrevoked
 
     def _end_given_up_leadership(self, kv: KeyValue) -> bool:
         """Whether the leader key was this node's, given up when etcd was out of reach;
         its lease is revoked now (True) rather than waited out. Every write was refused
         until then, on every node, while the key named a leader that no longer led
         (cluster QA: about 3.5 s after etcd came back, with a 2 s lease)."""
-        with self._lock:
-            if kv.lease not in self._unrevoked:
-                return False
+        if not self._gave_up(kv.lease):
+            return False
         log.info("%s revokes its lease %x, given up while etcd was out of reach",
                  self.node_id, kv.lease)  # fmt: skip
         if not self._revoke(kv.lease):
@@ -376,19 +386,25 @@ class Election:
         self._observe(known)
         watch = self.client.watch(self.key, start_revision=revision + 1)
         self._watch = watch
+        quiet_since = time.monotonic()
         try:
             while not self._stop.is_set():
-                batch = watch.get(timeout=self.ttl)
+                batch = watch.get(timeout=min(self.ttl, 1.0))
                 if batch is None:
-                    if self._stop.is_set():
+                    if self._stop.is_set() or self._gave_up(known.lease):
+                        # (this node's own key, given up by step_down() on another thread
+                        # whose revoke failed after this thread came here: review)
                         return
+                    if time.monotonic() - quiet_since < self.ttl:
+                        continue
+                    quiet_since = time.monotonic()
                     # Quiet: check with a read that fails over, in case the watch hangs.
                     current = self.client.get(self.key)
                     self._last_contact = time.monotonic()
                     if current is None or current.create_revision != known.fence_revision:
                         return
                     continue
-                self._last_contact = time.monotonic()
+                self._last_contact = quiet_since = time.monotonic()
                 for event in batch.events:
                     if event.type == "delete":
                         log.info("leader %s of %s is gone", known.node_id, self.cluster)

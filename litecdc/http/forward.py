@@ -42,6 +42,8 @@ KEEP_ALIVE_S = 5
 #: both sides, a write sent as the leader closed the idle connection was answered 504
 #: "the write may have been applied" though the leader never read it: cluster QA)
 IDLE_PEER_CONNECTION_S = KEEP_ALIVE_S / 2
+#: errors of a forwarded request that never reached the leader (safe to retry)
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
 _HOSTNAME_MISMATCH = 62
 
@@ -50,6 +52,7 @@ class LeaderForwarder:
     def __init__(self, node_id: str, *, ca_cert: str | None = None, timeout: float = 30.0) -> None:
         self._node_id = node_id
         self._ca_cert = ca_cert
+        self._timeout = timeout
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=ca_cert) if ca_cert else True
         )
@@ -119,8 +122,19 @@ class LeaderForwarder:
             return Response(status_code=499)
         if isinstance(outcome, httpx.HTTPError):
             exc = outcome
-            if not isinstance(exc, httpx.ConnectError) and _is_read(request):
-                # nothing to apply twice: the client may simply ask again
+            # no connection, or none free in the pool: the leader never saw the request
+            never_sent = isinstance(exc, _NEVER_SENT)
+            if not never_sent and _is_read(request):
+                if isinstance(exc, httpx.TimeoutException):
+                    # still running there: asking again at once would run it twice
+                    return Response(
+                        f"forwarded to the leader at {leader}, which did not answer within "
+                        f"{self._timeout:g} s; a read changes nothing, but it may still be "
+                        "running there\n",
+                        status_code=504,
+                        media_type="text/plain; charset=utf-8",
+                    )
+                # (the connection dropped): nothing to apply twice, the client may ask again
                 return Response(
                     f"forwarded to the leader at {leader}, which did not answer "
                     f"({exc.__class__.__name__}: {exc}); a read changes nothing: try again\n",
@@ -128,7 +142,7 @@ class LeaderForwarder:
                     media_type="text/plain; charset=utf-8",
                     headers={"Retry-After": "1"},
                 )
-            if not isinstance(exc, httpx.ConnectError):
+            if not never_sent:
                 # the leader may have received it: a retry could apply the write twice
                 return Response(
                     f"forwarded to the leader at {leader}, which did not answer "

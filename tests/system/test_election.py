@@ -351,6 +351,9 @@ def test_a_lease_given_up_but_not_revoked_is_revoked_once_etcd_answers(
         def revoke_failing_once(lease_id: int, **kwargs: float) -> None:
             if not refused:
                 refused.append(lease_id)
+                # as a revoke that times out: meanwhile the election thread, woken by
+                # step_down, follows the key (review: it then waited the lease out)
+                time.sleep(1.0)
                 raise EtcdUnavailableError("injected: etcd did not answer")
             real_revoke(lease_id, **kwargs)
 

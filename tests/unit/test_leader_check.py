@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from litecdc.http.forward import IDLE_PEER_CONNECTION_S, KEEP_ALIVE_S, LeaderForwarder
@@ -122,3 +123,56 @@ async def test_an_idle_connection_to_the_leader_is_dropped_before_the_leader_dro
             assert slow.connections == before + 2  # a new one, not the idle one
     finally:
         await forwarder.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "error", "status", "says"),
+    [
+        # never reached the leader: safe to send again, whatever it is
+        ("POST", "/db/execute", httpx.PoolTimeout("no free connection"), 503, "forwarding"),
+        ("POST", "/db/execute", httpx.ConnectTimeout("timed out"), 503, "forwarding"),
+        # reached it, no answer: a write may have been applied, a read changed nothing
+        ("POST", "/db/execute", httpx.ReadError("reset"), 504, "may have been applied"),
+        ("GET", "/db/query", httpx.ReadError("reset"), 503, "a read changes nothing"),
+        ("POST", "/db/query", httpx.RemoteProtocolError("closed"), 503, "try again"),
+        # a read that outlived the forwarder's timeout may still run: no invitation to
+        # send it again at once (review)
+        ("GET", "/db/query", httpx.ReadTimeout("slow"), 504, "may still be running there"),
+    ],
+)
+async def test_a_forwarded_request_without_an_answer_says_whether_to_retry(
+    method: str, path: str, error: httpx.HTTPError, status: int, says: str
+) -> None:
+    """Review: a write that never left (no connection, or none free in the pool) was a 504
+    "the write may have been applied"; a read that lost its connection was one too."""
+    from starlette.requests import Request
+
+    from litecdc.errors import NotLeaderError
+
+    forwarder = LeaderForwarder("n1")
+
+    async def fail(*args: object, **kwargs: object) -> httpx.Response:
+        raise error
+
+    forwarder._client.request = fail  # type: ignore[method-assign]
+
+    async def receive() -> dict[str, object]:
+        await asyncio.Event().wait()  # the client stays
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http", "method": method, "path": path, "raw_path": path.encode(),
+        "query_string": b"", "headers": [(b"host", b"follower")],
+    }  # fmt: skip
+    request = Request(scope, receive)
+    request.state.body = b"[]"
+    try:
+        answer = await forwarder.answer(
+            request,
+            NotLeaderError("not the leader", leader_id="n0", leader_address="http://127.0.0.1:9"),
+        )
+    finally:
+        await forwarder.close()
+    text = bytes(answer.body).decode()
+    assert answer.status_code == status and says in text, text
+    assert ("retry-after" in answer.headers) == (status == 503), answer.headers
