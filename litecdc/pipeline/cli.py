@@ -236,6 +236,11 @@ def run(
         if metrics_port:
             _check_port_free(metrics_port)
         store = _open(meta, owner)
+        try:
+            store.claim_owner()  # one run per owner (before Spark takes its time to start)
+        except BaseException:
+            store.close()
+            raise
         _configure_logging()  # (once the options passed: refused runs leave it as it was)
         display = _ProgressDisplay(enabled=not quiet)
         try:

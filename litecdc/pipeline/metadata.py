@@ -38,9 +38,12 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -243,6 +246,10 @@ class _Backend(Protocol):
 
     def transaction(self, *, write: bool) -> AbstractContextManager[_Tx]: ...
 
+    def claim(self, owner: str) -> None: ...
+
+    def check_claim(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -258,6 +265,8 @@ class _SQLiteBackend:
     def __init__(self, path: Path, busy_timeout: float, *, create: bool = True) -> None:
         self.description = f"SQLite {path}"
         self.errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+        self._path = path
+        self._claim: int | None = None  # the locked run file's descriptor
         if not path.parent.is_dir():
             raise MetadataError(
                 f"cannot open the metadata database {path}: directory {path.parent} does not exist"
@@ -314,6 +323,30 @@ class _SQLiteBackend:
             )
         return tables
 
+    def claim(self, owner: str) -> None:
+        """An exclusive lock on a file of the owner's next to the store (an flock: the
+        kernel drops it when the process ends, kill -9 included)."""
+        run_file = self._path.with_name(f"{self._path.name}.run-{_owner_tag(owner)}.lock")
+        try:
+            fd = os.open(run_file, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise MetadataError(f"cannot create the run lock {run_file}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise MetadataError(_claimed(owner, self.description, holder or None)) from None
+        except OSError as exc:
+            os.close(fd)
+            raise MetadataError(f"cannot lock the run lock {run_file}: {exc}") from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _holder().encode(), 0)
+        self._claim = fd
+
+    def check_claim(self) -> None:
+        """An flock cannot be lost while the process lives."""
+
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:
         self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -326,6 +359,9 @@ class _SQLiteBackend:
 
     def close(self) -> None:
         self._conn.close()
+        if self._claim is not None:
+            os.close(self._claim)  # (releases the lock)
+            self._claim = None
 
 
 class _PostgresTx:
@@ -350,6 +386,9 @@ class _PostgresBackend:
         self._url = url
         self._connect_timeout = connect_timeout
         self._conn: Any = None
+        #: the run's claim: the owner and the connection holding its advisory lock
+        self._claim_owner: str | None = None
+        self._claim_conn: Any = None
         #: the transaction in progress began (monotonic); the watchdog breaks one that
         #: outlasts TRANSACTION_DEADLINE (a frozen server answers no one: QA, a frozen
         #: store hung `pipeline run` and `status` for good, SIGTERM included)
@@ -390,6 +429,65 @@ class _PostgresBackend:
                 f"{str(exc).strip()} (is the server running and the URL right?)"
             ) from exc
 
+    def claim(self, owner: str) -> None:
+        """A session advisory lock for the owner, on a connection of its own: the server
+        drops it when that connection ends (the process killed, the server restarted)."""
+        import psycopg
+
+        key = _owner_lock_key(owner)
+        try:
+            conn = psycopg.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=max(1, round(self._connect_timeout)),
+                application_name=f"litecdc-pipeline run {_holder()}",
+            )
+        except psycopg.Error as exc:
+            raise MetadataError(
+                f"cannot connect to the metadata database {self.description}: "
+                f"{str(exc).strip()} (is the server running and the URL right?)"
+            ) from exc
+        try:
+            row = conn.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_CLASS, key]
+            ).fetchone()
+            taken = bool(row and row[0])
+            holder = None if taken else _advisory_holder(conn, key)
+        except psycopg.Error as exc:
+            conn.close()
+            raise MetadataError(
+                f"metadata database {self.description}: {str(exc).strip()}"
+            ) from exc
+        if not taken:
+            conn.close()
+            raise MetadataError(_claimed(owner, self.description, holder))
+        self._claim_owner, self._claim_conn = owner, conn
+
+    def check_claim(self) -> None:
+        """Raise MetadataError when the claim is lost and another run took it: the lock's
+        connection broke (a restarted server), and taking it again failed."""
+        import psycopg
+
+        conn, owner = self._claim_conn, self._claim_owner
+        if conn is None or owner is None or self._closed.is_set():
+            return
+        # a frozen server would never answer: its socket is shut down after the deadline
+        deadline = threading.Timer(TRANSACTION_DEADLINE, shut_down_socket, [conn.pgconn.socket])
+        deadline.daemon = True
+        deadline.start()
+        try:
+            conn.execute("SELECT 1")
+            return
+        except psycopg.Error as exc:
+            log.warning("the run lock's connection to %s broke (%s); taking the lock again",
+                        self.description, str(exc).strip())  # fmt: skip
+        finally:
+            deadline.cancel()
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+        self._claim_conn = None
+        self.claim(owner)
+
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -417,6 +515,9 @@ class _PostgresBackend:
         self._closed.set()
         if self._conn is not None:
             self._conn.close()
+        if self._claim_conn is not None:
+            self._claim_conn.close()  # (releases the lock)
+            self._claim_conn = None
 
 
 def _now() -> str:
@@ -976,6 +1077,27 @@ class MetadataStore:
             [stage, now, name, SUBSCRIPTION_RANGE],
         )
 
+    # --- one run per owner -------------------------------------------------------------
+
+    def claim_owner(self) -> None:
+        """Make this the only `pipeline run` of its owner until :meth:`close` (or the
+        process ends): MetadataError when another holds the owner. Two runs of one owner
+        raced on the same progress rows — each moved the source's hold past the other's
+        position, so the other found its changes pruned and re-copied the whole table,
+        over and over, and their Delta commits collided (pipeline QA)."""
+        if self.owner is None:
+            raise MetadataError("claim_owner needs a store opened for an owner")
+        with self._lock:
+            if self._closed:
+                raise MetadataError("the metadata store is closed")
+            self._backend.claim(self.owner)
+
+    def check_owner_claim(self) -> None:
+        """MetadataError when this run lost its owner claim to another (the claim has a
+        connection of its own: the store's lock is not taken)."""
+        if not self._closed:
+            self._backend.check_claim()
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -1057,3 +1179,45 @@ __all__ = [
     "redact_url",
     "sqlite_url",
 ]
+
+
+#: the first key of the pipeline's PostgreSQL advisory locks (the schema lock uses 7262011)
+RUN_LOCK_CLASS = 7262012
+
+
+def _owner_tag(owner: str) -> str:
+    """A file-name-safe, fixed-size tag for ``owner`` (any text may name an owner)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+def _owner_lock_key(owner: str) -> int:
+    """The owner's advisory lock key: a signed 32-bit integer, as PostgreSQL takes it."""
+    return int.from_bytes(hashlib.sha256(owner.encode()).digest()[:4], "big", signed=True)
+
+
+def _holder() -> str:
+    """Who holds a claim, for the message another run gets."""
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def _claimed(owner: str, store: str, holder: str | None) -> str:
+    by = f" ({holder})" if holder else ""
+    return (
+        f"another `litecdc pipeline run` of owner {owner!r} is running on the metadata "
+        f"store {store}{by}: one run per owner — stop that one first, or run this one "
+        "with another --owner"
+    )
+
+
+def _advisory_holder(conn: Any, key: int) -> str | None:
+    """The application name of the session holding the owner's lock, when visible."""
+    row = conn.execute(
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = %s "
+        "AND l.objid::bigint = %s "
+        "LIMIT 1",
+        [RUN_LOCK_CLASS, key & 0xFFFFFFFF],
+    ).fetchone()
+    name = row[0] if row else None
+    prefix = "litecdc-pipeline run "
+    return name[len(prefix) :] if isinstance(name, str) and name.startswith(prefix) else None

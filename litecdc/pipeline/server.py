@@ -127,6 +127,9 @@ STOP_WAIT = 10.0
 DEFAULT_PARALLEL = 4
 #: how often `run` looks for added, changed and removed subscriptions, and for stalls
 WATCH_INTERVAL = 0.5
+#: seconds between two checks that this run still holds its owner's claim (PostgreSQL
+#: drops it with its connection: a restarted server)
+CLAIM_CHECK_INTERVAL = 5.0
 IDLE_HOLD_INTERVAL = 300.0
 #: the most key ranges a snapshot is cut into (the most a node's /splits gives)
 MAX_CHUNKS = 1024
@@ -301,11 +304,14 @@ class PipelineServer:
         ]
         for thread in threads:
             thread.start()
-        listed = 0.0
+        listed, claim_checked = 0.0, time.monotonic()
         try:
             while not self._stop.is_set():
                 if targets is not None and self._gave_up():
                     break
+                if time.monotonic() - claim_checked >= CLAIM_CHECK_INTERVAL:
+                    claim_checked = time.monotonic()
+                    self.meta.check_owner_claim()  # (lost to another run: raises, run ends)
                 if time.monotonic() - listed >= WATCH_INTERVAL:
                     listed = time.monotonic()
                     self._tend()

@@ -564,3 +564,23 @@ def test_the_partitions_bound_is_the_most_key_ranges_a_snapshot_has() -> None:
     from litecdc.pipeline.server import MAX_CHUNKS
 
     assert MAX_PARTITIONS == MAX_CHUNKS
+
+
+def test_a_second_run_of_an_owner_is_refused_before_spark_starts(tmp_path: Path) -> None:
+    """Pipeline QA: a second `pipeline run` of one owner (a restart script that did not
+    wait for the first) raced the first, each re-copying tables the other had moved past."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+    from litecdc.pipeline.metadata import MetadataStore, sqlite_url
+
+    url = sqlite_url(tmp_path / "meta.db")
+    with MetadataStore.open(url, owner="default") as running:
+        running.claim_owner()  # (as the first run's process holds it)
+        result = CliRunner().invoke(cli, ["pipeline", "run", "--meta", url])
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith(
+            "error: another `litecdc pipeline run` of owner 'default' is running on the "
+            f"metadata store SQLite {tmp_path / 'meta.db'} (pid "
+        ), result.output
+    # (another owner's run goes ahead: test_metadata.py's test_one_run_per_owner)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -412,6 +413,57 @@ def test_two_owners_share_one_store(open_store: Callable[..., MetadataStore]) ->
     assert [s.name for s in server_b.list_subscriptions(owner="b", include_cancelled=True)] == [
         "sb"
     ]
+
+
+def test_one_run_per_owner(open_store: Callable[..., MetadataStore]) -> None:
+    """Pipeline QA: two `pipeline run` of one owner raced on its progress — each moved the
+    source's hold past the other's position, the other re-copied the whole table, over
+    and over. A run claims its owner; a second is refused, saying who holds it."""
+    first = open_store(owner="a")
+    first.claim_owner()
+    second = open_store(owner="a")
+    with pytest.raises(MetadataError) as refused:
+        second.claim_owner()
+    message = str(refused.value)
+    assert message.startswith("another `litecdc pipeline run` of owner 'a' is running"), message
+    assert f"(pid {os.getpid()} on " in message and "with another --owner" in message, message
+    open_store(owner="b").claim_owner()  # another owner runs alongside
+    first.check_owner_claim()  # still held
+    first.close()  # (a process that ends, kill -9 too, lets go the same way)
+    second.claim_owner()
+    with pytest.raises(MetadataError, match="needs a store opened for an owner"):
+        open_store().claim_owner()
+
+
+def test_a_run_that_lost_its_postgresql_claim_takes_it_again_or_stops(
+    postgresql_db_url: str,
+) -> None:
+    """PostgreSQL drops an advisory lock with its connection (a restarted server): the
+    run takes it again at its next check, or fails if another run took it meanwhile."""
+    dbname = postgresql_db_url.rsplit("/", 1)[1]
+    admin_url = postgresql_db_url.rsplit("/", 1)[0] + "/postgres"
+
+    def drop_run_lock_connections() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name LIKE 'litecdc-pipeline run %%'",
+                [dbname],
+            )
+
+    with (
+        MetadataStore.open(postgresql_db_url, owner="a") as run,
+        MetadataStore.open(postgresql_db_url, owner="a") as other,
+    ):
+        run.claim_owner()
+        drop_run_lock_connections()
+        run.check_owner_claim()  # taken again
+        with pytest.raises(MetadataError, match="another `litecdc pipeline run` of owner 'a'"):
+            other.claim_owner()
+        drop_run_lock_connections()
+        other.claim_owner()  # took it while the run's connection was gone
+        with pytest.raises(MetadataError, match="another `litecdc pipeline run` of owner 'a'"):
+            run.check_owner_claim()
 
 
 def test_concurrent_writers_do_not_lose_updates(open_store: Callable[..., MetadataStore]) -> None:
