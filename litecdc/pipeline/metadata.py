@@ -266,7 +266,8 @@ class _SQLiteBackend:
         self.description = f"SQLite {path}"
         self.errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         self._path = path
-        self._claim: int | None = None  # the locked run file's descriptor
+        #: the run's claim: the locked run file's descriptor, its path and the owner
+        self._claim: tuple[int, Path, str] | None = None
         if not path.parent.is_dir():
             raise MetadataError(
                 f"cannot open the metadata database {path}: directory {path.parent} does not exist"
@@ -325,10 +326,13 @@ class _SQLiteBackend:
 
     def claim(self, owner: str) -> None:
         """An exclusive lock on a file of the owner's next to the store (an flock: the
-        kernel drops it when the process ends, kill -9 included)."""
-        run_file = self._path.with_name(f"{self._path.name}.run-{_owner_tag(owner)}.lock")
+        kernel drops it when the process ends, kill -9 included). The store's real path
+        names it: a symbolic link to the store is the same store."""
+        real = self._path.resolve()
+        run_file = real.with_name(f"{real.name}.run-{_owner_tag(owner)}.lock")
         try:
-            fd = os.open(run_file, os.O_RDWR | os.O_CREAT, 0o600)
+            # (no symbolic link followed: a planted one would have its target truncated)
+            fd = os.open(run_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise MetadataError(f"cannot create the run lock {run_file}: {exc}") from exc
         try:
@@ -342,10 +346,26 @@ class _SQLiteBackend:
             raise MetadataError(f"cannot lock the run lock {run_file}: {exc}") from exc
         os.ftruncate(fd, 0)
         os.pwrite(fd, _holder().encode(), 0)
-        self._claim = fd
+        if self._claim is not None:
+            os.close(self._claim[0])
+        self._claim = (fd, run_file, owner)
 
     def check_claim(self) -> None:
-        """An flock cannot be lost while the process lives."""
+        """An flock lasts as long as the process, but only on the file it was taken on:
+        a run file deleted meanwhile (it looks stale) let a second run lock a new one
+        (review). The run then claims the file that is there now, or stops."""
+        if self._claim is None:
+            return
+        fd, run_file, owner = self._claim
+        held = os.fstat(fd)
+        try:
+            there = os.stat(run_file, follow_symlinks=False)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
+            return
+        log.warning("the run lock %s was removed or replaced; taking it again", run_file)
+        self.claim(owner)
 
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:
@@ -360,7 +380,7 @@ class _SQLiteBackend:
     def close(self) -> None:
         self._conn.close()
         if self._claim is not None:
-            os.close(self._claim)  # (releases the lock)
+            os.close(self._claim[0])  # (releases the lock)
             self._claim = None
 
 
@@ -389,6 +409,8 @@ class _PostgresBackend:
         #: the run's claim: the owner and the connection holding its advisory lock
         self._claim_owner: str | None = None
         self._claim_conn: Any = None
+        self._claim_backend: int | None = None  # its server process, while it lives
+        self._claim_lock = threading.Lock()  # claim, check and close on different threads
         #: the transaction in progress began (monotonic); the watchdog breaks one that
         #: outlasts TRANSACTION_DEADLINE (a frozen server answers no one: QA, a frozen
         #: store hung `pipeline run` and `status` for good, SIGTERM included)
@@ -432,6 +454,12 @@ class _PostgresBackend:
     def claim(self, owner: str) -> None:
         """A session advisory lock for the owner, on a connection of its own: the server
         drops it when that connection ends (the process killed, the server restarted)."""
+        with self._claim_lock:
+            if self._closed.is_set():
+                raise MetadataError("the metadata store is closed")
+            self._claim_unlocked(owner)
+
+    def _claim_unlocked(self, owner: str) -> None:
         import psycopg
 
         key = _owner_lock_key(owner)
@@ -440,7 +468,11 @@ class _PostgresBackend:
                 self._url,
                 autocommit=True,
                 connect_timeout=max(1, round(self._connect_timeout)),
-                application_name=f"litecdc-pipeline run {_holder()}",
+                application_name=f"{RUN_LOCK_APPLICATION}{_holder()}",
+                # the server ends the session (and the lock) within ~25 s of this host
+                # going silent (a crash, a partition): its default waits 2 hours (review)
+                options="-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
+                "-c tcp_keepalives_count=3",
             )
         except psycopg.Error as exc:
             raise MetadataError(
@@ -448,11 +480,17 @@ class _PostgresBackend:
                 f"{str(exc).strip()} (is the server running and the URL right?)"
             ) from exc
         try:
-            row = conn.execute(
-                "SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_CLASS, key]
-            ).fetchone()
-            taken = bool(row and row[0])
-            holder = None if taken else _advisory_holder(conn, key)
+            taken = _try_advisory_lock(conn, key)
+            holder_pid, holder = (None, None) if taken else _advisory_holder(conn, key)
+            if holder_pid is not None and holder_pid == self._claim_backend:
+                # the server still keeps this run's own earlier session, whose connection
+                # broke on this side only (a partition): end it, and take the lock again
+                # once it is gone (it refused itself, naming its own pid: review)
+                conn.execute("SELECT pg_terminate_backend(%s)", [holder_pid])
+                for _ in range(50):
+                    if taken := _try_advisory_lock(conn, key):
+                        break
+                    time.sleep(0.1)
         except psycopg.Error as exc:
             conn.close()
             raise MetadataError(
@@ -462,31 +500,28 @@ class _PostgresBackend:
             conn.close()
             raise MetadataError(_claimed(owner, self.description, holder))
         self._claim_owner, self._claim_conn = owner, conn
+        self._claim_backend = conn.info.backend_pid
 
     def check_claim(self) -> None:
         """Raise MetadataError when the claim is lost and another run took it: the lock's
         connection broke (a restarted server), and taking it again failed."""
         import psycopg
 
-        conn, owner = self._claim_conn, self._claim_owner
-        if conn is None or owner is None or self._closed.is_set():
-            return
-        # a frozen server would never answer: its socket is shut down after the deadline
-        deadline = threading.Timer(TRANSACTION_DEADLINE, shut_down_socket, [conn.pgconn.socket])
-        deadline.daemon = True
-        deadline.start()
-        try:
-            conn.execute("SELECT 1")
-            return
-        except psycopg.Error as exc:
-            log.warning("the run lock's connection to %s broke (%s); taking the lock again",
-                        self.description, str(exc).strip())  # fmt: skip
-        finally:
-            deadline.cancel()
-        with contextlib.suppress(psycopg.Error):
-            conn.close()
-        self._claim_conn = None
-        self.claim(owner)
+        with self._claim_lock:
+            conn, owner = self._claim_conn, self._claim_owner
+            if conn is None or owner is None or self._closed.is_set():
+                return
+            try:
+                with _answer_within(conn, TRANSACTION_DEADLINE):  # (a frozen server)
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.Error as exc:
+                log.warning("the run lock's connection to %s broke (%s); taking the lock again",
+                            self.description, str(exc).strip())  # fmt: skip
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+            self._claim_conn = None
+            self._claim_unlocked(owner)
 
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:
@@ -515,9 +550,14 @@ class _PostgresBackend:
         self._closed.set()
         if self._conn is not None:
             self._conn.close()
-        if self._claim_conn is not None:
-            self._claim_conn.close()  # (releases the lock)
-            self._claim_conn = None
+        with self._claim_lock:
+            conn, self._claim_conn = self._claim_conn, None
+        if conn is not None:
+            # let go before closing: the server ends a closed session a moment later, and
+            # a run started right after this one's end found the lock still held (review)
+            with contextlib.suppress(Exception), _answer_within(conn, 5.0):
+                conn.execute("SELECT pg_advisory_unlock_all()")
+            conn.close()
 
 
 def _now() -> str:
@@ -1183,6 +1223,8 @@ __all__ = [
 
 #: the first key of the pipeline's PostgreSQL advisory locks (the schema lock uses 7262011)
 RUN_LOCK_CLASS = 7262012
+#: the start of a claim connection's application_name (63 bytes at most: kept short)
+RUN_LOCK_APPLICATION = "litecdc-run "
 
 
 def _owner_tag(owner: str) -> str:
@@ -1209,15 +1251,44 @@ def _claimed(owner: str, store: str, holder: str | None) -> str:
     )
 
 
-def _advisory_holder(conn: Any, key: int) -> str | None:
-    """The application name of the session holding the owner's lock, when visible."""
+def _try_advisory_lock(conn: Any, key: int) -> bool:
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_CLASS, key]).fetchone()
+    return bool(row and row[0])
+
+
+def _advisory_holder(conn: Any, key: int) -> tuple[int | None, str | None]:
+    """Who holds the owner's lock in this database: its server process and who it says
+    it is (a run's application name), when visible."""
     row = conn.execute(
-        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = %s "
-        "AND l.objid::bigint = %s "
-        "LIMIT 1",
+        "SELECT l.pid, a.application_name FROM pg_locks l "
+        "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "  # (two-key form)
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND l.classid::bigint = %s AND l.objid::bigint = %s",
         [RUN_LOCK_CLASS, key & 0xFFFFFFFF],
     ).fetchone()
-    name = row[0] if row else None
-    prefix = "litecdc-pipeline run "
-    return name[len(prefix) :] if isinstance(name, str) and name.startswith(prefix) else None
+    if row is None:
+        return None, None
+    pid, name = row
+    prefix = RUN_LOCK_APPLICATION
+    ours = isinstance(name, str) and name.startswith(prefix)
+    return pid, name[len(prefix) :] if ours else None
+
+
+@contextmanager
+def _answer_within(conn: Any, seconds: float) -> Iterator[None]:
+    """Break ``conn``'s socket if the server has not answered within ``seconds`` (a frozen
+    server answers no one); the socket is looked up when the time is up."""
+
+    def break_it() -> None:
+        with contextlib.suppress(Exception):  # (a connection closed meanwhile)
+            if not conn.closed:
+                shut_down_socket(conn.pgconn.socket)
+
+    timer = threading.Timer(seconds, break_it)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -566,7 +566,9 @@ def test_the_partitions_bound_is_the_most_key_ranges_a_snapshot_has() -> None:
     assert MAX_PARTITIONS == MAX_CHUNKS
 
 
-def test_a_second_run_of_an_owner_is_refused_before_spark_starts(tmp_path: Path) -> None:
+def test_a_second_run_of_an_owner_is_refused_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Pipeline QA: a second `pipeline run` of one owner (a restart script that did not
     wait for the first) raced the first, each re-copying tables the other had moved past."""
     from click.testing import CliRunner
@@ -574,6 +576,10 @@ def test_a_second_run_of_an_owner_is_refused_before_spark_starts(tmp_path: Path)
     from litecdc.cli import cli
     from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 
+    def no_spark(master: str) -> None:
+        raise AssertionError("Spark started: the run was not refused")
+
+    monkeypatch.setattr("litecdc.pipeline.spark.spark_session", no_spark)
     url = sqlite_url(tmp_path / "meta.db")
     with MetadataStore.open(url, owner="default") as running:
         running.claim_owner()  # (as the first run's process holds it)
@@ -584,3 +590,31 @@ def test_a_second_run_of_an_owner_is_refused_before_spark_starts(tmp_path: Path)
             f"metadata store SQLite {tmp_path / 'meta.db'} (pid "
         ), result.output
     # (another owner's run goes ahead: test_metadata.py's test_one_run_per_owner)
+
+
+def test_a_run_that_loses_its_owner_claim_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run asks every CLAIM_CHECK_INTERVAL whether it still holds its owner (PostgreSQL
+    drops the lock with its connection); lost to another run, it stops with the reason.
+    (No subscriptions: the run never touches Spark, so none is started.)"""
+    from litecdc.errors import MetadataError
+    from litecdc.pipeline import server as server_module
+    from litecdc.pipeline.metadata import MetadataStore, sqlite_url
+    from litecdc.pipeline.server import PipelineServer
+
+    monkeypatch.setattr(server_module, "CLAIM_CHECK_INTERVAL", 0.0)
+    with MetadataStore.open(sqlite_url(tmp_path / "meta.db"), owner="a") as meta:
+        meta.claim_owner()
+        checks: list[bool] = []
+
+        def lost() -> None:
+            checks.append(True)
+            if len(checks) == 3:
+                raise MetadataError("another `litecdc pipeline run` of owner 'a' (injected)")
+
+        monkeypatch.setattr(meta, "check_owner_claim", lost)
+        server = PipelineServer(meta, None, owner="a", poll_interval=0.05)  # type: ignore[arg-type]
+        with pytest.raises(MetadataError, match="injected"):
+            server.run()
+        assert len(checks) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -445,9 +446,9 @@ def test_a_run_that_lost_its_postgresql_claim_takes_it_again_or_stops(
 
     def drop_run_lock_connections() -> None:
         with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                "AND application_name LIKE 'litecdc-pipeline run %%'",
+            admin.execute(  # (and wait for them to end: PostgreSQL 14's timeout form)
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                "WHERE datname = %s AND application_name LIKE 'litecdc-run %%'",
                 [dbname],
             )
 
@@ -464,6 +465,63 @@ def test_a_run_that_lost_its_postgresql_claim_takes_it_again_or_stops(
         other.claim_owner()  # took it while the run's connection was gone
         with pytest.raises(MetadataError, match="another `litecdc pipeline run` of owner 'a'"):
             run.check_owner_claim()
+
+
+def test_a_run_refuses_no_one_with_its_own_session_left_on_the_server(
+    postgresql_db_url: str,
+) -> None:
+    """Review: when the claim's connection broke on the run's side only (a partition), the
+    server kept its session and lock, and the run, taking the lock again, refused itself
+    (naming its own pid). It ends its own earlier session and goes on."""
+    with MetadataStore.open(postgresql_db_url, owner="a") as run:
+        run.claim_owner()
+        backend = run._backend
+        assert isinstance(backend, metadata._PostgresBackend)
+        earlier = backend._claim_conn
+        # as a partition: this side's socket is replaced by a dead one, while the
+        # connection stays open in the kernel (no FIN): the server's session lives on
+        fd = earlier.pgconn.socket
+        kept = os.dup(fd)
+        with socket.socket() as dead:
+            os.dup2(dead.fileno(), fd)
+        try:
+            run.check_owner_claim()  # took it again (was: "another `litecdc pipeline run`")
+        finally:
+            os.close(kept)
+        assert backend._claim_conn is not earlier
+        with (
+            MetadataStore.open(postgresql_db_url, owner="a") as other,
+            pytest.raises(MetadataError, match=f"pid {os.getpid()} on "),
+        ):
+            other.claim_owner()
+
+
+def test_a_sqlite_run_lock_removed_or_linked_is_still_one_run(tmp_path: Path) -> None:
+    """Review: a run file deleted while held let a second run lock a new one, and a
+    symbolic link to the store named another run file."""
+    url = sqlite_url(tmp_path / "meta.db")
+    with MetadataStore.open(url, owner="a") as first:
+        first.claim_owner()
+        (tmp_path / "alias.db").symlink_to(tmp_path / "meta.db")
+        with (
+            MetadataStore.open(sqlite_url(tmp_path / "alias.db"), owner="a") as aliased,
+            pytest.raises(MetadataError, match="another `litecdc pipeline run` of owner 'a'"),
+        ):
+            aliased.claim_owner()
+        (run_file,) = tmp_path.glob("meta.db.run-*.lock")
+        assert run_file.stat().st_mode & 0o777 == 0o600
+        run_file.unlink()  # (it looks stale)
+        first.check_owner_claim()  # takes the new file
+        with (
+            MetadataStore.open(url, owner="a") as second,
+            pytest.raises(MetadataError, match="another `litecdc pipeline run` of owner 'a'"),
+        ):
+            second.claim_owner()
+        run_file.unlink()
+        with MetadataStore.open(url, owner="a") as second:
+            second.claim_owner()  # a second run came first this time: the first one stops
+            with pytest.raises(MetadataError, match="another `litecdc pipeline run`"):
+                first.check_owner_claim()
 
 
 def test_concurrent_writers_do_not_lose_updates(open_store: Callable[..., MetadataStore]) -> None:
