@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 from e2e.litecdc_node import Node, free_port
-from pipeline_proc import PipelineCLI, Writer, execute, scalar
+from pipeline_proc import MASTER, PipelineCLI, Writer, execute, scalar
 
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 
@@ -279,6 +279,12 @@ def test_kill_9_mid_snapshot_and_mid_stream_then_restart_converges(
         assert "registered at" not in run.log(), "the restart registered again instead of resuming"
         for name in names:
             cli.assert_verified(name)
+        # (the run just killed -9 let go of its owner; this one holds it) one run per owner:
+        # two raced, each re-copying tables the other had moved past (pipeline QA)
+        second = cli.call("run", "--master", MASTER, "--until-caught-up", "--quiet")
+        refusal = second.stdout + second.stderr
+        assert second.returncode == 1, refusal
+        assert "another `litecdc pipeline run` of owner 'default' is running" in refusal, refusal
 
         # mid-stream: a backlog of 12 commits (~3,000 events each), micro-batches of at most
         # 800 events: one commit each (transactions are not split)
