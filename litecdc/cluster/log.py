@@ -68,7 +68,7 @@ from litecdc.errors import (
     RequestError,
     SnapshotUnavailableError,
 )
-from litecdc.journal.journal import Journal
+from litecdc.journal.journal import BatchEnded, Journal
 from litecdc.results import LogEntry, WriteOutcome
 
 log = logging.getLogger("litecdc.cluster")
@@ -910,6 +910,9 @@ class ApplyLoop:
         if kvs and self.diverged is not None:
             raise DivergedError(self.diverged)  # nothing goes on top of data not the log's
         ready = [(kv, entry) for kv in kvs if (entry := self._checked(kv)) is not None]
+        self._apply_ready(ready)
+
+    def _apply_ready(self, ready: list[tuple[KeyValue, LogEntry]]) -> None:
         if len(ready) < 2:
             for kv, entry in ready:
                 self._apply_one(kv, entry)
@@ -920,7 +923,21 @@ class ApplyLoop:
             )
         except (DuplicateCidError, SnapshotUnavailableError):
             outcomes = None
-        if outcomes is None:  # rolled back, or not applicable as a batch: one by one
+        if isinstance(outcomes, BatchEnded):
+            # an entry's statement ended the SQLite transaction: the entries before it
+            # again, then its failure as found (not run twice: a statement stopped at
+            # the write step limit takes ~100 s), then the rest
+            ended = outcomes.index
+            self._apply_ready(ready[:ended])
+            kv, entry = ready[ended]
+            self._applied(
+                kv,
+                entry,
+                self.journal.record_failed_entry(entry, outcomes.outcome, revision=kv.mod_revision),
+            )
+            self._apply_ready(ready[ended + 1 :])
+            return
+        if outcomes is None:  # not applicable as a batch: one by one
             for kv, entry in ready:
                 self._apply_one(kv, entry)
             return

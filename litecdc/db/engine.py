@@ -986,6 +986,12 @@ class Engine:
         if present == {"sqlite_stat1", "sqlite_stat4"}:
             self._internal("ANALYZE sqlite_schema")
 
+    @property
+    def batch_ended(self) -> bool:
+        """True inside in_one_transaction once a statement has ended its SQLite
+        transaction (ON CONFLICT ROLLBACK, RAISE(ROLLBACK), the write step limit)."""
+        return self._nested and not self._writer.in_transaction
+
     def in_one_transaction(
         self, steps: Sequence[Callable[[], T]], state: Mapping[str, int] | None = None
     ) -> list[T] | None:

@@ -49,6 +49,23 @@ APPLIED_REVISION = "applied_revision"
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class BatchEnded:
+    """apply_log_entries committed nothing: the entry at ``index`` ended the batch's SQLite
+    transaction; ``outcome`` is its result (a failed write: an empty entry)."""
+
+    index: int
+    outcome: WriteOutcome
+
+
+class _EntryEndedBatch(Exception):
+    """Raised out of in_one_transaction by the entry whose statement ended it."""
+
+    def __init__(self, outcome: WriteOutcome) -> None:
+        super().__init__("a statement ended the batch's transaction")
+        self.outcome = outcome
+
+
 class Mode(enum.Enum):
     NORMAL = "normal"
     LEADER = "leader"
@@ -332,19 +349,32 @@ class Journal:
 
     def apply_log_entries(
         self, entries: Sequence[LogEntry], *, revision: int
-    ) -> list[WriteOutcome] | None:
+    ) -> list[WriteOutcome] | BatchEnded | None:
         """Apply consecutive log entries (one watch batch) in ONE SQLite transaction: one
         fsync for the batch instead of one per entry, with ``revision`` stored once.
 
         Each entry still runs alone (a savepoint each): its failure becomes its empty
-        entry and touches no other. Returns None, having changed nothing, when a statement
-        rolled the whole SQLite transaction back (``OR ROLLBACK``); the caller then applies
-        the entries one by one.
+        entry and touches no other. When a statement ends the whole SQLite transaction
+        (``OR ROLLBACK``, the write step limit) nothing is committed: the answer is then
+        BatchEnded, naming that entry and its outcome, so that the caller applies the
+        entries before it again and records this one with :meth:`record_failed_entry`
+        instead of running it a second time (a statement stopped at the step limit ran
+        ~100 s); None when the batch ended otherwise (the caller goes one by one).
         """
         with self._lock:
             self._check_applicable(entries)
-            steps = [functools.partial(self._execute_entry, entry, None) for entry in entries]
-            done = self._engine.in_one_transaction(steps, {APPLIED_REVISION: revision})
+            running = 0  # the index of the entry that runs
+
+            def step(index: int, entry: LogEntry) -> tuple[WriteOutcome, Access]:
+                nonlocal running
+                running = index
+                return self._execute_entry(entry, None, in_batch=True)
+
+            steps = [functools.partial(step, i, entry) for i, entry in enumerate(entries)]
+            try:
+                done = self._engine.in_one_transaction(steps, {APPLIED_REVISION: revision})
+            except _EntryEndedBatch as ended:
+                return BatchEnded(running, ended.outcome)
             if done is None:
                 return None
             for entry, (_, access) in zip(entries, done, strict=True):
@@ -365,8 +395,21 @@ class Journal:
             if entry.cid == available + 1:
                 available = entry.cid
 
+    def record_failed_entry(
+        self, entry: LogEntry, outcome: WriteOutcome, *, revision: int
+    ) -> WriteOutcome:
+        """Record ``entry`` as the empty entry a BatchEnded found it to be, without running
+        it again: run alone on the same data, its statements fail at the same step."""
+        with self._lock:
+            self._check_applicable([entry])
+            self._engine.write_empty_entry(
+                entry.cid, entry.timestamp_ms, entry.seed, state={APPLIED_REVISION: revision}
+            )
+            self._record(entry.cid, Access())
+            return outcome
+
     def _execute_entry(
-        self, entry: LogEntry, state: dict[str, int] | None
+        self, entry: LogEntry, state: dict[str, int] | None, *, in_batch: bool = False
     ) -> tuple[WriteOutcome, Access]:
         """Run one log entry at its cid; the caller records it once it is committed."""
 
@@ -391,6 +434,8 @@ class Journal:
             state=state,
         )
         if run.entry is None:
+            if in_batch and self._engine.batch_ended:
+                raise _EntryEndedBatch(WriteOutcome(run.results, None, None))
             self._engine.write_empty_entry(entry.cid, entry.timestamp_ms, entry.seed, state=state)
             return WriteOutcome(run.results, None, None), Access()
         return WriteOutcome(run.results, entry.cid, entry.snapshot), run.access

@@ -26,6 +26,8 @@ from litecdc.cluster import (
     log_prefix,
 )
 from litecdc.config import NodeConfig
+from litecdc.db import engine as engine_module
+from litecdc.db.engine import Engine
 from litecdc.errors import RequestError
 from litecdc.journal.journal import Mode
 from litecdc.results import LogEntry
@@ -212,6 +214,50 @@ def test_the_apply_loop_resumes_inside_a_group_commit_after_a_restart(
     finally:
         loop.close()
         late.close()
+
+
+def test_an_entry_stopped_at_the_step_limit_in_a_group_commit_runs_once_per_node(
+    log: Fixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite ends the transaction of a write stopped at the step limit (~100 s of work):
+    inside a batch of entries that ended the batch, and the apply loop's fallback ran the
+    statement a second time on every node. It now runs once; the entries around it apply
+    as before (lowered here to a million steps)."""
+    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", 100)
+    stopped: list[bool] = []
+    real = Engine._write_limit_reached
+
+    def counted(self: Engine) -> bool:
+        reached = real(self)
+        if reached:
+            stopped.append(True)
+        return reached
+
+    monkeypatch.setattr(Engine, "_write_limit_reached", counted)
+    log.submit([S("CREATE TABLE e(v)")])
+    log.appender.close_leadership("the test appends by hand")
+    endless = (
+        "INSERT INTO e(v) SELECT x FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+        "SELECT x + 1 FROM c) SELECT x FROM c) WHERE x < 0"
+    )
+    requests = [
+        [S("INSERT INTO e VALUES(1)")],
+        [S("INSERT INTO e VALUES(2)")],
+        [S(endless)],
+        [S("INSERT INTO e VALUES(3)")],
+        [S("INSERT INTO e VALUES(4)")],
+    ]
+    entries = [log.leader.journal.prepare_entry(r) for r in requests]
+    log.client.txn([], [Put(log_key(log.cluster, e.cid), e.encode()) for e in entries])
+    last = entries[-1].cid
+    wait_for(lambda: all(s.journal.last_cid() == last for s in log.stores), 10)
+    assert len(stopped) == len(log.stores)  # once on each node
+    for store in log.stores:
+        assert store.query([S("SELECT v FROM e ORDER BY v")])[0].rows == [(1,), (2,), (3,), (4,)]
+        page = store.journal_page(entries[0].cid - 1, 10).entries
+        assert [e.query is None for e in page] == [False, False, True, False, False]
+    assert log.leader.changes(0, 100) == log.follower.changes(0, 100)
+    assert log.leader.journal_page(0, 100) == log.follower.journal_page(0, 100)
 
 
 def test_a_compacted_position_is_reported_as_needing_a_snapshot(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ import apsw
 import pytest
 
 from litecdc import JournalEntry, Mode, NodeConfig, Statement, Store
+from litecdc.db import engine as engine_module
 from litecdc.db.access import Access, AccessCache
+from litecdc.db.engine import WRITE_LIMIT_ERROR, Engine
 from litecdc.errors import (
     ConfigError,
     DuplicateCidError,
@@ -16,8 +18,15 @@ from litecdc.errors import (
     SnapshotUnavailableError,
     TruncateError,
 )
+from litecdc.journal.journal import BatchEnded
 
 S = Statement
+
+#: an INSERT whose recursive CTE has no bound (it never ends before the step limit)
+ENDLESS_WRITE = (
+    "INSERT INTO e(v) SELECT x FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+    "SELECT x + 1 FROM c) SELECT x FROM c) WHERE x < ?"
+)
 
 
 def test_journal_starts_with_initial_record(store: Store) -> None:
@@ -565,14 +574,66 @@ def test_a_batch_rolled_back_by_a_statement_changes_nothing(tmp_path: Path) -> N
         leader.journal.prepare_entry([S("INSERT INTO t VALUES(1)")]),
         leader.journal.prepare_entry([S("INSERT INTO t VALUES(1)")]),  # rolls back everything
     ]
-    assert follower.journal.apply_log_entries(entries, revision=7) is None
+    ended = follower.journal.apply_log_entries(entries, revision=7)
+    assert isinstance(ended, BatchEnded) and ended.index == 2
+    assert ended.outcome.cid is None
+    assert ended.outcome.results[0].error == "UNIQUE constraint failed: t.v"
     assert follower.journal.last_cid() == 1 and follower.journal.applied_revision() == 0
-    for entry in entries:  # the caller's fallback: one by one
+    for entry in entries[:2]:  # the caller's fallback: the entries before it again…
         follower.journal.apply_log_entry(entry, revision=7)
+    # … and the one that ended the batch as it was found, not run again
+    follower.journal.record_failed_entry(entries[2], ended.outcome, revision=7)
     assert follower.query([S("SELECT v FROM t")])[0].rows == [(1,)]
     assert [e.query is None for e in follower.journal_page(1, 10).entries] == [False, False, True]
+    assert follower.journal.applied_revision() == 7
+    assert follower.journal.available_snapshot() == 4
     leader.close()
     follower.close()
+
+
+def test_an_entry_stopped_at_the_step_limit_in_a_batch_runs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of the apply loop: SQLite ends the transaction of an interrupted write, so a
+    statement stopped at the write step limit (~100 s of work) ended its batch, and the
+    fallback ran it again. BatchEnded carries its outcome: it runs once, and what it
+    answers is what running it alone answers."""
+    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", 100)
+    stopped: list[bool] = []
+    real = Engine._write_limit_reached
+
+    def counted(self: Engine) -> bool:
+        reached = real(self)
+        if reached:
+            stopped.append(True)
+        return reached
+
+    monkeypatch.setattr(Engine, "_write_limit_reached", counted)
+    leader, single, batched = (Store(NodeConfig(data_dir=tmp_path / n)) for n in "lsb")
+    leader.journal.set_mode(Mode.LEADER)
+    for node in (single, batched):
+        node.journal.set_mode(Mode.FOLLOWER)
+    entries = [
+        leader.journal.prepare_entry([S("CREATE TABLE e(v)")]),
+        leader.journal.prepare_entry([S("INSERT INTO e VALUES(1)")]),
+        leader.journal.prepare_entry([S(ENDLESS_WRITE, (0,)), S("INSERT INTO e VALUES(2)")]),
+        leader.journal.prepare_entry([S("INSERT INTO e VALUES(3)")]),
+    ]
+    alone = [single.journal.apply_log_entry(e, revision=3) for e in entries]
+    assert len(stopped) == 1
+    ended = batched.journal.apply_log_entries(entries, revision=3)
+    assert len(stopped) == 2  # once in the batch
+    assert isinstance(ended, BatchEnded) and ended.index == 2
+    assert [r.error for r in ended.outcome.results] == [r.error for r in alone[2].results]
+    assert ended.outcome.results[0].error == WRITE_LIMIT_ERROR
+    assert batched.journal.apply_log_entries(entries[:2], revision=3) is not None
+    batched.journal.record_failed_entry(entries[2], ended.outcome, revision=3)
+    batched.journal.apply_log_entry(entries[3], revision=3)
+    assert len(stopped) == 2  # not run again
+    assert batched.journal_page(0, 10).entries == single.journal_page(0, 10).entries
+    assert batched.changes(0, 10) == single.changes(0, 10)
+    for node in (leader, single, batched):
+        node.close()
 
 
 def _fk_store(path: Path) -> Store:
