@@ -17,6 +17,10 @@ MAX_CID = (1 << 39) - 1
 MAX_SEQ = (1 << 24) - 1
 
 SQLValue: TypeAlias = int | float | str | bytes | None
+
+#: the range of SQLite's integers (64-bit signed)
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 Params: TypeAlias = Sequence[SQLValue] | Mapping[str, SQLValue]
 ReadLevel: TypeAlias = Literal["none", "weak", "strong", "linearizable", "auto"]
 

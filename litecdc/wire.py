@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from litecdc.errors import RequestError
+from litecdc.results import INT64_MAX, INT64_MIN
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -66,7 +67,8 @@ def from_ipc(data: bytes) -> pa.Table:
 
 
 #: what a key value that is not a finite float is written as: JSON has no number for it
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+#: (a key is never NaN: SQLite stores NaN as NULL)
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf}
 
 
 def _key_value(value: Any) -> Any:
@@ -91,7 +93,9 @@ def decode_key(text: str | None, what: str) -> list[Any] | None:
     if text is None or text in ("", "null"):
         return None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except _KeyValueError as exc:
+        raise RequestError(f"{what}: {exc}") from None
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
         raise RequestError(
             f"{what} must be a JSON list of key values, got {text[:200]!r}"
@@ -101,7 +105,7 @@ def decode_key(text: str | None, what: str) -> list[Any] | None:
     out: list[Any] = []
     for v in value:
         if isinstance(v, dict):
-            if set(v) == {"float"} and v["float"] in _NON_FINITE:
+            if set(v) == {"float"} and isinstance(v["float"], str) and v["float"] in _NON_FINITE:
                 out.append(_NON_FINITE[v["float"]])
                 continue
             if set(v) != {"base64"} or not isinstance(v["base64"], str):
@@ -115,9 +119,31 @@ def decode_key(text: str | None, what: str) -> list[Any] | None:
                 raise RequestError(f"{what}: invalid base64 in {v!r}") from None
         elif isinstance(v, list):
             raise RequestError(f"{what}: key values are numbers, strings or blobs, got {v!r}")
+        elif type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            # (fuzz QA: a 500 from binding it) no key holds one: SQLite's integers are 64-bit
+            raise RequestError(f"{what}: {v} is outside SQLite's 64-bit integer range")
         else:
             out.append(v)
     return out
+
+
+class _KeyValueError(ValueError):
+    """A number in a key that no SQLite key can hold (decode_key says which)."""
+
+
+def _no_constant(name: str) -> float:
+    # (fuzz QA: NaN was taken, and answered an empty page "done": SQLite stores NaN as NULL)
+    raise _KeyValueError(
+        f'{name} is not a key value (an infinite one is {{"float": "inf"}} or '
+        '{"float": "-inf"}; SQLite keeps no NaN)'
+    )
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _KeyValueError(f"{text} is beyond a 64-bit float's range")
+    return value
 
 
 def jsonable(value: Any) -> Any:

@@ -48,7 +48,7 @@ import msgspec
 from litecdc.db.sqltext import named_values, parse_template
 from litecdc.durations import parse_go_duration
 from litecdc.errors import BodyTooLargeError, RequestError, StatementError
-from litecdc.results import ReadLevel, SQLValue, Statement, StatementResult
+from litecdc.results import INT64_MAX, INT64_MIN, ReadLevel, SQLValue, Statement, StatementResult
 
 __all__ = [
     "QueryOptions",
@@ -58,9 +58,6 @@ __all__ = [
     "parse_options",
     "parse_statements",
 ]
-
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 
 _decoder = msgspec.json.Decoder()
 
@@ -408,7 +405,8 @@ Converter = Callable[[Any], Any]
 
 _TIME_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
-    r"(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?([+-]\d{2}:\d{2})?)?)?"
+    r"(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?([+-]\d{2}:\d{2})?)?)?",
+    re.ASCII,  # (Go's parser reads ASCII digits only: "٢٠٢٦-…" is no time to it)
 )
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -574,9 +572,12 @@ def format_result(
         values = format_rows(result, blob_array=blob_array)
         columns = result.columns
         if associative:
+            # rqlite fills a Go map column by column (a name given twice keeps its last
+            # column's value and type) and Go writes a map's keys sorted
+            order = sorted({name: i for i, name in enumerate(columns)}.items())
             if columns:
-                out["types"] = dict(sorted(zip(columns, types, strict=True)))
-            out["rows"] = [dict(sorted(zip(columns, row, strict=False))) for row in values]
+                out["types"] = {name: types[i] for name, i in order}
+            out["rows"] = [{name: row[i] for name, i in order} for row in values]
         else:
             if columns:
                 out["columns"] = list(columns)

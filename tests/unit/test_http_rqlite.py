@@ -234,6 +234,20 @@ def test_no_rows_omits_values_and_associative_sorts_keys() -> None:
     assert list(assoc["rows"][0]) == ["a", "b"]
 
 
+def test_associative_with_a_name_given_twice_keeps_the_last_column_as_rqlite() -> None:
+    """Fuzz QA: a join's two ``id`` columns made the sort compare values (a 500 for None
+    against text, after a /db/request write had committed) or kept the largest value.
+    rqlite fills its map column by column: the last column of a name wins, type too."""
+    joined = _read(
+        ["id", "name", "id", "name"], ["INTEGER", "TEXT", "INT", "TEXT"], [(1, "ann", 10, None)]
+    )
+    (out,) = format_results([joined], associative=True, endpoint="request")
+    assert out == {"types": {"id": "int", "name": "text"}, "rows": [{"id": 10, "name": None}]}
+    mixed = _read(["a", "a"], ["INTEGER", "REAL"], [(3, 2.5), (b"x", "t")])
+    (out,) = format_results([mixed], associative=True, endpoint="query")
+    assert out == {"types": {"a": "real"}, "rows": [{"a": 2.5}, {"a": "t"}]}
+
+
 def test_blobs_booleans_and_times_as_rqlite_sends_them() -> None:
     r = _read(
         ["blob", "txt", "flag", "d", "dt", "ts"],
@@ -249,6 +263,8 @@ def test_blobs_booleans_and_times_as_rqlite_sends_them() -> None:
             ),
             (None, "t", 0, "garbage", 1727699696, 1727699696789),
             (b"", None, 1.5, 2.5, "2026-09-30 12:34", "2026-09-30T12:34:56.000000000Z"),
+            # digits other than ASCII's are no time to Go's parser (fuzz QA)
+            (None, None, None, "٢٠٢٦-٠٩-٣٠", "2026-09-30 ١٢:34", "2026-09-30T12:34:56"),
         ],
     )
     (out,) = format_results([r])
@@ -270,6 +286,7 @@ def test_blobs_booleans_and_times_as_rqlite_sends_them() -> None:
             "2024-09-30T12:34:56.789Z",
         ],
         [b"", None, 1.5, 2.5, "2026-09-30T12:34:00Z", "2026-09-30T12:34:56Z"],
+        [None, None, None, "0001-01-01T00:00:00Z", "0001-01-01T00:00:00Z", "2026-09-30T12:34:56Z"],
     ]
     (arrays,) = format_results([r], blob_array=True)
     assert arrays["values"][0][0] == [104, 105]
