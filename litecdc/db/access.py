@@ -95,10 +95,18 @@ _READ_ALL_PRAGMAS = frozenset({"foreign_key_check", "integrity_check", "quick_ch
 TRANSACTION_PRAGMAS = frozenset({"defer_foreign_keys"})
 
 
+WAL_CHECKPOINT_REFUSED = (
+    "PRAGMA wal_checkpoint is not available through the API: the node checkpoints its "
+    "write-ahead log itself"
+)
+
+
 def pragma_refusal(pragma: str, value: str | None) -> str | None:
     """Why ``PRAGMA pragma`` (``value``: its argument or new value, if any) cannot be
     used in a write; None when it may."""
     name = pragma.lower()
+    if name == "wal_checkpoint":
+        return WAL_CHECKPOINT_REFUSED
     if name in BUILD_DEPENDENT_PRAGMAS:
         return (
             f"PRAGMA {pragma} lists what this node's SQLite build and connection provide, "
@@ -469,6 +477,9 @@ class ReadAuthorizer:
             return self._refuse("ATTACH and DETACH are not allowed")
         if action in _TEMP_DDL:
             return self._refuse("temporary objects are not allowed in queries")
+        if action == apsw.SQLITE_PRAGMA and (arg1 or "").lower() == "wal_checkpoint":
+            # (a reader's connection is read-only: SQLite said "disk I/O error" — fuzz QA)
+            return self._refuse(WAL_CHECKPOINT_REFUSED)
         if (
             action == apsw.SQLITE_PRAGMA
             and arg2 is not None

@@ -116,8 +116,11 @@ class WriteRun:
     access: Access
 
 
+#: APSW's words for too few values: "supplied" counts every value given to a text of
+#: several statements, "only N left" those its earlier statements did not take
 _BINDING_COUNTS = re.compile(
-    r"statement uses (?P<uses>\d+) and there are (?P<supplied>\d+) supplied"
+    r"statement uses (?P<uses>\d+) and there are (?:(?P<supplied>\d+) supplied|only "
+    r"(?P<left>\d+) left)\.\s+Current offset is (?P<offset>\d+)"
 )
 
 
@@ -131,12 +134,17 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
         )
     if isinstance(exc, apsw.BindingsError):
         counts = _BINDING_COUNTS.search(str(exc))
-        if counts is not None and int(counts["supplied"]) < int(counts["uses"]):
-            # rqlite's (go-sqlite3's) words; more values than parameters are let through
-            # by the HTTP API, as rqlite ignores the rest
-            return (
-                f"not enough args to execute query: want {counts['uses']} got {counts['supplied']}"
+        if counts is not None:
+            left = (
+                int(counts["left"])
+                if counts["left"] is not None
+                else int(counts["supplied"]) - int(counts["offset"])
             )
+            if left < int(counts["uses"]):
+                # rqlite's (go-sqlite3's) words, which count per statement of a text of
+                # several, as this does; more values than parameters are let through by
+                # the HTTP API, as rqlite ignores the rest
+                return f"not enough args to execute query: want {counts['uses']} got {left}"
     if isinstance(exc, apsw.BindingsError) and "has no name, but you supplied a dict" in str(exc):
         # APSW's wording names a binding number and its own API
         return (
@@ -155,6 +163,14 @@ def _bindable(sql: str, params: Any) -> Any:
         return named_values(params, parse_template(sql).names)
     return params
 
+
+#: a statement text that starts with VACUUM (after blanks and comments)
+_VACUUM = re.compile(r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*vacuum\b", re.IGNORECASE | re.DOTALL)
+VACUUM_REFUSED = (
+    "VACUUM is not supported: it may renumber the rowids of tables without an INTEGER "
+    "PRIMARY KEY, by which captured changes and replicas know those rows (and VACUUM INTO "
+    "would write a file on the node: GET /db/backup gives a copy)"
+)
 
 #: what marks a statement to run as its journal text (``_runs_as_text``)
 _LITERAL_SENSITIVE = re.compile(r"random|\bcreate\b", re.IGNORECASE)
@@ -1101,6 +1117,8 @@ class Engine:
             message = _statement_error(exc, refused)
             if isinstance(exc, KeyError):
                 message = f"no value for parameter :{exc.args[0]}"
+            elif _VACUUM.match(statement.sql):
+                message = VACUUM_REFUSED  # (SQLite says "cannot VACUUM from within a transaction")
             aborts = access is not None and access.refused_transaction_control
             return (
                 StatementResult(error=message, seconds=time.perf_counter() - started),
@@ -1699,7 +1717,10 @@ class Engine:
             )
         except apsw.AuthError as exc:
             return StatementResult(
-                error=refusals.reason or _statement_error(exc, None),
+                # (VACUUM attaches its target: the refusal would name ATTACH)
+                error=VACUUM_REFUSED
+                if _VACUUM.match(statement.sql)
+                else refusals.reason or _statement_error(exc, None),
                 seconds=time.perf_counter() - started,
             )
         except apsw.ReadOnlyError:

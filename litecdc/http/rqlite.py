@@ -207,6 +207,12 @@ def _parse_statement(index: int, item: object) -> Statement:
     for pos, value in enumerate(item[1:], start=1):
         if isinstance(value, dict):
             for key, named_value in value.items():
+                if key in named:
+                    # (one object already refuses a name twice: ``a`` and ``:a``)
+                    raise RequestError(
+                        f"{ERR_INVALID_REQUEST}: statement {index}: parameter {key!r} is "
+                        "given more than one value (in two objects)"
+                    )
                 named[key] = _parameter(index, f"named parameter {key!r}", named_value)
         else:
             positional.append(_parameter(index, f"parameter {pos}", value))

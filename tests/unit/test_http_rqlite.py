@@ -35,6 +35,9 @@ def test_parameter_conversions() -> None:
 def test_two_objects_merge_into_one_set_of_named_parameters() -> None:
     (stmt,) = parse_statements(b'[["S :a :b", {"a": 1}, {"b": 2}]]')
     assert stmt.params == {"a": 1, "b": 2}
+    # a name in both is as ambiguous as ``a`` and ``:a`` in one (fuzz QA: the last won)
+    with pytest.raises(RequestError, match="'a' is given more than one value"):
+        parse_statements(b'[["S :a", {"a": 1}, {"a": 2}]]')
 
 
 def test_text_plain_body_is_one_statement() -> None:

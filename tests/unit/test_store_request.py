@@ -11,7 +11,8 @@ import pytest
 
 from litecdc import Statement, Store
 from litecdc.db import engine as engine_module
-from litecdc.db.engine import WRITE_LIMIT_ERROR
+from litecdc.db.access import WAL_CHECKPOINT_REFUSED
+from litecdc.db.engine import VACUUM_REFUSED, WRITE_LIMIT_ERROR
 from litecdc.db.read_limit import CLIENT_LEFT, QUERY_TIMEOUT, ReadLimit
 
 S = Statement
@@ -107,6 +108,18 @@ def test_too_few_values_say_so_in_rqlites_words(store: Store) -> None:
     wrote = store.execute([S("INSERT INTO t VALUES(?, ?)", (1,))]).results[0].error
     read = store.query([S("SELECT ?, ?", (1,))])[0].error
     assert wrote == read == "not enough args to execute query: want 2 got 1"
+    # a text of several statements: counted per statement, as go-sqlite3 does (fuzz QA:
+    # APSW's own words said "uses 1 and there are 1 supplied")
+    last = store.journal.last_cid()
+    two = "INSERT INTO t VALUES(?, 0); INSERT INTO t VALUES(?, 0)"
+    wrote = store.execute([S(two, ("x",))]).results[0].error
+    read = store.query([S("SELECT ?; SELECT ?, ?", (1, 2))])[0].error
+    assert wrote == "not enough args to execute query: want 1 got 0"
+    assert read == "not enough args to execute query: want 2 got 1"
+    assert store.query([S("SELECT ?; SELECT ?")])[0].error == (
+        "not enough args to execute query: want 1 got 0"
+    )
+    assert store.journal.last_cid() == last
 
 
 RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
@@ -311,3 +324,21 @@ def test_interrupt_writes_aborts_the_write_in_progress_only(store: Store) -> Non
     assert store.journal.last_cid() == last
     store.engine.interrupt_writes()  # none in progress: the next write is not affected
     assert store.execute([S("INSERT INTO e VALUES(1)")]).cid == last + 1
+
+
+def test_vacuum_and_wal_checkpoint_are_refused_saying_why(store: Store, tmp_path: Path) -> None:
+    """Fuzz QA: VACUUM was refused as "ATTACH and DETACH are not allowed" (a query) or
+    "cannot VACUUM from within a transaction" (a write), and a query's PRAGMA
+    wal_checkpoint as "disk I/O error", which sends an operator looking for disk faults."""
+    store.execute([S("CREATE TABLE t(x)"), S("INSERT INTO t VALUES(1)")])
+    last = store.journal.last_cid()
+    target = tmp_path / "copy.db"
+    for sql in ("VACUUM", "  /* c */ vacuum main", f"VACUUM INTO '{target}'"):
+        assert store.query([S(sql)])[0].error == VACUUM_REFUSED
+        assert store.execute([S(sql)]).results[0].error == VACUUM_REFUSED
+    assert not target.exists()
+    for sql in ("PRAGMA wal_checkpoint", "PRAGMA main.wal_checkpoint(TRUNCATE)"):
+        assert store.query([S(sql)])[0].error == WAL_CHECKPOINT_REFUSED
+        assert store.execute([S(sql)]).results[0].error == WAL_CHECKPOINT_REFUSED
+    assert store.journal.last_cid() == last
+    assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
