@@ -547,6 +547,10 @@ class Store:
     def cdc_high_watermark(self) -> int | None:
         return self.engine.cdc_high_watermark()
 
+    def pruned_cid(self) -> int:
+        """The cid the change log is pruned through (0 before anything was)."""
+        return self.engine.read_consistent(source.pruned_cid)
+
     def queue_stats(self, after: int = 0) -> tuple[int, int | None]:
         """(captured changes stored after cid ``after``, the oldest one's cid)."""
         return self.engine.queue_stats(after)

@@ -60,6 +60,7 @@ class ChangeFeed(Protocol):
     def wait_for_commit_after(self, cid: int, timeout: float) -> bool: ...
     def last_cid(self) -> int: ...
     def cdc_high_watermark(self) -> int | None: ...
+    def pruned_cid(self) -> int: ...
     def queue_stats(self, after: int = 0) -> tuple[int, int | None]: ...
 
 
@@ -89,6 +90,9 @@ class Counters:
     #: failures of the reader itself, outside a request (reading the queue, taking over);
     #: each is logged, shown in last_error and retried after the retry policy's wait
     reader_errors: int = 0
+    #: commits above the high watermark whose changes were pruned before they were sent
+    #: (the node ran without this webhook meanwhile): they cannot be sent any more
+    pruned_unsent_cids: int = 0
 
 
 class CDCService:
@@ -116,6 +120,7 @@ class CDCService:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.counters = Counters()
+        self._pruned_counted_through = 0  # (pruned_unsent_cids: counted up to this cid)
         #: cid after which the reader reads next; None until this node leads
         self._position: int | None = None
         self._hwm = 0
@@ -208,10 +213,29 @@ class CDCService:
         if hwm is None:
             self._leadership.write_internal(CREATE_CDC_STATE)
             hwm = self._feed.cdc_high_watermark() or 0
+        pruned = self._feed.pruned_cid()
         with self._lock:
-            self._hwm = self._persisted_hwm = hwm
-            self._position = hwm
-        log.info("CDC: leading; sending everything above cid %d", hwm)
+            self._persisted_hwm = hwm
+            # what was pruned counts as passed, like a dropped batch: the next high
+            # watermark entry records it, and a later take-over does not count it again
+            self._hwm = self._position = max(hwm, pruned)
+            counted = max(hwm, self._pruned_counted_through)
+            if pruned > counted:
+                self.counters.pruned_unsent_cids += pruned - counted
+                self._pruned_counted_through = pruned
+        if pruned > hwm:
+            # (QA: the log said "sending everything above cid 0" and nothing counted the
+            # gap) a node run without --cdc-config meanwhile pruned them by --retention-cids
+            log.warning(
+                "CDC: leading; the changes of cids %d to %d were pruned before this webhook "
+                "sent them (the node ran without it meanwhile) and cannot be sent; "
+                "sending everything above cid %d",
+                hwm + 1,
+                pruned,
+                pruned,
+            )
+        else:
+            log.info("CDC: leading; sending everything above cid %d", hwm)
 
     def _collect(self) -> list[RowChange] | _Large:
         """Whole transactions: up to max_batch_size of them, or what came within the delay;

@@ -26,6 +26,10 @@ _CDC_COUNTERS = {
     "dropped_batches": ("litecdc_cdc_dropped_batches", "Batches dropped after the last retry"),
     "skipped_events": ("litecdc_cdc_skipped_events", "Row events left out by table_filter"),
     "reader_errors": ("litecdc_cdc_reader_errors", "CDC reader failures outside a request"),
+    "pruned_unsent_cids": (
+        "litecdc_cdc_pruned_unsent_cids",
+        "Commits whose changes were pruned before the webhook sent them",
+    ),
 }
 
 

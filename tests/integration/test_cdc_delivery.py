@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from fakes import WebhookReceiver, make_certs, reserve_port
 
-from litecdc import NodeConfig, Statement
+from litecdc import NodeConfig, Statement, Store
 from litecdc.cdc import CDCConfig, TransmitError, parse_cdc_config
 from litecdc.cdc.sinks import WebhookSink
 from litecdc.db.schema import CREATE_CDC_STATE
@@ -286,6 +287,44 @@ def test_retry_forever_until_a_late_endpoint_starts(started: Callable[..., Node]
     with late:
         wait_delivered(late, expected_for(cids))
         assert node.cdc.status()["dropped_events"] == 0
+
+
+def test_changes_pruned_while_the_webhook_was_off_are_reported_not_silently_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA: a node run without --cdc-config prunes by --retention-cids (documented); back
+    with its webhook, it said "sending everything above cid 0", sent only what was left
+    and counted nothing. The gap is now logged and counted, and passed like a drop."""
+    port = reserve_port()
+    node = make_node(tmp_path, f"http://127.0.0.1:{port}/hook")  # nobody listens
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    cids = write_rows(node, 30)
+    node.close()
+    plain = Store(NodeConfig(data_dir=tmp_path / "node", retention_cids=5))  # no webhook
+    assert plain.retention_due()
+    plain.prune_changes()
+    pruned = plain.pruned_cid()
+    plain.close()
+    assert cids[0] < pruned < cids[-1]
+    kept = [cid for cid in cids if cid > pruned]
+    with WebhookReceiver(port=port) as receiver, caplog.at_level(logging.INFO, "litecdc.cdc"):
+        node = make_node(tmp_path, receiver.url)
+        try:
+            wait_delivered(receiver, expected_for(kept))
+            assert {cid for cid, _ in delivered(receiver)} == set(kept)
+            assert node.cdc is not None
+            assert node.cdc.status()["pruned_unsent_cids"] == pruned
+            warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert any(
+                f"the changes of cids 1 to {pruned} were pruned before this webhook sent them" in m
+                for m in warned
+            ), warned
+            deadline = time.monotonic() + 30
+            while node.store.cdc_high_watermark() != cids[-1] and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert node.store.cdc_high_watermark() == cids[-1]
+        finally:
+            node.close()
 
 
 def test_retry_limit_drops_and_counts_then_continues(
