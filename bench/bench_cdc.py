@@ -737,6 +737,9 @@ class TimedFeed:
     def cdc_high_watermark(self) -> int | None:
         return self._store.cdc_high_watermark()
 
+    def pruned_cid(self) -> int:
+        return self._store.pruned_cid()
+
     def queue_stats(self, after: int = 0) -> tuple[int, int | None]:
         return self._store.queue_stats(after)
 

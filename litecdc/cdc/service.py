@@ -211,8 +211,14 @@ class CDCService:
         """Becoming leader: make sure the state table exists, resume above the persisted HWM."""
         hwm = self._feed.cdc_high_watermark()
         if hwm is None:
+            # A webhook's first start: it begins with what the change log holds now (the
+            # node may have pruned by --retention-cids before). Recorded at once, so that
+            # what is pruned later without it (a restart without --cdc-config) is told
+            # from what it never had (review: a first start warned of a loss).
             self._leadership.write_internal(CREATE_CDC_STATE)
-            hwm = self._feed.cdc_high_watermark() or 0
+            start = self._feed.pruned_cid()
+            self._leadership.write_internal(high_watermark_sql(start, self._retention_cids))
+            hwm = start
         pruned = self._feed.pruned_cid()
         with self._lock:
             self._persisted_hwm = hwm

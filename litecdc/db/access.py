@@ -95,6 +95,7 @@ _READ_ALL_PRAGMAS = frozenset({"foreign_key_check", "integrity_check", "quick_ch
 TRANSACTION_PRAGMAS = frozenset({"defer_foreign_keys"})
 
 
+ATTACH_REFUSED_IN_QUERIES = "ATTACH and DETACH are not allowed"
 WAL_CHECKPOINT_REFUSED = (
     "PRAGMA wal_checkpoint is not available through the API: the node checkpoints its "
     "write-ahead log itself"
@@ -474,7 +475,7 @@ class ReadAuthorizer:
                 "transaction parameter to read in one transaction"
             )
         if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
-            return self._refuse("ATTACH and DETACH are not allowed")
+            return self._refuse(ATTACH_REFUSED_IN_QUERIES)
         if action in _TEMP_DDL:
             return self._refuse("temporary objects are not allowed in queries")
         if action == apsw.SQLITE_PRAGMA and (arg1 or "").lower() == "wal_checkpoint":

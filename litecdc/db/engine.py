@@ -20,7 +20,13 @@ from typing import Any, TypeVar
 
 import apsw
 
-from litecdc.db.access import Access, AccessCache, ReadAuthorizer, WriteAuthorizer
+from litecdc.db.access import (
+    ATTACH_REFUSED_IN_QUERIES,
+    Access,
+    AccessCache,
+    ReadAuthorizer,
+    WriteAuthorizer,
+)
 from litecdc.db.capture import (
     CHANGE_COLUMNS,
     ChangeBuffer,
@@ -124,7 +130,7 @@ _BINDING_COUNTS = re.compile(
 )
 
 
-def _statement_error(exc: BaseException, refused: str | None) -> str:
+def _statement_error(exc: BaseException, refused: str | None, *, read: bool = False) -> str:
     if refused is not None:
         return refused
     if isinstance(exc, UnicodeDecodeError):  # a row change or a result holding such text
@@ -135,16 +141,20 @@ def _statement_error(exc: BaseException, refused: str | None) -> str:
     if isinstance(exc, apsw.BindingsError):
         counts = _BINDING_COUNTS.search(str(exc))
         if counts is not None:
-            left = (
-                int(counts["left"])
-                if counts["left"] is not None
-                else int(counts["supplied"]) - int(counts["offset"])
-            )
+            offset = int(counts["offset"])
+            if counts["left"] is not None:
+                left = int(counts["left"])
+                supplied = offset + left
+            else:
+                supplied = int(counts["supplied"])
+                left = supplied - offset
             if left < int(counts["uses"]):
-                # rqlite's (go-sqlite3's) words, which count per statement of a text of
-                # several, as this does; more values than parameters are let through by
-                # the HTTP API, as rqlite ignores the rest
-                return f"not enough args to execute query: want {counts['uses']} got {left}"
+                # rqlite's (go-sqlite3's) words: "want" is what the failing statement of
+                # a text of several uses, "got" every value given in a write (its exec)
+                # and the values its earlier statements left in a read (its query); more
+                # values than parameters are let through, as rqlite ignores the rest
+                got = left if read else supplied
+                return f"not enough args to execute query: want {counts['uses']} got {got}"
     if isinstance(exc, apsw.BindingsError) and "has no name, but you supplied a dict" in str(exc):
         # APSW's wording names a binding number and its own API
         return (
@@ -164,8 +174,13 @@ def _bindable(sql: str, params: Any) -> Any:
     return params
 
 
-#: a statement text that starts with VACUUM (after blanks and comments)
-_VACUUM = re.compile(r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*vacuum\b", re.IGNORECASE | re.DOTALL)
+#: a VACUUM statement in a text (at its start or after a ``;``, past blanks and comments;
+#: only asked once SQLite refused an ATTACH, which VACUUM runs)
+_VACUUM = re.compile(
+    r"(?:^|;)(?:\s+|--[^\n]*(?:\n|$)|/\*(?:[^*]|\*(?!/))*\*/)*vacuum\b", re.IGNORECASE
+)
+#: SQLite's words for a VACUUM inside a transaction, which every write is
+_VACUUM_IN_TRANSACTION = "cannot VACUUM from within a transaction"
 VACUUM_REFUSED = (
     "VACUUM is not supported: it may renumber the rowids of tables without an INTEGER "
     "PRIMARY KEY, by which captured changes and replicas know those rows (and VACUUM INTO "
@@ -810,6 +825,9 @@ class Engine:
                             and self._run_batch(statements[index:end], results, rendered, combined)
                         ):
                             index = end
+                            if results[-1].error is not None:
+                                failed = True  # (it ended the transaction: see _run_batch)
+                                break
                             continue
                     result, text, aborts = self._run_statement(statement, transaction, combined)
                     results.append(result)
@@ -892,7 +910,9 @@ class Engine:
 
         Inside an explicit transaction only: if anything fails, the batch is undone
         and False returned, and the caller runs the statements one by one to report
-        exactly which one failed (the transaction is rolled back either way).
+        exactly which one failed (the transaction is rolled back either way) — unless
+        the failure ended the SQLite transaction itself: then the results end with the
+        failing execution's error, and the request fails there.
         """
         self._check_not_stopping()
         writer = self._writer
@@ -922,21 +942,43 @@ class Engine:
             return False
         self._internal("SAVEPOINT litecdc_batch")
         started = time.perf_counter()
+        limited = False
         try:
             cursor = writer.cursor()
             cursor.exec_trace = before_each
             try:
                 cursor.executemany(sql, params).fetchall()
             finally:
+                limited = self._write_limit_reached()
                 self._write_checks = None  # (over the limit: run singly, which says so)
             if self._check_rowid_space(buffer_mark) is not None:
                 raise StatementError("rowid space")  # re-run singly to report it
             texts = render_many(sql, params)
-        except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError):
-            self._internal("ROLLBACK TO litecdc_batch; RELEASE litecdc_batch")
+        except (apsw.Error, StatementError, OverflowError, TypeError, KeyError, ValueError) as exc:
             self._buffer.cut(buffer_mark)
             self._random.calls = random_mark
-            return False
+            if writer.in_transaction:
+                self._internal("ROLLBACK TO litecdc_batch; RELEASE litecdc_batch")
+                return False
+            # The execution that failed ended the whole transaction (ON CONFLICT ROLLBACK,
+            # RAISE(ROLLBACK), the step limit): there is nothing to run singly in (review:
+            # "no such savepoint" stopped the request — and a cluster's apply loop, for
+            # good). The request fails at that execution, as it would singly.
+            if self._closing or self._abort_write:
+                raise apsw.InterruptError(f"the write did not finish: {exc}") from exc
+            if isinstance(exc, apsw.InterruptError) and limited:
+                message = WRITE_LIMIT_ERROR
+            elif isinstance(exc, ENVIRONMENTAL_ERRORS):
+                raise  # this node's disk or memory, not the statement (see _run_statement)
+            else:
+                message = _statement_error(exc, None)
+            failing = len(last_ids) - 1  # (before_each ran for each execution begun)
+            results.extend(
+                StatementResult(last_insert_id=last_ids[k + 1], rows_affected=counts[k + 1])
+                for k in range(failing)
+            )
+            results.append(StatementResult(error=message, seconds=time.perf_counter() - started))
+            return True
         self._internal("RELEASE litecdc_batch")
         last_ids.append(last_insert_rowid())
         counts.append(changes())
@@ -1014,8 +1056,9 @@ class Engine:
         """Run several writes (each a savepoint) and ``state`` in ONE SQLite transaction.
 
         Returns their results, or None with nothing committed when a statement rolled
-        the whole transaction back (ON CONFLICT ROLLBACK) — the caller runs them one by
-        one instead.
+        the whole transaction back (ON CONFLICT ROLLBACK) and no step said which — the
+        caller runs them one by one instead. (A step may raise instead, as the journal's
+        do to name the entry: nothing is committed then either.)
         """
         with self._write_in_progress():
             self._internal("BEGIN IMMEDIATE")
@@ -1117,8 +1160,8 @@ class Engine:
             message = _statement_error(exc, refused)
             if isinstance(exc, KeyError):
                 message = f"no value for parameter :{exc.args[0]}"
-            elif _VACUUM.match(statement.sql):
-                message = VACUUM_REFUSED  # (SQLite says "cannot VACUUM from within a transaction")
+            elif message == _VACUUM_IN_TRANSACTION:
+                message = VACUUM_REFUSED
             aborts = access is not None and access.refused_transaction_control
             return (
                 StatementResult(error=message, seconds=time.perf_counter() - started),
@@ -1655,12 +1698,13 @@ class Engine:
         return int(count), oldest
 
     def cdc_high_watermark(self) -> int | None:
-        """The high watermark persisted in the CDC state table; None before it exists."""
+        """The high watermark persisted in the CDC state table; None before a webhook
+        recorded one."""
         try:
             rows = self._read(f"SELECT value FROM {CDC_STATE_TABLE} WHERE name = 'hwm'")
         except apsw.SQLError:
             return None
-        return int(rows[0][0]) if rows else 0
+        return int(rows[0][0]) if rows else None
 
     # -- reads ----------------------------------------------------------------------------
     def query(
@@ -1716,13 +1760,10 @@ class Engine:
                 seconds=time.perf_counter() - started,
             )
         except apsw.AuthError as exc:
-            return StatementResult(
-                # (VACUUM attaches its target: the refusal would name ATTACH)
-                error=VACUUM_REFUSED
-                if _VACUUM.match(statement.sql)
-                else refusals.reason or _statement_error(exc, None),
-                seconds=time.perf_counter() - started,
-            )
+            reason = refusals.reason or _statement_error(exc, None, read=True)
+            if reason == ATTACH_REFUSED_IN_QUERIES and _VACUUM.search(statement.sql):
+                reason = VACUUM_REFUSED  # (VACUUM attaches its target)
+            return StatementResult(error=reason, seconds=time.perf_counter() - started)
         except apsw.ReadOnlyError:
             return StatementResult(
                 error="attempt to change database via query operation",
@@ -1730,7 +1771,8 @@ class Engine:
             )
         except (apsw.Error, OverflowError, TypeError, ValueError) as exc:
             return StatementResult(
-                error=_statement_error(exc, None), seconds=time.perf_counter() - started
+                error=_statement_error(exc, None, read=True),
+                seconds=time.perf_counter() - started,
             )
         except KeyError as exc:
             return StatementResult(

@@ -22,7 +22,7 @@ from fakes import WebhookReceiver, make_certs, reserve_port
 from litecdc import NodeConfig, Statement, Store
 from litecdc.cdc import CDCConfig, TransmitError, parse_cdc_config
 from litecdc.cdc.sinks import WebhookSink
-from litecdc.db.schema import CREATE_CDC_STATE
+from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
 from litecdc.node import Node
 
 S = Statement
@@ -325,6 +325,32 @@ def test_changes_pruned_while_the_webhook_was_off_are_reported_not_silently_skip
             assert node.store.cdc_high_watermark() == cids[-1]
         finally:
             node.close()
+
+
+def test_a_webhook_configured_first_on_a_pruned_node_reports_no_loss(
+    tmp_path: Path, receiver: WebhookReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: a webhook's first start on a node that had pruned by --retention-cids took
+    the pruned history for changes it had lost. It records where it starts instead."""
+    plain = Store(NodeConfig(data_dir=tmp_path / "node", retention_cids=5))
+    plain.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    for i in range(20):
+        plain.execute([S("INSERT INTO t(v) VALUES(?)", (i,))])
+    plain.prune_changes()
+    pruned = plain.pruned_cid()
+    assert pruned > 0
+    plain.close()
+    with caplog.at_level(logging.INFO, "litecdc.cdc"):
+        node = make_node(tmp_path, receiver.url)
+        try:
+            cids = write_rows(node, 3)
+            wait_delivered(receiver, expected_for(cids))
+            assert node.cdc is not None
+            assert node.cdc.status()["pruned_unsent_cids"] == 0
+        finally:
+            node.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"CDC: leading; sending everything above cid {pruned}" in caplog.text
 
 
 def test_retry_limit_drops_and_counts_then_continues(
@@ -842,7 +868,8 @@ class PersistGate(SwitchableLeadership):
         self.persist = False
 
     def write_internal(self, query: str) -> None:
-        if not self.persist and query != CREATE_CDC_STATE:
+        # (the service's first start records the high watermark it starts from: 0 here)
+        if not self.persist and query not in (CREATE_CDC_STATE, high_watermark_sql(0)):
             raise RuntimeError("not now")
         super().write_internal(query)
 

@@ -591,6 +591,37 @@ def test_a_batch_rolled_back_by_a_statement_changes_nothing(tmp_path: Path) -> N
     follower.close()
 
 
+def test_an_entry_whose_repeated_statement_ends_the_transaction_fails_alike(
+    tmp_path: Path,
+) -> None:
+    """Review: an entry repeating one ``OR ROLLBACK`` statement runs it as one batch; the
+    failing execution ended the SQLite transaction and the apply raised "no such
+    savepoint" — every node's apply loop would have retried it for good."""
+    leader, single, batched = (Store(NodeConfig(data_dir=tmp_path / n)) for n in "lsb")
+    leader.journal.set_mode(Mode.LEADER)
+    for node in (single, batched):
+        node.journal.set_mode(Mode.FOLLOWER)
+    again = "INSERT OR ROLLBACK INTO t VALUES(1)"
+    entries = [
+        leader.journal.prepare_entry([S("CREATE TABLE t(v UNIQUE)")]),
+        leader.journal.prepare_entry([S(again)] * 3, transaction=True),
+        leader.journal.prepare_entry([S("INSERT INTO t VALUES(2)")]),
+    ]
+    alone = [single.journal.apply_log_entry(e, revision=4) for e in entries]
+    assert [o.cid for o in alone] == [2, None, 4]
+    assert alone[1].results[-1].error == "UNIQUE constraint failed: t.v"
+    ended = batched.journal.apply_log_entries(entries, revision=4)
+    assert isinstance(ended, BatchEnded) and ended.index == 1
+    assert [r.error for r in ended.outcome.results] == [r.error for r in alone[1].results]
+    batched.journal.apply_log_entry(entries[0], revision=4)
+    batched.journal.record_failed_entry(entries[1], ended.outcome, revision=4)
+    batched.journal.apply_log_entry(entries[2], revision=4)
+    assert batched.journal_page(0, 10).entries == single.journal_page(0, 10).entries
+    assert batched.query([S("SELECT v FROM t")])[0].rows == [(2,)]  # the 1 was rolled back
+    for node in (leader, single, batched):
+        node.close()
+
+
 def test_an_entry_stopped_at_the_step_limit_in_a_batch_runs_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
