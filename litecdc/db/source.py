@@ -251,6 +251,8 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         # any other key of a rowid table is a UNIQUE index, which lets NULLs in
         key_index = _rows(conn, "SELECT 1 FROM pragma_index_list(?) WHERE origin = 'pk'", (name,))
         nulls = tuple(not c[2] for c in pk_info) if key_index and not without_rowid else ()
+        if any(nulls) and rowid_name is None:
+            _refuse_unreachable_rowid(name)
         return SourceTable(
             name,
             tuple(columns),
@@ -263,6 +265,8 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         )
     if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
         raise NotFoundError(f"table {name!r} has no key")
+    if rowid_name is None:
+        _refuse_unreachable_rowid(name)
     return SourceTable(
         name,
         ((ROWID_COLUMN, "INTEGER", "int64", True), *columns),
@@ -289,12 +293,23 @@ def _refuse_our_column_names(table: str, columns: Sequence[str], *, rowid_key: b
             )
 
 
-def _rowid_name(columns: Sequence[str]) -> str:
+def _rowid_name(columns: Sequence[str]) -> str | None:
     """How SQL reaches a rowid table's rowid: the first of its three names that no column
-    takes (a table with columns of all three names has none: ``rowid`` then means the
-    column, as it does in SQLite)."""
+    takes; None when columns take all three (``rowid`` then means the column, as it does
+    in SQLite, and nothing reaches the rowid)."""
     taken = {c.lower() for c in columns}
-    return next((n for n in ("rowid", "_rowid_", "oid") if n not in taken), "rowid")
+    return next((n for n in ("rowid", "_rowid_", "oid") if n not in taken), None)
+
+
+def _refuse_unreachable_rowid(table: str) -> None:
+    # (types QA: the snapshot keyed such a table by the column named rowid, its changes
+    # by the real rowid — a delete then removed another row from every mirror)
+    raise DataTypeError(
+        f"table {table} has columns named rowid, _rowid_ and oid, so SQL cannot read its "
+        "rowid, which the pull source keys its rows by (it has no primary key, or one "
+        "that lets NULLs in): rename one of those columns, or give the table a primary "
+        "key of NOT NULL columns, to subscribe to it"
+    )
 
 
 def approximate_rows(conn: apsw.Connection, table: SourceTable) -> int:

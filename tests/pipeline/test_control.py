@@ -119,6 +119,11 @@ def test_subscribe_refuses_a_table_with_a_column_named_as_the_pipelines_own(
                 "CREATE TABLE ours(id INTEGER PRIMARY KEY, _litecdc_cid INTEGER)",
                 "CREATE TABLE nokey(v, _LITECDC_ROWID)",
                 "CREATE TABLE keyed(id INTEGER PRIMARY KEY, _litecdc_rowid)",  # no rowid column
+                # (types QA) SQL cannot read the rowid such tables are keyed by
+                "CREATE TABLE hidden(rowid INTEGER, oid TEXT, _rowid_ TEXT)",
+                "CREATE TABLE nullable(k TEXT PRIMARY KEY, rowid, Oid, _ROWID_)",
+                "CREATE TABLE reachable(rowid INTEGER, oid TEXT, v)",  # _rowid_ still reads it
+                "CREATE TABLE strict_key(k TEXT NOT NULL PRIMARY KEY, rowid, oid, _rowid_)",
             ],
         )
     for table, column in (("ours", "_litecdc_cid"), ("nokey", "_LITECDC_ROWID")):
@@ -129,10 +134,24 @@ def test_subscribe_refuses_a_table_with_a_column_named_as_the_pipelines_own(
             control.subscribe(
                 store, name="ours", sources=node.url, table=table, sink=f"delta:{tmp_path}/d"
             )
+    for table in ("hidden", "nullable"):
+        with pytest.raises(
+            SourceError,
+            match=rf"table {table} has columns named rowid, _rowid_ and oid, so SQL cannot",
+        ):
+            control.subscribe(
+                store, name="ours", sources=node.url, table=table, sink=f"delta:{tmp_path}/d"
+            )
+    for table in ("reachable", "strict_key"):
+        control.subscribe(
+            store, name=table, sources=node.url, table=table, sink=f"delta:{tmp_path}/{table}"
+        )
     control.subscribe(
         store, name="keyed", sources=node.url, table="keyed", sink=f"delta:{tmp_path}/k"
     )
-    assert [s.name for s in store.list_subscriptions()] == ["keyed"]
+    assert sorted(s.name for s in store.list_subscriptions()) == [
+        "keyed", "reachable", "strict_key"
+    ]  # fmt: skip
 
 
 def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(
