@@ -407,6 +407,40 @@ def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: l
     assert tables == [("litecdc_sink_state",), (table,)]
 
 
+def test_postgresql_refuses_an_existing_text_key_column_with_a_nondeterministic_collation(
+    postgresql_url: str, opened: list[Sink]
+) -> None:
+    """Types QA: such a key (ICU, deterministic = false) takes 'A' and 'a' for one row; the
+    snapshot failed with PostgreSQL's "cannot affect row a second time"."""
+    spec = TableSpec(
+        "tk",
+        (Column("k", "TEXT", "string", not_null=True), Column("v", "INTEGER", "int64")),
+        ("k",),
+    )
+    folding, plain = fresh_name(), fresh_name()
+    with psycopg.connect(postgresql_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE COLLATION IF NOT EXISTS litecdc_test_ci "
+            "(provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+        )
+        for table, collation in ((folding, "litecdc_test_ci"), (plain, "C")):
+            conn.execute(
+                f'CREATE TABLE "{table}" (k text COLLATE "{collation}" PRIMARY KEY, v bigint, '
+                "_litecdc_cid bigint NOT NULL)"
+            )
+    with pytest.raises(
+        SchemaMismatchError,
+        match=rf"key column k of .*{folding}.* has the nondeterministic collation "
+        "litecdc_test_ci, which takes keys that differ in letter case",
+    ):
+        open_tracked(opened, f"{postgresql_url}?table={folding}", spec)
+    sink = open_tracked(opened, f"{postgresql_url}?table={plain}", spec)
+    src = SourceSim(spec)
+    src.commit(*(("upsert", {"k": k, "v": i}) for i, k in enumerate(["A", "a", "a "])))
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+    assert sorted(sink.read_rows()["k"].to_pylist()) == ["A", "a", "a "]
+
+
 def test_postgresql_refuses_a_nul_character_naming_the_table_column_and_key(
     postgresql_url: str, opened: list[Sink]
 ) -> None:
@@ -453,6 +487,46 @@ def test_mariadb_refuses_infinity_naming_the_column_and_key(
     assert sink.applied_cid() == 0 and sink.read_rows().num_rows == 0
     with pytest.raises(SchemaMismatchError, match="column 'price'"):
         sink.write_snapshot(src.chunk(0, 10, src.cid))
+
+
+def test_mariadb_refuses_an_existing_text_key_column_that_folds_case_or_spaces(
+    mariadb_url: str, opened: list[Sink]
+) -> None:
+    """Types QA: an existing mirror with a VARCHAR key in utf8mb4_general_ci was taken, and
+    source keys 'A', 'a ' and 'a  ' became one row there, silently. (utf8mb4_bin is PAD
+    SPACE too: 'a' and 'a ' are one key.) A NO PAD binary collation compares as SQLite."""
+    spec = TableSpec(
+        "tk",
+        (Column("k", "TEXT", "string", not_null=True), Column("v", "INTEGER", "int64")),
+        ("k",),
+    )
+    parts = urlsplit(mariadb_url)
+    conn = pymysql.connect(
+        host=parts.hostname, port=parts.port, user="root", password="", database=parts.path[1:]
+    )
+    tables = {collation: fresh_name() for collation in ("utf8mb4_general_ci", "utf8mb4_bin")}
+    fine = fresh_name()
+    try:
+        with conn.cursor() as cur:
+            for collation, table in [*tables.items(), ("utf8mb4_nopad_bin", fine)]:
+                cur.execute(
+                    f"CREATE TABLE `{table}` (k VARCHAR(700) COLLATE {collation} NOT NULL "
+                    "PRIMARY KEY, v BIGINT, _litecdc_cid BIGINT NOT NULL) CHARSET utf8mb4"
+                )
+    finally:
+        conn.close()
+    for collation, table in tables.items():
+        with pytest.raises(
+            SchemaMismatchError,
+            match=rf"key column k of .*{table}.* is varchar\(700\) with collation {collation}, "
+            "which takes keys that differ in letter case or trailing spaces",
+        ):
+            open_tracked(opened, f"{mariadb_url}?table={table}", spec)
+    sink = open_tracked(opened, f"{mariadb_url}?table={fine}", spec)
+    src = SourceSim(spec)
+    src.commit(*(("upsert", {"k": k, "v": i}) for i, k in enumerate(["A", "a", "a ", "a  "])))
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+    assert sorted(sink.read_rows()["k"].to_pylist()) == ["A", "a", "a ", "a  "]
 
 
 @contextlib.contextmanager

@@ -358,11 +358,40 @@ class MariaDBSink(Sink):
                 f"the source key is ({', '.join(self.spec.key)}): choose another table "
                 "(?table=NAME)"
             )
+        self._check_key_collations(cur)
         if added:
             columns = ", ".join(f"ADD COLUMN {self._column_def(c)}" for c in added)
             cur.execute(f"ALTER TABLE {_q(self.table_name)} {columns}")
             log.info(
                 "mariadb sink: added columns %s to %s", [c.name for c in added], self.table_name
+            )
+
+    def _check_key_collations(self, cur: Any) -> None:
+        """A text key column of an existing mirror must compare byte for byte, as SQLite's
+        BINARY collation does (types QA: a VARCHAR key in utf8mb4_general_ci merged 'A',
+        'a ' and 'a  ' into one row, silently): VARBINARY, or a NO PAD binary collation.
+        (The _bin collations are PAD SPACE: 'a' and 'a ' are one key there.)"""
+        cur.execute(
+            "SELECT COLUMN_NAME, COLUMN_TYPE, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (self.table_name,),
+        )
+        for name, column_type, collation in cur.fetchall():
+            name = str(name)
+            if name not in self.spec.key or self.spec.column(name).arrow != "string":
+                continue
+            kind = str(column_type).lower()
+            if collation is None and kind.startswith("varbinary"):
+                continue
+            if collation is not None and str(collation).lower().endswith("_nopad_bin"):
+                continue
+            compares = f"collation {collation}" if collation is not None else "zero padding"
+            raise SchemaMismatchError(
+                f"mariadb sink: key column {name} of {self._where} is {kind} with {compares}, "
+                "which takes keys that differ in letter case or trailing spaces (or "
+                "trailing zero bytes) for one row; SQLite compares text keys byte for byte: "
+                "make the column VARBINARY (as litecdc creates it) or give it a _nopad_bin "
+                "collation, or choose another table (?table=NAME)"
             )
 
     def _ensure_staging(self, cur: Any) -> None:

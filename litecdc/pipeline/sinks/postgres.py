@@ -314,6 +314,28 @@ class PostgresSink(Sink):
                 f"({', '.join(sorted(str(r[0]) for r in key)) or 'none'}), the source key is "
                 f"({', '.join(self.spec.key)}): choose another table (?table=NAME)"
             )
+        text_keys = [k for k in self.spec.key if self.spec.column(k).arrow == "string"]
+        if text_keys:
+            # a nondeterministic collation (ICU, deterministic = false) takes keys that
+            # differ in letter case or accents for one (types QA: the snapshot failed with
+            # "ON CONFLICT DO UPDATE command cannot affect row a second time"); SQLite
+            # compares text keys byte for byte, as every deterministic collation does
+            folding = conn.execute(
+                "SELECT a.attname, c.collname FROM pg_attribute a "
+                "JOIN pg_collation c ON c.oid = a.attcollation "
+                "WHERE a.attrelid = %s::regclass AND a.attname = ANY(%s) "
+                "AND NOT c.collisdeterministic",
+                (self._target().as_string(conn), text_keys),
+            ).fetchall()
+            if folding:
+                name, collation = folding[0]
+                raise SchemaMismatchError(
+                    f"postgresql sink: key column {name} of {self._where} has the "
+                    f"nondeterministic collation {collation}, which takes keys that differ "
+                    "in letter case or accents for one row; SQLite compares text keys byte "
+                    "for byte: give the column a deterministic collation (as litecdc creates "
+                    "it), or choose another table (?table=NAME)"
+                )
         for column in added:
             conn.execute(
                 sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(
