@@ -2003,6 +2003,17 @@ def test_delta_table_without_an_owner_record_is_judged_by_its_columns(
     open_tracked(opened, f"delta:{tmp_path}/old", SPEC, sub="sub")
     with pytest.raises(SchemaMismatchError, match="for subscription 'sub', not of"):
         open_sink(f"delta:{tmp_path}/old", SPEC, "another")
+    # refused for a column's type: not recorded as the refused subscription's (types QA:
+    # the next subscription to that path was refused as not its owner)
+    empty = SourceSim(SPEC).chunk(0, 1, 0)
+    where = empty.schema.get_field_index("n")
+    doubled = empty.set_column(where, "n", pa.array([], pa.float64()))
+    write_deltalake(str(tmp_path / "typed"), doubled)
+    with pytest.raises(SchemaMismatchError, match="column 'n' of .* the source has int64"):
+        open_sink(f"delta:{tmp_path}/typed", SPEC, "first")
+    assert not DeltaTable(str(tmp_path / "typed")).metadata().description
+    with pytest.raises(SchemaMismatchError, match="column 'n' of .* the source has int64"):
+        open_sink(f"delta:{tmp_path}/typed", SPEC, "second")  # the same reason, not an owner
 
 
 def test_delta_read_rows_does_not_create_a_missing_table(tmp_path: Path) -> None:

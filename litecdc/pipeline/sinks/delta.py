@@ -89,8 +89,16 @@ class DeltaSink(Sink):
                 )
                 log.info("delta sink: created table %s", self.path)
             table = DeltaTable(self.path)  # ours, or one another writer made meanwhile
+            self._check_owner(table, adopt=False)
+            missing = self._missing_columns(table)
+            # recorded as ours only once its columns passed (types QA: a table refused for
+            # a column's type kept the refused subscription's record, and refused the next)
             self._check_owner(table, adopt=True)
-            self._add_missing_columns(table)
+            if missing:
+                table.alter.add_columns(missing)
+                log.info(
+                    "delta sink: added columns %s to %s", [f.name for f in missing], self.path
+                )
         except _ERRORS as exc:
             raise SinkError(f"delta sink: cannot open or create {self.path}: {exc}") from exc
         self._table = table
@@ -139,7 +147,9 @@ class DeltaSink(Sink):
                 "it anew)"
             )
 
-    def _add_missing_columns(self, table: DeltaTable) -> None:
+    def _missing_columns(self, table: DeltaTable) -> list[Field]:
+        """The source's columns the table lacks; SchemaMismatchError when one it has is of
+        another type, or it has no cid column."""
         existing = {f.name: f for f in table.schema().fields}
         missing: list[Field] = []
         wanted = [*self.spec.columns]
@@ -159,9 +169,7 @@ class DeltaSink(Sink):
                 f"delta sink: {self.path} has no {CID_COLUMN} column: it is not a litecdc "
                 "mirror; choose another path"
             )
-        if missing:
-            table.alter.add_columns(missing)
-            log.info("delta sink: added columns %s to %s", [f.name for f in missing], self.path)
+        return missing
 
     def _dt(self) -> DeltaTable:
         if self._table is None:
