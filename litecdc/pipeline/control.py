@@ -19,7 +19,13 @@ from litecdc.errors import (
 )
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url, parse_parquet_url
-from litecdc.pipeline.sinks.registry import DeltaOptions, SqlOptions, mask_url, parse_sink_url
+from litecdc.pipeline.sinks.registry import (
+    DeltaOptions,
+    SqlOptions,
+    mask_url,
+    open_sink,
+    parse_sink_url,
+)
 from litecdc.pipeline.source_client import SourceClient, parse_urls
 
 log = logging.getLogger("litecdc.pipeline")
@@ -47,10 +53,7 @@ def subscribe(
     """Add a subscription after checking that the sink URL is valid, that no other
     subscription writes where it would (``sink_destination``), and that the source table
     exists (an unreachable source or unknown table is refused here, not at run time)."""
-    if is_parquet_url(sink):
-        parse_parquet_url(sink)
-    else:
-        parse_sink_url(sink)
+    parsed = parse_parquet_url(sink) if is_parquet_url(sink) else parse_sink_url(sink)
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     urls = parse_urls(sources)
     with _client(urls, opts) as client:
@@ -58,6 +61,13 @@ def subscribe(
     # a SQL sink's table defaults to the source table's name, as the node spells it
     others = [s for s in store.list_subscriptions(include_cancelled=True) if s.name != name]
     _check_own_destination(sink, info.spec.name, others)
+    if isinstance(parsed, SqlOptions):
+        # names the server cannot hold, refused now rather than at every run (types QA)
+        mirror = open_sink(sink, info.spec, name, prepare=False)  # (connects to nothing)
+        try:
+            mirror.check_names()
+        finally:
+            mirror.close()
     return store.add_subscription(
         name,
         table_name=info.spec.name,

@@ -14,7 +14,13 @@ import pytest
 from e2e.litecdc_node import Node
 from pipeline_proc import execute, wait_until_pruned_past
 
-from litecdc.errors import MetadataError, NotFoundError, SinkError, SourceError
+from litecdc.errors import (
+    MetadataError,
+    NotFoundError,
+    SchemaMismatchError,
+    SinkError,
+    SourceError,
+)
 from litecdc.pipeline import control
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 from litecdc.pipeline.source_client import SourceClient
@@ -152,6 +158,33 @@ def test_subscribe_refuses_a_table_with_a_column_named_as_the_pipelines_own(
     assert sorted(s.name for s in store.list_subscriptions()) == [
         "keyed", "reachable", "strict_key"
     ]  # fmt: skip
+
+
+def test_subscribe_refuses_names_a_sql_sink_cannot_hold_without_contacting_it(
+    node: Node, store: MetadataStore
+) -> None:
+    """Types QA: a MariaDB mirror of a table named with a character beyond U+FFFF was
+    accepted here and failed every run with MariaDB's 'Illegal mix of collations'. The
+    names are judged without a connection (nothing listens at these ports)."""
+    with node.client() as c:
+        execute(c, ['CREATE TABLE "tablé 🚀"(id INTEGER PRIMARY KEY, v)'])
+    with pytest.raises(SchemaMismatchError, match=r"table name 'tablé 🚀' holds '🚀'"):
+        control.subscribe(
+            store, name="my", sources=node.url, table="tablé 🚀", sink="mysql://u@127.0.0.1:9/db"
+        )
+    long_name = "t" * 64
+    with pytest.raises(SchemaMismatchError, match=r"table name 't{64}' is 64 bytes"):
+        control.subscribe(
+            store,
+            name="pg",
+            sources=node.url,
+            table="tablé 🚀",
+            sink=f"postgresql://u@127.0.0.1:9/db?table={long_name}",
+        )
+    assert store.list_subscriptions(include_cancelled=True) == []
+    control.subscribe(  # PostgreSQL takes it
+        store, name="pg", sources=node.url, table="tablé 🚀", sink="postgresql://u@127.0.0.1:9/db"
+    )
 
 
 def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(

@@ -529,6 +529,30 @@ def test_mariadb_refuses_an_existing_text_key_column_that_folds_case_or_spaces(
     assert sorted(sink.read_rows()["k"].to_pylist()) == ["A", "a", "a ", "a  "]
 
 
+def test_mariadb_refuses_names_it_cannot_hold_saying_why(
+    mariadb_url: str, opened: list[Sink]
+) -> None:
+    """Types QA: a name with a character beyond U+FFFF failed every retry, and verify, with
+    MariaDB's 'Illegal mix of collations …' (its identifiers are utf8mb3)."""
+    rocket = replace(SPEC, columns=(*SPEC.columns, Column("note 🚀", "TEXT", "string")))
+    for spec, table, says in [
+        (SPEC, "tablé 🚀", r"table name 'tablé 🚀' holds '🚀' \(U\+1F680\), beyond"),
+        (rocket, fresh_name(), r"column name 'note 🚀' holds '🚀' .*: rename it at the source"),
+        (SPEC, "t" * 65, "is 65 characters, more than the 64 it takes"),
+        (SPEC, "trailing ", "ends with a space"),
+    ]:
+        url = f"{mariadb_url}?table={quote(table)}"
+        with pytest.raises(SchemaMismatchError, match=says):
+            open_sink(url, spec, "sub")
+        sink = open_sink(url, spec, "sub", prepare=False)  # as `pipeline verify` opens it
+        try:
+            with pytest.raises(SchemaMismatchError, match=says):
+                sink.read_rows()
+        finally:
+            sink.close()
+    open_tracked(opened, f"{mariadb_url}?table={quote('tablé ' + 't' * 58)}", SPEC)  # 64: fine
+
+
 @contextlib.contextmanager
 def mariadb_max_packet(url: str, limit: int) -> Iterator[None]:
     """The server's max_allowed_packet set to ``limit`` for new connections, meanwhile."""
@@ -2009,10 +2033,10 @@ def test_delta_table_without_an_owner_record_is_judged_by_its_columns(
     where = empty.schema.get_field_index("n")
     doubled = empty.set_column(where, "n", pa.array([], pa.float64()))
     write_deltalake(str(tmp_path / "typed"), doubled)
-    with pytest.raises(SchemaMismatchError, match="column 'n' of .* the source has int64"):
+    with pytest.raises(SchemaMismatchError, match=r"column 'n' of .* the source has int64"):
         open_sink(f"delta:{tmp_path}/typed", SPEC, "first")
     assert not DeltaTable(str(tmp_path / "typed")).metadata().description
-    with pytest.raises(SchemaMismatchError, match="column 'n' of .* the source has int64"):
+    with pytest.raises(SchemaMismatchError, match=r"column 'n' of .* the source has int64"):
         open_sink(f"delta:{tmp_path}/typed", SPEC, "second")  # the same reason, not an owner
 
 

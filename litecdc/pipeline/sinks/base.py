@@ -171,6 +171,10 @@ class Sink(ABC):
         """The mirror's rows, table columns only (for ``pipeline verify``)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no rows to compare")
 
+    def check_names(self) -> None:  # noqa: B027 - sinks that take any name
+        """SchemaMismatchError when the destination cannot hold a name of the table or its
+        columns as they are (without contacting it: ``subscribe`` asks too)."""
+
     def evolve(self, spec: TableSpec) -> None:
         """The source table gained columns: take the new description (``prepare`` again)."""
         self.spec = spec

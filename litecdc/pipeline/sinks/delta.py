@@ -96,9 +96,7 @@ class DeltaSink(Sink):
             self._check_owner(table, adopt=True)
             if missing:
                 table.alter.add_columns(missing)
-                log.info(
-                    "delta sink: added columns %s to %s", [f.name for f in missing], self.path
-                )
+                log.info("delta sink: added columns %s to %s", [f.name for f in missing], self.path)
         except _ERRORS as exc:
             raise SinkError(f"delta sink: cannot open or create {self.path}: {exc}") from exc
         self._table = table

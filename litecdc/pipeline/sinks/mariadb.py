@@ -72,6 +72,7 @@ ACCEPTED_TYPES = {
     "binary": {"longblob", "mediumblob", "blob", "varbinary"},
 }
 KEY_BYTES = 3072  # InnoDB's limit on an index key (DYNAMIC rows, the default)
+MAX_IDENTIFIER_CHARS = 64  # MariaDB's longest table or column name
 #: error codes from here on are the client's (CR_*: could not connect, lost the
 #: connection, timed out); below, the server answered with them (ER_*)
 _CLIENT_ERRORS = 2000
@@ -283,7 +284,33 @@ class MariaDBSink(Sink):
             )
         return limits
 
+    def check_names(self) -> None:
+        """What MariaDB cannot name (types QA: a character beyond U+FFFF failed every
+        retry with 'Illegal mix of collations …'): its identifiers are utf8mb3 — at most
+        64 characters of the Basic Multilingual Plane, none ending in a space."""
+        names = [
+            ("table", self.table_name, "choose another (?table=NAME)"),
+            *(("column", c.name, "rename it at the source") for c in self.spec.columns),
+        ]
+        for kind, name, remedy in names:
+            problem = None
+            astral = next((ch for ch in name if ord(ch) > 0xFFFF), None)
+            if astral is not None:
+                problem = f"holds {astral!r} (U+{ord(astral):X}), beyond the characters it takes"
+            elif len(name) > MAX_IDENTIFIER_CHARS:
+                problem = (
+                    f"is {len(name)} characters, more than the {MAX_IDENTIFIER_CHARS} it takes"
+                )
+            elif name.endswith(" "):
+                problem = "ends with a space, which it does not take"
+            if problem is not None:
+                raise SchemaMismatchError(
+                    f"mariadb sink: {self._where}: {kind} name {name!r} {problem} in a name: "
+                    f"{remedy}"
+                )
+
     def prepare(self) -> None:
+        self.check_names()
         conn = self._connect()
         try:
             with conn.cursor() as cur:
@@ -676,6 +703,7 @@ class MariaDBSink(Sink):
         return int(row[0]) if row else 0
 
     def read_rows(self) -> pa.Table:
+        self.check_names()  # (no such mirror can exist: say why, not MariaDB's words)
         conn = self._connect()
         names = self.spec.column_names
         try:

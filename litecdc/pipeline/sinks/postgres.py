@@ -182,7 +182,7 @@ class PostgresSink(Sink):
             )
         return SinkError(f"postgresql sink: {doing} {self._where} failed: {self._scrub(exc)}")
 
-    def _check_name_lengths(self) -> None:
+    def check_names(self) -> None:
         """PostgreSQL cuts a longer identifier to its first 63 bytes, with a notice only:
         two columns alike in those became one (QA: a column added later was skipped by ADD
         COLUMN IF NOT EXISTS, then every write failed with 'specified more than once')."""
@@ -218,7 +218,7 @@ class PostgresSink(Sink):
     # -- set-up -----------------------------------------------------------------------
 
     def prepare(self) -> None:
-        self._check_name_lengths()
+        self.check_names()
         conn = self._connect()
         try:
             with conn.transaction():
