@@ -62,16 +62,23 @@ from litecdc.wire import (
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 
 
+#: declared type names (upper case, in part) of NUMERIC affinity that hold numbers
+_NUMERIC_NAMES = ("NUM", "DEC", "MONEY", "CURRENCY")
+
+
 def arrow_type_name(declared: str, *, strict: bool = False) -> str:
     """The Arrow type a column of SQLite declared type ``declared`` is mirrored as.
 
     SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
     BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
     BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
-    functions), anything else (NUMERIC, DECIMAL…) → float64. A column with no declared
-    type can hold anything; it is mirrored as text (numbers written out exactly), and so
-    is a STRICT table's ``ANY`` column, which has no affinity either (elsewhere ``ANY``
-    has NUMERIC affinity, QA: a STRICT table's was mirrored as float64).
+    functions), the numeric names (NUMERIC, DECIMAL, NUMBER, MONEY…) → float64, and any
+    other name (JSON, UUID, STRING…: NUMERIC affinity too, but such columns hold text —
+    types QA: a JSON column's every value stopped its subscription) → string, as a
+    column with no declared type, which can hold anything, is: text, numbers written out
+    exactly. So is a STRICT table's ``ANY`` column, which has no affinity either
+    (elsewhere ``ANY`` has NUMERIC affinity, QA: a STRICT table's was mirrored as
+    float64).
     """
     t = declared.upper()
     if strict and t == "ANY":
@@ -90,7 +97,9 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
         return "int64"
     if "DATE" in t or "TIME" in t:
         return "string"
-    return "float64"
+    if any(word in t for word in _NUMERIC_NAMES):
+        return "float64"
+    return "string"
 
 
 @dataclass(frozen=True)
