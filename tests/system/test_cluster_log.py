@@ -26,8 +26,6 @@ from litecdc.cluster import (
     log_prefix,
 )
 from litecdc.config import NodeConfig
-from litecdc.db import engine as engine_module
-from litecdc.db.engine import Engine
 from litecdc.errors import RequestError
 from litecdc.journal.journal import Mode
 from litecdc.results import LogEntry
@@ -217,23 +215,13 @@ def test_the_apply_loop_resumes_inside_a_group_commit_after_a_restart(
 
 
 def test_an_entry_stopped_at_the_step_limit_in_a_group_commit_runs_once_per_node(
-    log: Fixture, monkeypatch: pytest.MonkeyPatch
+    log: Fixture, step_limit_stops: list[bool]
 ) -> None:
     """SQLite ends the transaction of a write stopped at the step limit (~100 s of work):
     inside a batch of entries that ended the batch, and the apply loop's fallback ran the
     statement a second time on every node. It now runs once; the entries around it apply
     as before (lowered here to a million steps)."""
-    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", 100)
-    stopped: list[bool] = []
-    real = Engine._write_limit_reached
-
-    def counted(self: Engine) -> bool:
-        reached = real(self)
-        if reached:
-            stopped.append(True)
-        return reached
-
-    monkeypatch.setattr(Engine, "_write_limit_reached", counted)
+    stopped = step_limit_stops
     log.submit([S("CREATE TABLE e(v)")])
     log.appender.close_leadership("the test appends by hand")
     endless = (

@@ -10,7 +10,7 @@ import pytest
 from litecdc import JournalEntry, Mode, NodeConfig, Statement, Store
 from litecdc.db import engine as engine_module
 from litecdc.db.access import Access, AccessCache
-from litecdc.db.engine import WRITE_LIMIT_ERROR, Engine
+from litecdc.db.engine import WRITE_LIMIT_ERROR
 from litecdc.errors import (
     ConfigError,
     DuplicateCidError,
@@ -623,23 +623,13 @@ def test_an_entry_whose_repeated_statement_ends_the_transaction_fails_alike(
 
 
 def test_an_entry_stopped_at_the_step_limit_in_a_batch_runs_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, step_limit_stops: list[bool]
 ) -> None:
     """Review of the apply loop: SQLite ends the transaction of an interrupted write, so a
     statement stopped at the write step limit (~100 s of work) ended its batch, and the
     fallback ran it again. BatchEnded carries its outcome: it runs once, and what it
     answers is what running it alone answers."""
-    monkeypatch.setattr(engine_module, "_WRITE_LIMIT_CHECKS", 100)
-    stopped: list[bool] = []
-    real = Engine._write_limit_reached
-
-    def counted(self: Engine) -> bool:
-        reached = real(self)
-        if reached:
-            stopped.append(True)
-        return reached
-
-    monkeypatch.setattr(Engine, "_write_limit_reached", counted)
+    stopped = step_limit_stops
     leader, single, batched = (Store(NodeConfig(data_dir=tmp_path / n)) for n in "lsb")
     leader.journal.set_mode(Mode.LEADER)
     for node in (single, batched):
@@ -964,7 +954,6 @@ def test_an_entry_interrupted_from_outside_is_not_recorded_as_failed(tmp_path: P
     and the check's ROLLBACK TO then failed with "no such savepoint" — taken for the
     statement's own error, the entry was recorded empty on this replica alone. (The
     interrupt is injected at that statement: the race cannot be timed in a test.)"""
-    from litecdc.db import engine as engine_module
     from litecdc.results import LogEntry
 
     store = Store(NodeConfig(data_dir=tmp_path / "n"))
