@@ -176,8 +176,8 @@ def _bindable(sql: str, params: Any) -> Any:
 
 #: a VACUUM statement in a text (at its start or after a ``;``, past blanks and comments;
 #: only asked once SQLite refused an ATTACH, which VACUUM runs)
-_VACUUM = re.compile(
-    r"(?:^|;)(?:\s+|--[^\n]*(?:\n|$)|/\*(?:[^*]|\*(?!/))*\*/)*vacuum\b", re.IGNORECASE
+_VACUUM = re.compile(  # (each alternative starts with its own character: linear time)
+    r"(?:^|;)(?:\s|--[^\n]*(?:\n|$)|/\*(?:[^*]|\*(?!/))*\*/)*vacuum\b", re.IGNORECASE
 )
 #: SQLite's words for a VACUUM inside a transaction, which every write is
 _VACUUM_IN_TRANSACTION = "cannot VACUUM from within a transaction"
@@ -815,7 +815,11 @@ class Engine:
                 index, count = 0, len(statements)
                 while index < count:
                     statement = statements[index]
-                    if transaction:
+                    if transaction and statement.params:
+                        # (runs of one statement WITH parameters only: a text without
+                        # them — every log entry's, a replay's — runs singly, prepared
+                        # afresh, so the step limit's checks fall alike on every replica;
+                        # one executemany carries their phase from run to run: review)
                         end = index + 1
                         while end < count and statements[end].sql == statement.sql:
                             end += 1

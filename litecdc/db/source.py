@@ -30,6 +30,7 @@ of one key come in rowid order, and a page never ends inside such a run of rows.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,8 +63,8 @@ from litecdc.wire import (
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 
 
-#: declared type names (upper case, in part) of NUMERIC affinity that hold numbers
-_NUMERIC_NAMES = ("NUM", "DEC", "MONEY", "CURRENCY")
+#: words of declared types of NUMERIC affinity whose columns hold text in practice
+_TEXT_WORDS = frozenset({"JSON", "JSONB", "UUID", "GUID", "STRING", "ENUM", "XML", "ANY"})
 
 
 def arrow_type_name(declared: str, *, strict: bool = False) -> str:
@@ -72,13 +73,12 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
     SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
     BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
     BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
-    functions), the numeric names (NUMERIC, DECIMAL, NUMBER, MONEY…) → float64, and any
-    other name (JSON, UUID, STRING…: NUMERIC affinity too, but such columns hold text —
-    types QA: a JSON column's every value stopped its subscription) → string, as a
-    column with no declared type, which can hold anything, is: text, numbers written out
-    exactly. So is a STRICT table's ``ANY`` column, which has no affinity either
-    (elsewhere ``ANY`` has NUMERIC affinity, QA: a STRICT table's was mirrored as
-    float64).
+    functions), the names of text kinds (JSON, UUID, STRING, ENUM, XML, ANY…: NUMERIC
+    affinity too, but such columns hold text — types QA: a JSON column's every value
+    stopped its subscription) → string, anything else (NUMERIC, DECIMAL…) → float64.
+    A column with no declared type can hold anything; it is mirrored as text (numbers
+    written out exactly), and so is a STRICT table's ``ANY`` column, which has no
+    affinity either (QA: it was mirrored as float64).
     """
     t = declared.upper()
     if strict and t == "ANY":
@@ -97,9 +97,9 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
         return "int64"
     if "DATE" in t or "TIME" in t:
         return "string"
-    if any(word in t for word in _NUMERIC_NAMES):
-        return "float64"
-    return "string"
+    if _TEXT_WORDS.intersection(re.findall(r"[A-Z]+", t)):
+        return "string"
+    return "float64"
 
 
 @dataclass(frozen=True)

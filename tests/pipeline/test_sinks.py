@@ -505,7 +505,7 @@ def test_mariadb_refuses_an_existing_text_key_column_that_folds_case_or_spaces(
         host=parts.hostname, port=parts.port, user="root", password="", database=parts.path[1:]
     )
     tables = {collation: fresh_name() for collation in ("utf8mb4_general_ci", "utf8mb4_bin")}
-    fine = fresh_name()
+    fine, prefix = fresh_name(), fresh_name()
     try:
         with conn.cursor() as cur:
             for collation, table in [*tables.items(), ("utf8mb4_nopad_bin", fine)]:
@@ -513,8 +513,17 @@ def test_mariadb_refuses_an_existing_text_key_column_that_folds_case_or_spaces(
                     f"CREATE TABLE `{table}` (k VARCHAR(700) COLLATE {collation} NOT NULL "
                     "PRIMARY KEY, v BIGINT, _litecdc_cid BIGINT NOT NULL) CHARSET utf8mb4"
                 )
+            # (review) a key on the first 3 bytes: 'abcd' and 'abce' would be one row
+            cur.execute(
+                f"CREATE TABLE `{prefix}` (k VARBINARY(700) NOT NULL, v BIGINT, "
+                "_litecdc_cid BIGINT NOT NULL, PRIMARY KEY (k(3)))"
+            )
     finally:
         conn.close()
+    with pytest.raises(
+        SchemaMismatchError, match=r"holds only the first 3 characters or bytes of column k"
+    ):
+        open_tracked(opened, f"{mariadb_url}?table={prefix}", spec)
     for collation, table in tables.items():
         with pytest.raises(
             SchemaMismatchError,

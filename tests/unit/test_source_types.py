@@ -15,9 +15,11 @@ from litecdc.db.source import arrow_type_name
         ("BLOB", "binary"), ("REAL", "float64"), ("DOUBLE PRECISION", "float64"),
         ("BOOLEAN", "int64"), ("DATETIME", "string"), ("", "string"),
         ("NUMERIC", "float64"), ("DECIMAL(10,2)", "float64"), ("NUMBER", "float64"),
-        ("MONEY", "float64"),
+        ("MONEY", "float64"), ("SERIAL", "float64"), ("YEAR", "float64"),
+        ("COMPANY", "float64"),  # (words, not parts of them)
         # NUMERIC affinity, but text in practice (types QA): as an untyped column
-        ("JSON", "string"), ("UUID", "string"), ("STRING", "string"), ("ANY", "string"),
+        ("JSON", "string"), ("jsonb", "string"), ("UUID", "string"), ("STRING", "string"),
+        ("ANY", "string"), ("ENUM('a','b')", "string"), ("XML", "string"),
     ],
 )  # fmt: skip
 def test_declared_types_map_to_arrow_types(declared: str, arrow: str) -> None:

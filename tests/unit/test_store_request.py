@@ -395,3 +395,12 @@ def test_a_batched_statement_that_ends_the_transaction_fails_the_request(
     assert store.journal.last_cid() == last
     assert store.query([S("SELECT v FROM t"), S("SELECT count(*) FROM e")])[0].rows == [(1,)]
     assert store.execute([S(q, (5,))]).cid == last + 1  # the writer goes on
+
+
+def test_the_vacuum_check_takes_linear_time_on_long_blank_runs(store: Store) -> None:
+    """Review: a pattern nesting ``\\s+`` in a repetition took exponential time on a run of
+    blanks not followed by VACUUM (checked whenever a query's ATTACH was refused), and
+    held the whole process meanwhile. Here it must answer at once (pytest-timeout guards)."""
+    sql = "ATTACH 'x' AS y;" + " " * 5000 + "x"
+    assert store.query([S(sql)])[0].error == "ATTACH and DETACH are not allowed"
+    assert store.query([S(";" + " \n" * 3000 + "/* c */ VACUUM")])[0].error == VACUUM_REFUSED

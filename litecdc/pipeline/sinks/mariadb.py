@@ -73,6 +73,8 @@ ACCEPTED_TYPES = {
 }
 KEY_BYTES = 3072  # InnoDB's limit on an index key (DYNAMIC rows, the default)
 MAX_IDENTIFIER_CHARS = 64  # MariaDB's longest table or column name
+#: collation names that compare byte for byte without padding (MariaDB's, MySQL 8's)
+_NO_PAD_BINARY = ("_nopad_bin", "_0900_bin")
 #: error codes from here on are the client's (CR_*: could not connect, lost the
 #: connection, timed out); below, the server answered with them (ER_*)
 _CLIENT_ERRORS = 2000
@@ -410,15 +412,31 @@ class MariaDBSink(Sink):
             kind = str(column_type).lower()
             if collation is None and kind.startswith("varbinary"):
                 continue
-            if collation is not None and str(collation).lower().endswith("_nopad_bin"):
+            if collation is not None and str(collation).lower().endswith(_NO_PAD_BINARY):
                 continue
             compares = f"collation {collation}" if collation is not None else "zero padding"
             raise SchemaMismatchError(
                 f"mariadb sink: key column {name} of {self._where} is {kind} with {compares}, "
                 "which takes keys that differ in letter case or trailing spaces (or "
                 "trailing zero bytes) for one row; SQLite compares text keys byte for byte: "
-                "make the column VARBINARY (as litecdc creates it) or give it a _nopad_bin "
-                "collation, or choose another table (?table=NAME)"
+                "make the column VARBINARY (as litecdc creates it) or give it a NO PAD binary "
+                "collation (utf8mb4_nopad_bin; MySQL: utf8mb4_0900_bin), or choose another "
+                "table (?table=NAME)"
+            )
+        # a key on a prefix of a column takes keys alike in that prefix for one (review)
+        cur.execute(
+            "SELECT COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS WHERE "
+            "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' "
+            "AND SUB_PART IS NOT NULL",
+            (self.table_name,),
+        )
+        prefixed = cur.fetchall()
+        if prefixed:
+            name, length = prefixed[0]
+            raise SchemaMismatchError(
+                f"mariadb sink: the primary key of {self._where} holds only the first "
+                f"{length} characters or bytes of column {name}: keys alike in those would "
+                "be one row; key the whole column, or choose another table (?table=NAME)"
             )
 
     def _ensure_staging(self, cur: Any) -> None:
