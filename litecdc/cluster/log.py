@@ -913,10 +913,34 @@ class ApplyLoop:
         self._apply_ready(ready)
 
     def _apply_ready(self, ready: list[tuple[KeyValue, LogEntry]]) -> None:
+        while ready:  # (a loop: a catch-up may hold a thousand such entries — cluster QA)
+            ended = self._apply_until_ended(ready)
+            if ended is None:
+                return
+            # an entry's statement ended the SQLite transaction: the entries before it
+            # again, then its failure as found (not run twice: a statement stopped at the
+            # write step limit takes ~100 s), then the rest
+            index, outcome = ended
+            if self._apply_until_ended(ready[:index]) is not None:
+                for kv, entry in ready[:index]:  # (cannot happen: they ran fine before it)
+                    self._apply_one(kv, entry)
+            kv, entry = ready[index]
+            self._applied(
+                kv,
+                entry,
+                self.journal.record_failed_entry(entry, outcome, revision=kv.mod_revision),
+            )
+            ready = ready[index + 1 :]
+
+    def _apply_until_ended(
+        self, ready: list[tuple[KeyValue, LogEntry]]
+    ) -> tuple[int, WriteOutcome] | None:
+        """Apply ``ready`` as one batch (or one by one); None when all were applied, else
+        the index and outcome of the entry that ended the batch, nothing of it applied."""
         if len(ready) < 2:
             for kv, entry in ready:
                 self._apply_one(kv, entry)
-            return
+            return None
         try:
             outcomes = self.journal.apply_log_entries(
                 [entry for _, entry in ready], revision=ready[-1][0].mod_revision
@@ -924,25 +948,14 @@ class ApplyLoop:
         except (DuplicateCidError, SnapshotUnavailableError):
             outcomes = None
         if isinstance(outcomes, BatchEnded):
-            # an entry's statement ended the SQLite transaction: the entries before it
-            # again, then its failure as found (not run twice: a statement stopped at
-            # the write step limit takes ~100 s), then the rest
-            ended = outcomes.index
-            self._apply_ready(ready[:ended])
-            kv, entry = ready[ended]
-            self._applied(
-                kv,
-                entry,
-                self.journal.record_failed_entry(entry, outcomes.outcome, revision=kv.mod_revision),
-            )
-            self._apply_ready(ready[ended + 1 :])
-            return
+            return outcomes.index, outcomes.outcome
         if outcomes is None:  # not applicable as a batch: one by one
             for kv, entry in ready:
                 self._apply_one(kv, entry)
-            return
+            return None
         for (kv, entry), outcome in zip(ready, outcomes, strict=True):
             self._applied(kv, entry, outcome)
+        return None
 
     def _apply(self, kv: KeyValue) -> None:
         if self.diverged is not None:

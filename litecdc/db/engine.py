@@ -379,6 +379,11 @@ class Engine:
         self._access_cache = AccessCache()
         #: whether sqlite_sequence exists (some table has AUTOINCREMENT); None: not known
         self._has_sequence: bool | None = None
+        #: counts schema changes; a reader connection prepared under an older count is
+        #: replaced (_reader): APSW keeps a cached statement's columns as first prepared,
+        #: so a SELECT * after ALTER TABLE named the old columns (cluster QA: a 500 too)
+        self._schema_generation = 0
+        self._schema_dirty = False  # a schema change not yet committed
         #: _random_views' answer until the schema changes; None: not known
         self._random_views_cache: frozenset[str] | None = None
         #: a statement of the open transaction ran ANALYZE: a rollback must reload the
@@ -410,7 +415,15 @@ class Engine:
     # -- connections ------------------------------------------------------------------
     def _reader(self) -> apsw.Connection:
         conn: apsw.Connection | None = getattr(self._readers, "conn", None)
+        generation = self._schema_generation
+        if conn is not None and self._readers.generation != generation and not conn.in_transaction:
+            # its cached statements may describe columns the schema no longer has
+            with self._reader_lock:
+                self._reader_list.remove(conn)
+            conn.close()
+            conn = None
         if conn is None:
+            self._readers.generation = generation
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
             conn.set_busy_timeout(BUSY_TIMEOUT_MS)
             if self._foreign_keys:
@@ -579,6 +592,9 @@ class Engine:
         return self._write_checks is not None and self._write_checks > _WRITE_LIMIT_CHECKS
 
     def _schema_changed(self) -> None:
+        # (bumped now and again at the next COMMIT: readers see a schema once it commits)
+        self._schema_generation += 1
+        self._schema_dirty = True
         self._buffer.shapes.clear()
         self._access_cache.clear()
         self._has_sequence = None
@@ -1017,7 +1033,16 @@ class Engine:
     def _commit(self) -> None:
         self._analyzed = False
         self._internal(self._entry_end("RELEASE litecdc_entry") if self._nested else "COMMIT")
-        if not self._nested and self._checkpointer is not None:
+        if not self._nested:
+            self._committed()
+
+    def _committed(self) -> None:
+        """After a COMMIT: a committed schema change makes readers drop the statements they
+        prepared (see _reader); the background checkpointer may take its turn."""
+        if self._schema_dirty:
+            self._schema_dirty = False
+            self._schema_generation += 1
+        if self._checkpointer is not None:
             self._checkpointer.after_commit()
 
     def _rollback(self) -> None:
@@ -1083,8 +1108,7 @@ class Engine:
                         self._buffer.clear()
                 self._nested = False
                 self._internal("COMMIT")
-                if self._checkpointer is not None:
-                    self._checkpointer.after_commit()
+                self._committed()
                 return done
             except _BatchRolledBack:
                 self._schema_changed()
@@ -1422,8 +1446,7 @@ class Engine:
                 self._append(entry, access)
                 self._internal("COMMIT")
                 ok = True
-                if self._checkpointer is not None:
-                    self._checkpointer.after_commit()
+                self._committed()
             except ENVIRONMENTAL_ERRORS:
                 # this node's disk, memory or file, not the entry: recording it empty would
                 # make this replica differ; the caller gets the error and may try again
@@ -1757,7 +1780,13 @@ class Engine:
         refusals = self._readers.authorizer
         refusals.reason = None
         try:
-            last.run(conn.cursor(), statement.sql, _bindable(statement.sql, statement.params))
+            params = _bindable(statement.sql, statement.params)
+            last.run(conn.cursor(), statement.sql, params)
+            if self._schema_generation != self._readers.generation:
+                # a schema change committed meanwhile: the statement, taken from the cache,
+                # may have been described before SQLite prepared it again (see _reader)
+                last = _LastResult()
+                last.run(conn.cursor(), statement.sql, params, can_cache=False)
         except apsw.InterruptError:
             return StatementResult(
                 error=(limit.reason() if limit is not None else None) or QUERY_TIMEOUT,

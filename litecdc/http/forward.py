@@ -137,7 +137,7 @@ class LeaderForwarder:
                 # (the connection dropped): nothing to apply twice, the client may ask again
                 return Response(
                     f"forwarded to the leader at {leader}, which did not answer "
-                    f"({exc.__class__.__name__}: {exc}); a read changes nothing: try again\n",
+                    f"({_named(exc)}); a read changes nothing: try again\n",
                     status_code=503,
                     media_type="text/plain; charset=utf-8",
                     headers={"Retry-After": "1"},
@@ -146,7 +146,7 @@ class LeaderForwarder:
                 # the leader may have received it: a retry could apply the write twice
                 return Response(
                     f"forwarded to the leader at {leader}, which did not answer "
-                    f"({exc.__class__.__name__}: {exc}); the write may have been applied: "
+                    f"({_named(exc)}); the write may have been applied: "
                     "check before retrying\n",
                     status_code=504,
                     media_type="text/plain; charset=utf-8",
@@ -218,7 +218,7 @@ class LeaderForwarder:
         while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
-            return f"{who} does not answer ({type(exc).__name__}: {exc})"
+            return f"{who} does not answer ({_named(exc)})"
         if cause.verify_code == _HOSTNAME_MISMATCH:
             fix = "its certificate must name the host of the node's --advertise-url"
         elif self._ca_cert is None:
@@ -241,3 +241,10 @@ def _is_read(request: Request) -> bool:
     """Whether a forwarded request only reads (a query, or any GET: a backup), so that
     asking again is always safe; a /db/request may write, and is counted as a write."""
     return request.method == "GET" or request.url.path.startswith("/db/query")
+
+
+def _named(exc: Exception) -> str:
+    """The exception's type and its words, when it has any (httpx's ReadError may not:
+    a message read "(ReadError: )" — cluster QA)."""
+    words = str(exc).strip()
+    return f"{exc.__class__.__name__}: {words}" if words else exc.__class__.__name__

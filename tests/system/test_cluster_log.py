@@ -248,6 +248,40 @@ def test_an_entry_stopped_at_the_step_limit_in_a_group_commit_runs_once_per_node
     assert log.leader.journal_page(0, 100) == log.follower.journal_page(0, 100)
 
 
+def test_a_catch_up_through_a_thousand_entries_that_end_their_batch_does_not_recurse(
+    log: Fixture, tmp_path: Path
+) -> None:
+    """Cluster QA: each entry whose statement ended the batch's transaction took one more
+    level of recursion in the apply loop; a follower catching up through ~1,000 of them in
+    one watch response hit Python's recursion limit, stalling again and again."""
+    log.submit([S("CREATE TABLE u(v UNIQUE ON CONFLICT ROLLBACK)")])
+    log.submit([S("INSERT INTO u VALUES(0)")])
+    log.appender.close_leadership("the test appends by hand")
+    collide = [S("INSERT INTO u VALUES(0)")]  # ends its transaction, every time
+    entries = [
+        log.leader.journal.prepare_entry(
+            [S(f"INSERT INTO u VALUES({i})")] if i % 50 == 0 else collide
+        )
+        for i in range(1, 1201)
+    ]
+    for start in range(0, len(entries), 120):  # (etcd takes 128 operations a txn)
+        chunk = entries[start : start + 120]
+        log.client.txn([], [Put(log_key(log.cluster, e.cid), e.encode()) for e in chunk])
+    last = entries[-1].cid
+    wait_for(lambda: log.leader.journal.last_cid() == last, 60)
+    late = Store(NodeConfig(data_dir=tmp_path / "late"))
+    late.journal.set_mode(Mode.FOLLOWER)
+    loop = ApplyLoop(log.client, late.journal, log.cluster).start()
+    try:
+        wait_for(lambda: late.journal.last_cid() == last or loop.last_error is not None, 120)
+        assert loop.last_error is None
+        assert late.journal_page(0, 2000) == log.leader.journal_page(0, 2000)
+        assert late.query([S("SELECT count(*) FROM u")])[0].rows == [(25,)]
+    finally:
+        loop.close()
+        late.close()
+
+
 def test_a_compacted_position_is_reported_as_needing_a_snapshot(tmp_path: Path) -> None:
     with (
         EtcdCluster(tmp_path / "etcd", size=1) as etcd,

@@ -133,6 +133,8 @@ async def test_an_idle_connection_to_the_leader_is_dropped_before_the_leader_dro
         ("POST", "/db/execute", httpx.ConnectTimeout("timed out"), 503, "forwarding"),
         # reached it, no answer: a write may have been applied, a read changed nothing
         ("POST", "/db/execute", httpx.ReadError("reset"), 504, "may have been applied"),
+        # (an error without words is named alone, not "(ReadError: )": cluster QA)
+        ("POST", "/db/execute", httpx.ReadError(""), 504, "did not answer (ReadError); the"),
         ("GET", "/db/query", httpx.ReadError("reset"), 503, "a read changes nothing"),
         ("POST", "/db/query", httpx.RemoteProtocolError("closed"), 503, "try again"),
         # a read that outlived the forwarder's timeout may still run: no invitation to

@@ -9,7 +9,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from litecdc import Statement, Store
+from litecdc import Mode, NodeConfig, Statement, Store
 from litecdc.db import engine as engine_module
 from litecdc.db.access import WAL_CHECKPOINT_REFUSED
 from litecdc.db.engine import VACUUM_REFUSED, WRITE_LIMIT_ERROR
@@ -404,3 +404,42 @@ def test_the_vacuum_check_takes_linear_time_on_long_blank_runs(store: Store) -> 
     sql = "ATTACH 'x' AS y;" + " " * 5000 + "x"
     assert store.query([S(sql)])[0].error == "ATTACH and DETACH are not allowed"
     assert store.query([S(";" + " \n" * 3000 + "/* c */ VACUUM")])[0].error == VACUUM_REFUSED
+
+
+def test_a_query_after_a_schema_change_describes_the_columns_as_they_are(
+    store: Store, tmp_path: Path
+) -> None:
+    """Cluster QA: APSW keeps a cached statement's columns as first prepared, so after
+    ALTER TABLE a repeated SELECT * named the old columns next to the new values (and an
+    associative answer failed with a 500) — on a follower applying the log too."""
+    follower = Store(NodeConfig(data_dir=tmp_path / "follower"))
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    leader.journal.set_mode(Mode.LEADER)
+    follower.journal.set_mode(Mode.FOLLOWER)
+
+    def write(statements: list[Statement]) -> None:
+        store.execute(statements)
+        entry = leader.journal.prepare_entry(statements)
+        follower.journal.apply_log_entry(entry, revision=entry.cid)
+
+    write(
+        [
+            S("CREATE TABLE zz(id INTEGER PRIMARY KEY, a, b)"),
+            S("INSERT INTO zz VALUES(1, 'A', 'B')"),
+        ]
+    )
+    every, none = S("SELECT * FROM zz"), S("SELECT * FROM zz WHERE id = 5")
+    for node in (store, follower):
+        assert [r.columns for r in node.query([every, none])] == [["id", "a", "b"]] * 2
+    steps = [
+        ("ALTER TABLE zz DROP COLUMN a", ["id", "b"], [(1, "B")]),
+        ("ALTER TABLE zz RENAME COLUMN b TO c", ["id", "c"], [(1, "B")]),
+        ("ALTER TABLE zz ADD COLUMN d DEFAULT 7", ["id", "c", "d"], [(1, "B", 7)]),
+    ]
+    for ddl, columns, rows in steps:
+        write([S(ddl)])
+        for node in (store, follower):
+            got, empty = node.query([every, none])
+            assert (got.columns, got.rows, empty.columns) == (columns, rows, columns)
+    leader.close()
+    follower.close()
