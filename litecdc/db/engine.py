@@ -235,6 +235,9 @@ WRITE_LIMIT_ERROR = (
 )
 
 
+#: how many texts of statements returning rows the writer remembers (never cached)
+_RETURNS_ROWS_KEPT = 10_000
+
 #: seconds close() waits for an interrupted reader to stop before leaving it open
 CLOSE_WAIT_S = 5.0
 
@@ -384,6 +387,8 @@ class Engine:
         #: so a SELECT * after ALTER TABLE named the old columns (cluster QA: a 500 too)
         self._schema_generation = 0
         self._schema_dirty = False  # a schema change not yet committed
+        #: texts of writes' statements that return rows: the writer never caches them
+        self._returns_rows: set[str] = set()
         #: _random_views' answer until the schema changes; None: not known
         self._random_views_cache: frozenset[str] | None = None
         #: a statement of the open transaction ran ANALYZE: a rollback must reload the
@@ -1214,8 +1219,16 @@ class Engine:
                     # SQLite's progress checks fall on the same steps on every replica
                     # (a cached statement's phase follows its earlier runs; see
                     # WRITE_STEP_LIMIT)
-                    cache = not recording and bool(statement.params)
+                    # (nor one that returns rows: a cached statement is described as
+                    # first prepared until it runs again — its columns before an ALTER)
+                    cache = (
+                        not recording
+                        and bool(statement.params)
+                        and statement.sql not in self._returns_rows
+                    )
                     last.run(writer.cursor(), statement.sql, params, can_cache=cache)
+                    if last.description and len(self._returns_rows) < _RETURNS_ROWS_KEPT:
+                        self._returns_rows.add(statement.sql)
             finally:
                 limited = self._write_limit_reached()
                 self._write_checks = None

@@ -436,10 +436,17 @@ def test_a_query_after_a_schema_change_describes_the_columns_as_they_are(
         ("ALTER TABLE zz RENAME COLUMN b TO c", ["id", "c"], [(1, "B")]),
         ("ALTER TABLE zz ADD COLUMN d DEFAULT 7", ["id", "c", "d"], [(1, "B", 7)]),
     ]
-    for ddl, columns, rows in steps:
+    # a write's SELECT with parameters, as a /db/request runs it (the writer's cache)
+    lookup = S("SELECT * FROM zz WHERE id = ?", (1,))
+    for i in range(3):
+        store.request([lookup, S("INSERT INTO zz(id) VALUES(?)", (10 + i,))])
+    for i, (ddl, columns, rows) in enumerate(steps):
         write([S(ddl)])
         for node in (store, follower):
             got, empty = node.query([every, none])
-            assert (got.columns, got.rows, empty.columns) == (columns, rows, columns)
+            assert (got.columns, got.rows[:1], empty.columns) == (columns, rows, columns)
+        for j in range(2):
+            out = store.request([lookup, S("INSERT INTO zz(id) VALUES(?)", (20 + 2 * i + j,))])
+            assert (out.results[0].columns, out.results[0].rows) == (columns, rows)
     leader.close()
     follower.close()
