@@ -174,11 +174,6 @@ def _bindable(sql: str, params: Any) -> Any:
     return params
 
 
-#: a VACUUM statement in a text (at its start or after a ``;``, past blanks and comments;
-#: only asked once SQLite refused an ATTACH, which VACUUM runs)
-_VACUUM = re.compile(  # (each alternative starts with its own character: linear time)
-    r"(?:^|;)(?:\s|--[^\n]*(?:\n|$)|/\*(?:[^*]|\*(?!/))*\*/)*vacuum\b", re.IGNORECASE
-)
 #: SQLite's words for a VACUUM inside a transaction, which every write is
 _VACUUM_IN_TRANSACTION = "cannot VACUUM from within a transaction"
 VACUUM_REFUSED = (
@@ -386,9 +381,12 @@ class Engine:
         #: replaced (_reader): APSW keeps a cached statement's columns as first prepared,
         #: so a SELECT * after ALTER TABLE named the old columns (cluster QA: a 500 too)
         self._schema_generation = 0
-        self._schema_dirty = False  # a schema change not yet committed
-        #: texts of writes' statements that return rows: the writer never caches them
-        self._returns_rows: set[str] = set()
+        #: True while a COMMIT that changes the schema runs (its count not yet taken)
+        self._schema_commit_in_flight = False
+        self._committed_schema_version: int | None = None  # (read once the file is open)
+        #: hashes of the texts of writes' statements (with parameters: the others are
+        #: never cached) that return rows: the writer never caches them
+        self._returns_rows: set[int] = set()
         #: _random_views' answer until the schema changes; None: not known
         self._random_views_cache: frozenset[str] | None = None
         #: a statement of the open transaction ran ANALYZE: a rollback must reload the
@@ -421,11 +419,18 @@ class Engine:
     def _reader(self) -> apsw.Connection:
         conn: apsw.Connection | None = getattr(self._readers, "conn", None)
         generation = self._schema_generation
-        if conn is not None and self._readers.generation != generation and not conn.in_transaction:
+        if (
+            conn is not None
+            and self._readers.generation != generation
+            and not conn.in_transaction
+            and not self._closing
+        ):
             # its cached statements may describe columns the schema no longer has
-            with self._reader_lock:
+            self._readers.conn = None
+            with self._reader_lock, contextlib.suppress(ValueError):
                 self._reader_list.remove(conn)
-            conn.close()
+            with contextlib.suppress(apsw.Error):
+                conn.close()
             conn = None
         if conn is None:
             self._readers.generation = generation
@@ -597,9 +602,6 @@ class Engine:
         return self._write_checks is not None and self._write_checks > _WRITE_LIMIT_CHECKS
 
     def _schema_changed(self) -> None:
-        # (bumped now and again at the next COMMIT: readers see a schema once it commits)
-        self._schema_generation += 1
-        self._schema_dirty = True
         self._buffer.shapes.clear()
         self._access_cache.clear()
         self._has_sequence = None
@@ -1037,16 +1039,27 @@ class Engine:
 
     def _commit(self) -> None:
         self._analyzed = False
-        self._internal(self._entry_end("RELEASE litecdc_entry") if self._nested else "COMMIT")
-        if not self._nested:
-            self._committed()
+        if self._nested:
+            self._internal(self._entry_end("RELEASE litecdc_entry"))
+        else:
+            self._commit_transaction()
 
-    def _committed(self) -> None:
-        """After a COMMIT: a committed schema change makes readers drop the statements they
-        prepared (see _reader); the background checkpointer may take its turn."""
-        if self._schema_dirty:
-            self._schema_dirty = False
-            self._schema_generation += 1
+    def _commit_transaction(self) -> None:
+        """COMMIT the writer's transaction. One that changes the schema is flagged while it
+        commits and counted once committed, so that readers drop their prepared statements
+        (see _reader, _read_one); then the background checkpointer may take its turn."""
+        version = self._internal("PRAGMA schema_version")[0][0]
+        changing = version != self._committed_schema_version
+        if changing:
+            self._schema_commit_in_flight = True
+        try:
+            self._internal("COMMIT")
+            if changing:
+                self._committed_schema_version = version
+        finally:
+            if changing:
+                self._schema_generation += 1
+                self._schema_commit_in_flight = False
         if self._checkpointer is not None:
             self._checkpointer.after_commit()
 
@@ -1112,8 +1125,7 @@ class Engine:
                         self._authorizer.internal = was
                         self._buffer.clear()
                 self._nested = False
-                self._internal("COMMIT")
-                self._committed()
+                self._commit_transaction()
                 return done
             except _BatchRolledBack:
                 self._schema_changed()
@@ -1221,14 +1233,19 @@ class Engine:
                     # WRITE_STEP_LIMIT)
                     # (nor one that returns rows: a cached statement is described as
                     # first prepared until it runs again — its columns before an ALTER)
+                    # (nor, once it has learnt as many as it keeps, any text it does not
+                    # know: a known one might be cached again)
+                    known = hash(statement.sql)
                     cache = (
                         not recording
                         and bool(statement.params)
-                        and statement.sql not in self._returns_rows
+                        and known not in self._returns_rows
+                        and len(self._returns_rows) < _RETURNS_ROWS_KEPT
                     )
                     last.run(writer.cursor(), statement.sql, params, can_cache=cache)
-                    if last.description and len(self._returns_rows) < _RETURNS_ROWS_KEPT:
-                        self._returns_rows.add(statement.sql)
+                    full = len(self._returns_rows) >= _RETURNS_ROWS_KEPT
+                    if last.description and statement.params and not full:
+                        self._returns_rows.add(known)  # (a hash: texts can be large)
             finally:
                 limited = self._write_limit_reached()
                 self._write_checks = None
@@ -1387,7 +1404,7 @@ class Engine:
                     stamp_format(self._writer)
                 finally:
                     self._authorizer.internal = was
-                self._internal("COMMIT")
+                self._commit_transaction()
             except BaseException:
                 self._rollback()
                 raise
@@ -1457,9 +1474,8 @@ class Engine:
                         self._authorizer.recording = None
                         self._authorizer.reset()
                 self._append(entry, access)
-                self._internal("COMMIT")
+                self._commit_transaction()
                 ok = True
-                self._committed()
             except ENVIRONMENTAL_ERRORS:
                 # this node's disk, memory or file, not the entry: recording it empty would
                 # make this replica differ; the caller gets the error and may try again
@@ -1794,8 +1810,13 @@ class Engine:
         refusals.reason = None
         try:
             params = _bindable(statement.sql, statement.params)
+            in_flight = self._schema_commit_in_flight
             last.run(conn.cursor(), statement.sql, params)
-            if self._schema_generation != self._readers.generation:
+            if (
+                in_flight
+                or self._schema_commit_in_flight
+                or self._schema_generation != self._readers.generation
+            ):
                 # a schema change committed meanwhile: the statement, taken from the cache,
                 # may have been described before SQLite prepared it again (see _reader)
                 last = _LastResult()
@@ -1807,7 +1828,12 @@ class Engine:
             )
         except apsw.AuthError as exc:
             reason = refusals.reason or _statement_error(exc, None, read=True)
-            if reason == ATTACH_REFUSED_IN_QUERIES and _VACUUM.search(statement.sql):
+            # (one linear scan of the text: a pattern searched at each ";" took quadratic
+            # time on a text of many "; /*", holding the whole process — review)
+            if (
+                reason == ATTACH_REFUSED_IN_QUERIES
+                and "VACUUM" in parse_template(statement.sql).leading_words
+            ):
                 reason = VACUUM_REFUSED  # (VACUUM attaches its target)
             return StatementResult(error=reason, seconds=time.perf_counter() - started)
         except apsw.ReadOnlyError:
@@ -1947,6 +1973,8 @@ class Engine:
                 except apsw.Error as exc:
                     raise LoadError(f"snapshot: installing it failed: {exc}") from exc
                 self._schema_changed()
+                # another file's schema: counted by the next commit, the one just below
+                self._committed_schema_version = None
                 self._upgrade_layout()  # a peer of an older data format (see layout_problem)
             return state
         finally:

@@ -58,6 +58,8 @@ class Template:
     #: what to append to the right-stripped text so that it ends its last statement and
     #: nothing it leaves open (a ``--`` or ``/*`` comment) can swallow the next one
     terminator: str = ";"
+    #: the first word of each statement, in capitals (``("SELECT", "VACUUM")``)
+    leading_words: tuple[str, ...] = ()
 
     @property
     def names(self) -> frozenset[str]:
@@ -151,6 +153,7 @@ def parse_template(sql: str) -> Template:
     previous = ""
     word = ""  # last word, for "ORDER BY"
     open_comment = ""  # a comment still open at the end: "--" or "/*"
+    leading_words: list[str] = []
     pad_next = False  # the text after the last placeholder must start with a space
     while i < n:
         ch = sql[i]
@@ -226,6 +229,8 @@ def parse_template(sql: str) -> Template:
             while j < n and _is_ident_char(sql[j]):
                 j += 1
             current = sql[i:j].upper()
+            if previous in ("", ";"):
+                leading_words.append(current)
             keyword = previous not in _NAME_POSITIONS
             if current == "BY" and word in ("ORDER", "GROUP"):
                 contexts.append(("by", depth))
@@ -270,6 +275,7 @@ def parse_template(sql: str) -> Template:
         tuple(p.index - 1 for p in placeholders),
         statements + (1 if sql[last_end:].strip() else 0),
         terminator,
+        tuple(leading_words),
     )
 
 
