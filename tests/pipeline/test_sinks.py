@@ -407,16 +407,26 @@ def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: l
     assert tables == [("litecdc_sink_state",), (table,)]
 
 
+TEXT_KEY_SPEC = TableSpec(
+    "tk", (Column("k", "TEXT", "string", not_null=True), Column("v", "INTEGER", "int64")), ("k",)
+)
+
+
+def assert_keys_kept_apart(sink: Sink) -> None:
+    """Keys that differ in letter case or trailing spaces stay rows of their own."""
+    keys = ["A", "a", "a ", "a  "]
+    src = SourceSim(TEXT_KEY_SPEC)
+    src.commit(*(("upsert", {"k": k, "v": i}) for i, k in enumerate(keys)))
+    assert sink.write_changes(*batch(src, 0, 1)) is True
+    assert sorted(sink.read_rows()["k"].to_pylist()) == keys
+
+
 def test_postgresql_refuses_an_existing_text_key_column_with_a_nondeterministic_collation(
     postgresql_url: str, opened: list[Sink]
 ) -> None:
     """Types QA: such a key (ICU, deterministic = false) takes 'A' and 'a' for one row; the
     snapshot failed with PostgreSQL's "cannot affect row a second time"."""
-    spec = TableSpec(
-        "tk",
-        (Column("k", "TEXT", "string", not_null=True), Column("v", "INTEGER", "int64")),
-        ("k",),
-    )
+    spec = TEXT_KEY_SPEC
     folding, plain = fresh_name(), fresh_name()
     with psycopg.connect(postgresql_url, autocommit=True) as conn:
         conn.execute(
@@ -434,11 +444,7 @@ def test_postgresql_refuses_an_existing_text_key_column_with_a_nondeterministic_
         "litecdc_test_ci, which takes keys that differ in letter case",
     ):
         open_tracked(opened, f"{postgresql_url}?table={folding}", spec)
-    sink = open_tracked(opened, f"{postgresql_url}?table={plain}", spec)
-    src = SourceSim(spec)
-    src.commit(*(("upsert", {"k": k, "v": i}) for i, k in enumerate(["A", "a", "a "])))
-    assert sink.write_changes(*batch(src, 0, 1)) is True
-    assert sorted(sink.read_rows()["k"].to_pylist()) == ["A", "a", "a "]
+    assert_keys_kept_apart(open_tracked(opened, f"{postgresql_url}?table={plain}", spec))
 
 
 def test_postgresql_refuses_a_nul_character_naming_the_table_column_and_key(
@@ -495,11 +501,7 @@ def test_mariadb_refuses_an_existing_text_key_column_that_folds_case_or_spaces(
     """Types QA: an existing mirror with a VARCHAR key in utf8mb4_general_ci was taken, and
     source keys 'A', 'a ' and 'a  ' became one row there, silently. (utf8mb4_bin is PAD
     SPACE too: 'a' and 'a ' are one key.) A NO PAD binary collation compares as SQLite."""
-    spec = TableSpec(
-        "tk",
-        (Column("k", "TEXT", "string", not_null=True), Column("v", "INTEGER", "int64")),
-        ("k",),
-    )
+    spec = TEXT_KEY_SPEC
     parts = urlsplit(mariadb_url)
     conn = pymysql.connect(
         host=parts.hostname, port=parts.port, user="root", password="", database=parts.path[1:]
@@ -531,11 +533,7 @@ def test_mariadb_refuses_an_existing_text_key_column_that_folds_case_or_spaces(
             "which takes keys that differ in letter case or trailing spaces",
         ):
             open_tracked(opened, f"{mariadb_url}?table={table}", spec)
-    sink = open_tracked(opened, f"{mariadb_url}?table={fine}", spec)
-    src = SourceSim(spec)
-    src.commit(*(("upsert", {"k": k, "v": i}) for i, k in enumerate(["A", "a", "a ", "a  "])))
-    assert sink.write_changes(*batch(src, 0, 1)) is True
-    assert sorted(sink.read_rows()["k"].to_pylist()) == ["A", "a", "a ", "a  "]
+    assert_keys_kept_apart(open_tracked(opened, f"{mariadb_url}?table={fine}", spec))
 
 
 def test_mariadb_refuses_names_it_cannot_hold_saying_why(
