@@ -42,6 +42,25 @@ MAX_ANSWER_BYTES = 64 * 1024
 _NEW_STREAM_EVENTS = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 
 
+def host_problem(url: str) -> str | None:
+    """Why the HTTP client could never connect to the host of ``url`` (a parsable URL),
+    or None: its name does not encode for DNS — an empty label (``a..b``), one of more
+    than 63 characters, a malformed ``xn--`` label. httpx parses hosts leniently and
+    the name is encoded only when connecting, so such an endpoint failed every request
+    instead of being refused at start (QA)."""
+    try:
+        parsed = httpx.URL(url)
+        _ = parsed.host  # decodes "xn--" labels
+        host = parsed.raw_host.decode("ascii")
+        if host and ":" not in host:  # (an IPv6 literal has no labels)
+            host.encode("idna")  # what the socket layer does with a name
+    except UnicodeError as exc:  # (idna's IDNAError is one)
+        if "label empty or too long" in str(exc):  # (the codec's own words)
+            return "a label (the text between dots) is empty or longer than 63 characters"
+        return str(exc)
+    return None
+
+
 class RequestExpired(Exception):
     """The request had no complete answer by its deadline."""
 

@@ -27,6 +27,7 @@ import httpx
 from litecdc.config_files import check_text, decode_json, read_config_file
 from litecdc.durations import DurationOutOfRange, parse_go_duration
 from litecdc.errors import ConfigError
+from litecdc.webhook_client import host_problem
 
 #: Defaults, as rqlite's (cdc/config.go); durations in seconds.
 DEFAULT_MAX_BATCH_SIZE = 10
@@ -434,6 +435,13 @@ def _validated(doc: dict[str, Any], known_schemes: tuple[str, ...]) -> CDCConfig
                     f"{seen[name.lower()]!r} too; header names ignore case)"
                 )
             seen[name.lower()] = name
+        if "authorization" in seen and endpoint != STDOUT and httpx.URL(endpoint).userinfo:
+            # the client sends the URL's credentials as basic auth, over the header (QA)
+            raise ConfigError(
+                f"cdc config: headers: {seen['authorization']} is given, and the endpoint "
+                "holds credentials (user:password@), which are sent as basic auth in that "
+                "header: keep one of them"
+            )
         kwargs["headers"] = dict(headers)
     if doc.get("tls") is not None:
         kwargs["tls"] = _tls(doc["tls"])
@@ -477,6 +485,8 @@ def _check_url(endpoint: str) -> None:
     if parts.netloc and (not host or any(c.isspace() or c in '<>"{}|^`' for c in host)):
         named = "" if secretive else f" {host!r}"
         raise ConfigError(f"cdc config: endpoint {shown!r} has an invalid host{named}")
+    if parts.netloc and (problem := host_problem(endpoint)) is not None:
+        raise ConfigError(f"cdc config: endpoint {shown!r} has an invalid host {host!r}: {problem}")
 
 
 #: endpoint schemes that never use the tls settings

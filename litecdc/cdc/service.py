@@ -283,7 +283,9 @@ class CDCService:
             remaining = first_at + config.max_batch_delay - time.monotonic()
             if remaining <= 0:
                 break
-            self._feed.wait_for_commit_after(seen, remaining)
+            # in slices: the loop's check of stop and leadership must come round often
+            # (QA: a batch waiting out a 1 min max_batch_delay held shutdown 10 s)
+            self._feed.wait_for_commit_after(seen, min(remaining, IDLE_WAIT_SECONDS))
         return events
 
     def _deliver(self, batch: list[RowChange]) -> None:

@@ -855,6 +855,22 @@ def test_stop_ends_a_stalled_request(tmp_path: Path, receiver: WebhookReceiver) 
     node.close()
 
 
+def test_stop_ends_a_batch_waiting_to_fill(tmp_path: Path, receiver: WebhookReceiver) -> None:
+    """A batch waiting out a long max_batch_delay held stop() until its join timed out
+    (10 s at shutdown, QA): the wait for more commits now comes round to the stop flag."""
+    node = make_node(tmp_path, receiver.url, max_batch_delay="1h", max_batch_size=100)
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    write_rows(node, 1)
+    time.sleep(0.5)  # the reader (polling every 0.1 s) has the batch and waits to fill it
+    assert node.cdc is not None
+    reader = node.cdc._thread
+    assert reader is not None
+    node.cdc.stop(timeout=20)  # far longer than stopping takes, far shorter than 1h
+    assert not reader.is_alive()
+    assert receiver.batches == []  # not sent: resent after a restart
+    node.close()
+
+
 # --- QA round: what /status reports ---------------------------------------------------------
 
 

@@ -1952,6 +1952,9 @@ def test_delta_path_that_cannot_hold_a_table(tmp_path: Path) -> None:
         # what httpx refuses to send to (it raised at every attempt, no httpx error)
         ("http://xn--zz/hook", "Invalid A-label"),
         ("http://u:pw@127.0.0.1/ho\x00ok", "non-printable ASCII character"),
+        # names httpx takes but cannot connect to: it failed at every attempt (QA)
+        ("http://u:pw@a..b/hook", "invalid host 'a..b': a label (the text between dots) is"),
+        (f"http://{'a' * 64}.example/hook", "longer than 63 characters"),
     ],
 )
 def test_bad_sink_url_is_refused_without_connecting(url: str, problem: str) -> None:

@@ -138,6 +138,24 @@ def test_linear_backoff() -> None:
         ({"endpoint": "http://ex ample.com/x"}, "has an invalid host"),
         ({"endpoint": "http://[::1]x/"}, "is not a valid URL"),
         ({"endpoint": "http://user@/x"}, "has an invalid host"),
+        # QA: names httpx parses but cannot connect to (encoded only when connecting): the
+        # node started, then failed every request
+        (
+            {"endpoint": "http://a..b/x"},
+            "endpoint 'http://a..b/x' has an invalid host 'a..b': a label (the text between "
+            "dots) is empty or longer than 63 characters",
+        ),
+        ({"endpoint": f"http://{'a' * 64}.example/x"}, "longer than 63 characters"),
+        ({"endpoint": "http://xn--/x"}, "invalid host 'xn--': Malformed A-label"),
+        # QA: the URL's credentials went as basic auth in place of the configured header
+        (
+            {"endpoint": "http://u:p@x/h", "headers": {"authorization": "Bearer t"}},
+            "headers: authorization is given, and the endpoint holds credentials",
+        ),
+        (
+            {"endpoint": "http://u@x/h", "headers": {"Authorization": "Bearer t"}},
+            "headers: Authorization is given",
+        ),
         ({"endpoint": "http://x/h", "headers": {"X-A": "\u00e9"}}, "must be printable ASCII"),
         ({"endpoint": "http://x/h", "headers": {"X-A": "a\nb"}}, "holds a line break"),
         ({"endpoint": "http://x/h", "headers": {"X A": "b"}}, "not a valid HTTP header name"),

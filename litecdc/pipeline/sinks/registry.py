@@ -457,6 +457,10 @@ def _parse_webhook(url: str, safe: str) -> WebhookOptions:
     except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors
         detail = scrub_url_password(str(exc), url).rstrip(".")
         raise SinkError(f"sink URL {safe}: {detail}: check the host and path") from None
+    from litecdc.webhook_client import host_problem
+
+    if (problem := host_problem(endpoint)) is not None:
+        raise SinkError(f"sink URL {safe}: invalid host {parts.hostname!r}: {problem}")
     return WebhookOptions(
         url=endpoint,
         secret=secret,
