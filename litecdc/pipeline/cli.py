@@ -50,7 +50,10 @@ def mask_url(url: str) -> str:
 
 
 def default_meta_url() -> str:
-    return f"sqlite:///{Path.cwd() / DEFAULT_META_FILE}"
+    from litecdc.pipeline.metadata import sqlite_url
+
+    # (not "sqlite:///" + an absolute path: messages named the store "//tmp/…", QA)
+    return sqlite_url(Path.cwd() / DEFAULT_META_FILE)
 
 
 def _meta_option(func: F) -> F:

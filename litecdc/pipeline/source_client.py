@@ -206,7 +206,10 @@ class SourceClient:
                 try:
                     context = ssl.create_default_context(cafile=self.ca_cert, cadata=self.ca_pem)
                 except (OSError, ssl.SSLError) as exc:
-                    raise SourceError(f"source: cannot load the CA certificate ({exc})") from exc
+                    where = self.ca_cert or "given as PEM text"
+                    raise SourceError(
+                        f"source: cannot load the CA certificate {where} ({exc})"
+                    ) from exc
             headers = (
                 urllib3.make_headers(
                     basic_auth=f"{self.user}:{self.password or ''}", basic_auth_encoding="utf-8"

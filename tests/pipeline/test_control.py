@@ -50,10 +50,11 @@ def test_status_reports_lag_in_cids_and_seconds(
 ) -> None:
     with node.client() as c:
         execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)", "CREATE TABLE other(x)"])
-        registered = c.post("/cdc/subscriptions", json={"name": "t-lake"}).json()["cid"]
     control.subscribe(
         store, name="t-lake", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}"
     )
+    with node.client() as c:  # (as `pipeline run` registers it)
+        registered = c.post("/cdc/subscriptions", json={"name": "t-lake"}).json()["cid"]
     store.start_register("t-lake", registered)
     store.set_ranges("t-lake", [(None, None)])
     store.record_chunk("t-lake", 0, last_key=None, read_cid=registered, rows=0, done=True)
@@ -177,9 +178,25 @@ def test_subscribe_refuses_names_a_sql_sink_cannot_hold_without_contacting_it(
             table="tablé 🚀",
             sink=f"postgresql://u@127.0.0.1:9/db?table={long_name}",
         )
+    # pipeline QA: a queue name over AMQP's 255 bytes was stored, then every run refused it
+    with pytest.raises(SinkError, match=r"is longer than AMQP's 255 bytes"):
+        control.subscribe(
+            store,
+            name="mq",
+            sources=node.url,
+            table="tablé 🚀",
+            sink=f"amqp://u:p@127.0.0.1:9/?queue={'q' * 256}",
+        )
     assert store.list_subscriptions(include_cancelled=True) == []
     control.subscribe(  # PostgreSQL takes it
         store, name="pg", sources=node.url, table="tablé 🚀", sink="postgresql://u@127.0.0.1:9/db"
+    )
+    control.subscribe(  # and RabbitMQ a queue of 255 bytes
+        store,
+        name="mq",
+        sources=node.url,
+        table="tablé 🚀",
+        sink=f"amqp://u:p@127.0.0.1:9/?queue={'q' * 255}",
     )
 
 
@@ -188,12 +205,12 @@ def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(
 ) -> None:
     with node.client() as c:
         execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
-        c.post("/cdc/subscriptions", json={"name": "gone"})
-        c.post("/cdc/subscriptions", json={"name": "later"})
     for name in ("gone", "later"):
         control.subscribe(
             store, name=name, sources=node.url, table="t", sink=f"delta:{tmp_path}/{name}"
         )
+        with node.client() as c:  # (as `pipeline run` registers it)
+            c.post("/cdc/subscriptions", json={"name": name})
     assert control.unsubscribe(store, "gone") is None  # released
     assert "gone" not in _holds(node)
     assert [s.name for s in store.list_subscriptions(include_cancelled=True)] == ["later"]
@@ -243,6 +260,66 @@ def _to_incremental(store: MetadataStore, name: str, registered: int) -> None:
     store.set_ranges(name, [(None, None)])
     store.record_chunk(name, 0, last_key=None, read_cid=registered, rows=0, done=True)
     store.finish_snapshot(name)
+
+
+def test_subscribe_refuses_a_name_the_node_holds_for_another_store(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: two metadata stores subscribed one name against one node, sharing its hold
+    (holds are named, nothing more): one store's unsubscribe released it, and the other's
+    subscription failed for good, its changes pruned. Refused now, naming the way out."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    other = MetadataStore.open(sqlite_url(tmp_path / "other.db"))
+    try:
+        control.subscribe(other, name="ev", sources=node.url, table="t", sink=f"delta:{tmp_path}/a")
+        with SourceClient([node.url]) as client:
+            client.register("ev")  # (as the other store's `pipeline run` does)
+            held = client.subscriptions().get("ev")
+        assert held is not None
+        with node.client() as c:
+            execute(c, ["INSERT INTO t VALUES (1)"])
+        with pytest.raises(MetadataError) as info:
+            control.subscribe(
+                store, name="ev", sources=node.url, table="t", sink=f"delta:{tmp_path}/b"
+            )
+        message = str(info.value)
+        assert "the source already holds changes for a subscription of that name" in message
+        assert f"at cid {held.cid}" in message and "DELETE /cdc/subscriptions/ev" in message
+        assert store.list_subscriptions(include_cancelled=True) == []  # nothing added
+        with SourceClient([node.url]) as client:
+            hold = client.subscriptions().get("ev")
+        assert hold == held  # nor moved
+        # the store that has it may subscribe other names, and so may this one
+        control.subscribe(
+            store, name="ev2", sources=node.url, table="t", sink=f"delta:{tmp_path}/c"
+        )
+    finally:
+        other.close()
+
+
+def test_status_says_a_missing_hold_needs_a_rebuild_not_a_new_snapshot(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """QA: with its hold deleted on the node, `status` said both FAILING (as `pipeline run`
+    reported: rebuild the mirror) and "position expired … takes a new snapshot", which
+    never came."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    control.subscribe(store, name="h", sources=node.url, table="t", sink=f"delta:{tmp_path}/h")
+    with SourceClient([node.url]) as client:
+        _to_incremental(store, "h", client.register("h").cid)
+        (report,) = control.status(store, "h")
+        assert not report.hold_missing and "hold missing" not in report.describe()
+        client.unsubscribe("h")  # deleted on the node, behind the store's back
+    with node.client() as c:
+        execute(c, ["INSERT INTO t VALUES (1)"])
+    (report,) = control.status(store, "h")
+    text = report.describe()
+    assert report.hold_missing and report.position_expired is None, text
+    assert "hold missing: the node keeps no changes for this subscription" in text
+    assert "pipeline unsubscribe h`, empty or drop the mirror, and subscribe again" in text
+    assert "new snapshot" not in text
 
 
 def test_status_shows_every_subscription_when_one_position_expired_or_table_is_gone(
@@ -374,7 +451,7 @@ def test_a_table_name_with_a_slash_is_read_and_subscribed(
             ],
         )
     with SourceClient([node.url]) as client:
-        start = client.register("slash").cid
+        start = client.register("slash-reader").cid
         info = client.table_info(odd, count_rows=True)
         assert (info.spec.name, info.spec.column_names, info.rows) == (odd, ["id", "v/%2F"], 5)
         assert client.table_info(plain).spec.column_names == ["k"]
@@ -589,6 +666,11 @@ def test_subscribe_and_run_refuse_values_that_would_break_later(tmp_path: Path) 
             {"--sink": "http://127.0.0.1:1/ho ok"},
             1,
             "white space is not allowed in a URL (encode it: %20)",
+        ),
+        (  # pipeline QA: the message did not say which file
+            {"--source": "https://127.0.0.1:1", "--ca-cert": str(tmp_path / "no-ca.pem")},
+            1,
+            f"error: source: cannot load the CA certificate {tmp_path / 'no-ca.pem'} (",
         ),
     ]
     for change, code, message in cases:
