@@ -33,7 +33,10 @@ queue takes it) or refuses (basic.nack: a queue at its length limit, say) stops 
 publishing and fails the batch once the broker settled the messages already sent — none
 of a failed attempt reaches a queue after a retry's —, and the channel is closed (what
 comes of a failed batch must not count for the next); a channel or connection the broker
-closes fails it at once. The client is pika's ``AsyncioConnection`` on an event loop in
+closes fails it at once. One exception: a connection the broker blocked (a resource
+alarm) past ``BLOCKED_TIMEOUT`` is given up with messages unread in its socket, which
+the broker may still take once the alarm clears, among the retry's (pipeline QA) — so
+consumers de-duplicate on ``message_id``, as at-least-once asks anyway. The client is pika's ``AsyncioConnection`` on an event loop in
 a private thread (``loop_thread.LoopThread``), so the sink's API stays synchronous; it
 connects through the same connection workflow as ``BlockingConnection``, whose errors
 ``_connect_failed`` puts in terms of the URL.
@@ -560,7 +563,8 @@ class RabbitMQSink(Sink):
         """Publish every message in order, up to ``IN_FLIGHT`` ahead of their confirms;
         return once the broker confirmed them all. A message returned or refused stops
         the publishing, and fails the batch once the broker settled every message sent:
-        none of a failed attempt reaches a queue after a retry's."""
+        none of a failed attempt reaches a queue after a retry's (unless the broker
+        blocked the connection: module docstring)."""
         exchange = self.options.exchange or ""
         try:
             for msg_id, doc in messages:
