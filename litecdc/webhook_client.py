@@ -52,11 +52,18 @@ def host_problem(url: str) -> str | None:
         parsed = httpx.URL(url)
         _ = parsed.host  # decodes "xn--" labels
         host = parsed.raw_host.decode("ascii")
-        if host and ":" not in host:  # (an IPv6 literal has no labels)
-            host.encode("idna")  # what the socket layer does with a name
     except UnicodeError as exc:  # (idna's IDNAError is one)
-        if "label empty or too long" in str(exc):  # (the codec's own words)
-            return "a label (the text between dots) is empty or longer than 63 characters"
+        return str(exc)
+    if not host or ":" in host:  # (an IPv6 literal has no labels)
+        return None
+    name = host.removesuffix(".")  # (a trailing dot: the root, fully qualified)
+    if len(name) > 253:
+        return f"the name is {len(name)} characters long; DNS takes at most 253"
+    if any(not 1 <= len(label) <= 63 for label in name.split(".")):
+        return "a label (the text between dots) is empty or longer than 63 characters"
+    try:
+        name.encode("idna")  # what the socket layer does with a name
+    except UnicodeError as exc:
         return str(exc)
     return None
 

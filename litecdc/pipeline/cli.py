@@ -132,6 +132,12 @@ def pipeline() -> None:
 @click.option("--user", default=None, help="Basic-auth user for the source.")
 @click.option("--password", default=None, help="Basic-auth password for the source.")
 @click.option("--ca-cert", default=None, help="CA certificate of the source's HTTPS.")
+@click.option(
+    "--take-over-hold",
+    is_flag=True,
+    help="Take over a hold of this name already on the source (left by `unsubscribe "
+    "--force`); only when no other pipeline uses the name.",
+)
 def subscribe(
     meta: str | None,
     source: str,
@@ -145,6 +151,7 @@ def subscribe(
     user: str | None,
     password: str | None,
     ca_cert: str | None,
+    take_over_hold: bool,
 ) -> None:
     """Add a subscription: TABLE at SOURCE, mirrored into SINK (checked first)."""
     from litecdc.pipeline.control import subscribe as add
@@ -180,6 +187,7 @@ def subscribe(
                     "password": password,
                     "ca_cert": ca_cert,
                 },
+                take_over_hold=take_over_hold,
             )
         finally:
             store.close()
@@ -370,7 +378,10 @@ def unsubscribe(meta: str | None, name: str, force: bool) -> None:
         elif force:
             click.echo(
                 f"subscription {name} removed; a hold it has on the source is NOT released "
-                f"({problem}): the node drops it once it falls behind its retention cap"
+                f"({problem}): the node stops keeping changes for it once it falls behind "
+                "its retention cap, but the name stays taken there until it is released "
+                f"(curl -X DELETE NODE/cdc/subscriptions/{name}) or a new subscription of "
+                "the name takes it over (subscribe --take-over-hold)"
             )
         else:
             click.echo(

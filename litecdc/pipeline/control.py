@@ -50,27 +50,38 @@ def subscribe(
     sink: str,
     owner: str = "default",
     options: dict[str, Any] | None = None,
+    take_over_hold: bool = False,
 ) -> Subscription:
     """Add a subscription after checking that the sink URL is valid, that no other
-    subscription writes where it would (``sink_destination``), and that the source table
-    exists (an unreachable source or unknown table is refused here, not at run time)."""
+    subscription writes where it would (``sink_destination``), that the source table
+    exists (an unreachable source or unknown table is refused here, not at run time) and
+    that the source holds no changes under the name for a subscription this store does
+    not have (unless ``take_over_hold``: one left by ``unsubscribe --force``)."""
     parsed = parse_parquet_url(sink) if is_parquet_url(sink) else parse_sink_url(sink)
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     urls = parse_urls(sources)
     known = {s.name for s in store.list_subscriptions(include_cancelled=True)}
     with _client(urls, opts) as client:
         info = client.table_info(table)
-        if name not in known and (hold := client.subscriptions().get(name)) is not None:
+        hold = None if name in known else client.subscriptions().get(name)
+        if hold is not None and not take_over_hold:
             # the node's holds are named, nothing more: a second pipeline's subscription of
             # the name would move and release the first one's hold (QA: its unsubscribe
             # left the other failing for good, its changes pruned)
+            what = (
+                f"keeps an expired hold (at cid {hold.cid}, behind its retention cap)"
+                if hold.expired
+                else f"already holds changes (after cid {hold.cid})"
+            )
+            node = mask_url(urls[0]).rstrip("/")
             raise MetadataError(
-                f"subscription {name!r}: the source already holds changes for a "
-                f"subscription of that name (at cid {hold.cid}) that this metadata store "
-                "does not have — another pipeline's, or one removed with `unsubscribe "
-                "--force` while the node could not be reached; two of one name would share "
-                "that hold. Choose another --name, or, if nothing uses it any more, release "
-                f"it on the node: DELETE /cdc/subscriptions/{name}"
+                f"subscription {name!r}: the source {what} for a subscription of that name "
+                "that this metadata store does not have — another pipeline's (two of one "
+                "name would share the hold, and either one's unsubscribe would break the "
+                "other), or one removed with `unsubscribe --force`. Choose another --name; "
+                "or, if no other pipeline uses the name, add --take-over-hold, or release "
+                f"the hold (curl -X DELETE {node}/cdc/subscriptions/{name}, with a user "
+                "allowed to execute)"
             )
     # a SQL sink's table defaults to the source table's name, as the node spells it
     others = [s for s in store.list_subscriptions(include_cancelled=True) if s.name != name]
@@ -188,8 +199,8 @@ def unsubscribe(store: MetadataStore, name: str, *, force: bool = False) -> str 
     """Release ``name``'s hold on the source and remove it. Returns None when the hold
     was released; otherwise why it could not be (the source unreachable, or refusing),
     and the subscription is only marked cancelled (its server releases the hold later) —
-    or, with ``force``, removed all the same (the node drops the hold once it falls
-    behind its retention cap)."""
+    or, with ``force``, removed all the same (the hold stays on the node, expired once it
+    falls behind the retention cap, its name taken until released or taken over)."""
     sub = store.get_subscription(name)
     store.request_cancel(name)
     try:

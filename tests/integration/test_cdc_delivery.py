@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -859,9 +860,20 @@ def test_stop_ends_a_batch_waiting_to_fill(tmp_path: Path, receiver: WebhookRece
     """A batch waiting out a long max_batch_delay held stop() until its join timed out
     (10 s at shutdown, QA): the wait for more commits now comes round to the stop flag."""
     node = make_node(tmp_path, receiver.url, max_batch_delay="1h", max_batch_size=100)
+    store: Any = node.store  # (the service's change feed)
+    read = store.read_transactions
+    batch_read = threading.Event()
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        found = read(*args, **kwargs)
+        if found[0]:
+            batch_read.set()
+        return found
+
+    store.read_transactions = spied
     node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
     write_rows(node, 1)
-    time.sleep(0.5)  # the reader (polling every 0.1 s) has the batch and waits to fill it
+    assert batch_read.wait(30)  # the reader has the batch, and waits to fill it
     assert node.cdc is not None
     reader = node.cdc._thread
     assert reader is not None

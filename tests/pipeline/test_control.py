@@ -284,8 +284,12 @@ def test_subscribe_refuses_a_name_the_node_holds_for_another_store(
                 store, name="ev", sources=node.url, table="t", sink=f"delta:{tmp_path}/b"
             )
         message = str(info.value)
-        assert "the source already holds changes for a subscription of that name" in message
-        assert f"at cid {held.cid}" in message and "DELETE /cdc/subscriptions/ev" in message
+        assert (
+            f"the source already holds changes (after cid {held.cid}) for a subscription of "
+            in message
+        )
+        assert f"curl -X DELETE {node.url.rstrip('/')}/cdc/subscriptions/ev" in message
+        assert "add --take-over-hold" in message
         assert store.list_subscriptions(include_cancelled=True) == []  # nothing added
         with SourceClient([node.url]) as client:
             hold = client.subscriptions().get("ev")
@@ -296,6 +300,44 @@ def test_subscribe_refuses_a_name_the_node_holds_for_another_store(
         )
     finally:
         other.close()
+
+
+def test_a_hold_left_by_a_forced_unsubscribe_is_taken_over_only_when_asked(
+    tmp_path: Path, store: MetadataStore
+) -> None:
+    """Review: `unsubscribe --force` while the node was down leaves the hold (expired once
+    past the retention cap, never deleted): subscribing the name again names it so, and
+    --take-over-hold takes it, the first run registering it afresh."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    capped = Node(tmp_path / "capped", "--retention-cids", "3").start()
+    try:
+        with capped.client() as c:
+            execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+        control.subscribe(
+            store, name="f", sources=capped.url, table="t", sink=f"delta:{tmp_path}/f"
+        )
+        with SourceClient([capped.url]) as client:
+            registered = client.register("f").cid
+        store.remove_subscription("f")  # what --force does when the node cannot be asked
+        with capped.client() as c:
+            for i in range(8):  # past the cap: the keeper expires the hold
+                execute(c, [["INSERT INTO t VALUES (?)", i]])
+        wait_until_pruned_past(capped, "f", registered)
+        meta = sqlite_url(tmp_path / "meta.db")
+        args = ["pipeline", "subscribe", "--meta", meta, "--source", capped.url, "--table", "t",
+                "--name", "f", "--sink", f"delta:{tmp_path}/f"]  # fmt: skip
+        refused = CliRunner().invoke(cli, args)
+        assert refused.exit_code == 1, refused.output
+        assert "the source keeps an expired hold (at cid" in refused.output
+        assert store.list_subscriptions(include_cancelled=True) == []
+        taken = CliRunner().invoke(cli, [*args, "--take-over-hold"])
+        assert taken.exit_code == 0, taken.output
+        assert [s.name for s in store.list_subscriptions()] == ["f"]
+    finally:
+        capped.stop()
 
 
 def test_status_says_a_missing_hold_needs_a_rebuild_not_a_new_snapshot(

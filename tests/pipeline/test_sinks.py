@@ -1955,6 +1955,11 @@ def test_delta_path_that_cannot_hold_a_table(tmp_path: Path) -> None:
         # names httpx takes but cannot connect to: it failed at every attempt (QA)
         ("http://u:pw@a..b/hook", "invalid host 'a..b': a label (the text between dots) is"),
         (f"http://{'a' * 64}.example/hook", "longer than 63 characters"),
+        (f"http://x.{'a' * 64}/hook", "longer than 63 characters"),
+        (f"http://{'.'.join(['a' * 60] * 5)}/hook", "the name is 304 characters long"),
+        # AMQP short strings (review): pika refused them at every run
+        (f"amqp://u:pw@127.0.0.1/?exchange={'e' * 256}", "exchange name is longer than AMQP's"),
+        (f"amqp://u:pw@127.0.0.1/{'v' * 256}?queue=q", "vhost name is longer than AMQP's 255"),
     ],
 )
 def test_bad_sink_url_is_refused_without_connecting(url: str, problem: str) -> None:

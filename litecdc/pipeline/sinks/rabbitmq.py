@@ -36,8 +36,9 @@ comes of a failed batch must not count for the next); a channel or connection th
 closes fails it at once. One exception: a connection the broker blocked (a resource
 alarm) past ``BLOCKED_TIMEOUT`` is given up with messages unread in its socket, which
 the broker may still take once the alarm clears, among the retry's (pipeline QA) — so
-consumers de-duplicate on ``message_id``, as at-least-once asks anyway. The client is pika's ``AsyncioConnection`` on an event loop in
-a private thread (``loop_thread.LoopThread``), so the sink's API stays synchronous; it
+consumers de-duplicate on ``message_id``, as at-least-once asks anyway. The client is
+pika's ``AsyncioConnection`` on an event loop in a private thread
+(``loop_thread.LoopThread``), so the sink's API stays synchronous; it
 connects through the same connection workflow as ``BlockingConnection``, whose errors
 ``_connect_failed`` puts in terms of the URL.
 
@@ -82,7 +83,13 @@ from litecdc.pipeline.sinks.messages import (
     snapshot_done_message,
     snapshot_messages,
 )
-from litecdc.pipeline.sinks.registry import AmqpOptions, mask_url, parse_sink_url, scrub_password
+from litecdc.pipeline.sinks.registry import (
+    AMQP_SHORT_STRING_BYTES,
+    AmqpOptions,
+    mask_url,
+    parse_sink_url,
+    scrub_password,
+)
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
@@ -111,7 +118,7 @@ CONFIRM_TIMEOUT = 90.0
 IN_FLIGHT_BYTES = 16 * 1024 * 1024
 NOT_FOUND = 404  # AMQP reply code
 #: AMQP's limit on a routing key (a short string)
-MAX_ROUTING_KEY_BYTES = 255
+MAX_ROUTING_KEY_BYTES = AMQP_SHORT_STRING_BYTES
 T = TypeVar("T")
 
 

@@ -383,6 +383,10 @@ def _parse_nats(url: str, safe: str) -> NatsOptions:
     )
 
 
+#: AMQP's limit on a name (a short string: vhost, exchange, queue, routing key)
+AMQP_SHORT_STRING_BYTES = 255
+
+
 def _parse_amqp(url: str, safe: str) -> AmqpOptions:
     parts = urlsplit(url)
     params = _query(parts.query, safe, {"exchange": "", "queue": "", "connect_timeout": ""})
@@ -394,6 +398,13 @@ def _parse_amqp(url: str, safe: str) -> AmqpOptions:
             f"sink URL {safe}: give exchange= or queue=, not both (an exchange routes "
             "messages to its bound queues)"
         )
+    for what, value in (("vhost", vhost), ("exchange", params.get("exchange"))):
+        # AMQP short strings: pika refused it at every run (review)
+        if value is not None and len(value.encode()) > AMQP_SHORT_STRING_BYTES:
+            raise SinkError(
+                f"sink URL {safe}: the {what} name is longer than AMQP's "
+                f"{AMQP_SHORT_STRING_BYTES} bytes"
+            )
     return AmqpOptions(
         host=host,
         port=port,
