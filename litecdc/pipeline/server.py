@@ -259,6 +259,8 @@ class PipelineServer:
         self.on_progress = on_progress
         self.states: dict[str, SubscriptionState] = {}
         self._running: dict[str, _Running] = {}
+        #: sinks of failed attempts kept for the next one (Sink.keep_for_retry)
+        self._kept_sinks: dict[str, Sink] = {}
         #: subscriptions whose recorded failure is known to be cleared (a previous run may
         #: have stopped while one was failing)
         self._cleared: set[str] = set()
@@ -334,6 +336,8 @@ class PipelineServer:
             if scheduled is not None and scheduled.in_flight:
                 continue  # a step still in it: its connections are that thread's
             self._forget_connections(name)
+        for name in list(self._kept_sinks):
+            self._close_kept_sink(name)
 
     def _gave_up(self) -> bool:
         # (a copy: stepping threads add and drop states meanwhile)
@@ -625,7 +629,12 @@ class PipelineServer:
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
             )
         else:
-            sink = open_sink(sub.sink, spec, sub.name, prepare=False)
+            sink = self._kept_sinks.pop(sub.name, None)
+            if sink is not None and (sink.url, sink.spec) != (sub.sink, spec):
+                sink.close()  # (the subscription or its table changed meanwhile)
+                sink = None
+            if sink is None:
+                sink = open_sink(sub.sink, spec, sub.name, prepare=False)
             running = _Running(sub, client, spec, sink, state)
         self._running[sub.name] = running  # from here on, a failure closes it
         if running.sink is not None:
@@ -695,10 +704,13 @@ class PipelineServer:
         delay = min(self.retry_delay * 2 ** min(state.failures - 1, 6), RETRY_MAX_DELAY)
         state.retry_at = time.monotonic() + delay
         log.warning("subscription %s: %s (retrying in %.1fs)", state.name, state.last_error, delay)
-        # a broken connection or sink is rebuilt on the next attempt
-        self._forget_connections(state.name)
+        # a broken connection or sink is rebuilt on the next attempt (a sink the retry
+        # must wait on is kept for it)
+        self._forget_connections(state.name, keep_sink=True)
 
-    def _forget_connections(self, name: str) -> None:
+    def _forget_connections(self, name: str, *, keep_sink: bool = False) -> None:
+        if not keep_sink:
+            self._close_kept_sink(name)
         running = self._running.pop(name, None)
         if running is None:
             return
@@ -706,9 +718,17 @@ class PipelineServer:
             if running.query is not None:
                 running.query.stop()
             if running.sink is not None:
-                running.sink.close()
+                if keep_sink and running.sink.keep_for_retry():
+                    self._kept_sinks[name] = running.sink
+                else:
+                    running.sink.close()
         finally:
             running.client.close()
+
+    def _close_kept_sink(self, name: str) -> None:
+        kept = self._kept_sinks.pop(name, None)
+        if kept is not None:
+            kept.close()
 
     def _unsubscribe(self, sub: Subscription) -> None:
         # NotFoundError: never registered, or released already

@@ -17,6 +17,7 @@ sinks and MariaDB.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -504,3 +505,52 @@ def test_verify_counts_a_row_the_delta_mirror_holds_twice_as_a_difference(
     assert result.exit_code == 1, result.output
     assert "key [3]: 2 rows at the sink" in result.output
     assert "sink 11 rows, 1 difference(s)" in result.output
+
+
+def test_a_rabbitmq_batch_blocked_by_an_alarm_is_retried_only_after_its_messages_settled(
+    node: Node,
+    spark: SparkSession,
+    store: MetadataStore,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pipeline QA: a batch the broker blocked (a memory alarm) failed after
+    BLOCKED_TIMEOUT and the server closed its sink: the broker still took that attempt's
+    unread messages once the alarm cleared, interleaved with the retry's. The server now
+    keeps such a sink for the retry, which sends nothing while the broker blocks and waits
+    for those messages first: every copy of the first attempt comes before the retry."""
+    from litecdc.localservers import RabbitMQServer
+    from litecdc.pipeline.sinks import rabbitmq
+
+    broker: RabbitMQServer = request.getfixturevalue("rabbitmq_server")
+    monkeypatch.setattr(rabbitmq, "BLOCKED_TIMEOUT", 2.0)
+    table, queue = f"alarm_{tag()}", f"q{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, v TEXT)"])
+    control.subscribe(
+        store, name=table, sources=node.url, table=table, sink=f"{broker.url}?queue={queue}"
+    )
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        rounds_until_caught_up(server, node, table)  # the (empty) snapshot, and its end
+        with node.client() as c:
+            execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, "x" * 200] for i in range(300)])
+        broker.ctl("set_vm_memory_high_watermark", "0.00001")
+        try:
+            for _ in range(2):  # blocked, then still blocked
+                server.run_round()
+                error = server.states[table].last_error
+                assert error is not None and "blocked the connection for more than 2 s" in error
+                time.sleep(0.2)  # (past the retry's back-off)
+        finally:
+            broker.ctl("set_vm_memory_high_watermark", "0.4")  # RabbitMQ's default
+        time.sleep(0.2)
+        rounds_until_caught_up(server, node, table)
+    finally:
+        server.close()
+    ids = [message_id for message_id, doc in rabbitmq_messages(broker.url, queue)]
+    changes = [i for i in ids if i.endswith("-upsert")]
+    assert len(set(changes)) == 300
+    retry = changes[-300:]
+    stale = changes[:-300]
+    assert stale == retry[: len(stale)]  # a prefix of the batch, once, then all of it

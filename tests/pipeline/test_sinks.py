@@ -1014,8 +1014,11 @@ def test_rabbitmq_resource_alarm_fails_the_batch_after_the_blocked_timeout(
 ) -> None:
     """A broker short of memory blocks publishers (a resource alarm, raised here for real by
     lowering its memory watermark): the batch fails after BLOCKED_TIMEOUT saying why,
-    instead of holding the server's other subscriptions up; once the alarm clears the
-    retry arrives whole."""
+    instead of holding the server's other subscriptions up; a retry while it still blocks
+    fails too, sending nothing; once the alarm clears the retry waits until the broker
+    took what the first attempt sent, then arrives whole after it. (Pipeline QA: the
+    blocked connection was closed and each retry sent on a new one; the broker took every
+    attempt's unread messages once the alarm cleared, interleaved.)"""
     monkeypatch.setattr(rabbitmq, "BLOCKED_TIMEOUT", 2.0)
     queue = f"q{uuid.uuid4().hex[:10]}"
     src = SourceSim(SPEC)
@@ -1026,18 +1029,24 @@ def test_rabbitmq_resource_alarm_fails_the_batch_after_the_blocked_timeout(
     try:
         with pytest.raises(SinkError) as info:
             sink.write_changes(*batch(src, 0, src.cid))
+        with pytest.raises(SinkError) as again:  # still blocked: nothing more is sent
+            sink.write_changes(*batch(src, 0, src.cid))
     finally:
         rabbitmq_server.ctl("set_vm_memory_high_watermark", "0.4")  # RabbitMQ's default
-    message = str(info.value)
     port = urlsplit(rabbitmq_server.url).port
-    assert f"the broker at 127.0.0.1:{port} blocked the connection for more than 2 s" in message
-    assert "a resource alarm: memory or disk is short there" in message
+    for message in (str(info.value), str(again.value)):
+        assert f"the broker at 127.0.0.1:{port} blocked the connection for more than 2 s" in (
+            message
+        )
+        assert "a resource alarm: memory or disk is short there" in message
+        assert "retried once the broker took or refused what was sent of it" in message
     assert sink.applied_cid() == 0
     assert sink.write_changes(*batch(src, 0, src.cid)) is True
-    # what the broker took before it blocked comes first (at least once: consumers drop
-    # those duplicates by message id), then the whole retry
+    # what the first attempt sent comes first (at least once: consumers drop those
+    # duplicates by message id), then the whole retry — no other copy, none interleaved
     got = unscoped(rabbitmq_messages(rabbitmq_server.url, queue))
     taken_before = len(got) - len(expected)
+    assert 0 <= taken_before <= len(expected)
     assert got[:taken_before] == expected[:taken_before]
     assert got[taken_before:] == expected
 

@@ -180,6 +180,12 @@ class Sink(ABC):
         self.spec = spec
         self.prepare()
 
+    def keep_for_retry(self) -> bool:
+        """True when this sink, its batch failed, holds what the retry must wait for (a
+        RabbitMQ batch the broker blocked: its messages may still reach the queue); the
+        server then keeps it open for the next attempt instead of closing it."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 

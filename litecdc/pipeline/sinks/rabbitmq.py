@@ -33,11 +33,14 @@ queue takes it) or refuses (basic.nack: a queue at its length limit, say) stops 
 publishing and fails the batch once the broker settled the messages already sent — none
 of a failed attempt reaches a queue after a retry's —, and the channel is closed (what
 comes of a failed batch must not count for the next); a channel or connection the broker
-closes fails it at once. One exception: a connection the broker blocked (a resource
-alarm) past ``BLOCKED_TIMEOUT`` is given up with messages unread in its socket, which
-the broker may still take once the alarm clears, among the retry's (pipeline QA) — so
-consumers de-duplicate on ``message_id``, as at-least-once asks anyway. The client is
-pika's ``AsyncioConnection`` on an event loop in a private thread
+closes fails it at once. A connection the broker blocks (a resource alarm:
+``connection.blocked``) holds what was sent unread in its socket, and closing it would
+not stop the broker from taking those messages once the alarm clears, among a retry's
+(pipeline QA: a connection given up after ``BLOCKED_TIMEOUT`` did so). So a batch
+blocked that long fails but keeps its channel and connection ("draining"): the retry
+first waits, up to ``BLOCKED_TIMEOUT`` each time, for the broker to settle them, and
+sends nothing on a connection still blocked. The client is pika's ``AsyncioConnection``
+on an event loop in a private thread
 (``loop_thread.LoopThread``), so the sink's API stays synchronous; it
 connects through the same connection workflow as ``BlockingConnection``, whose errors
 ``_connect_failed`` puts in terms of the URL.
@@ -103,10 +106,10 @@ MAX_NAME_IN_ID = 100
 IN_FLIGHT = 2000
 RPC_TIMEOUT = 30.0  # seconds for the broker to answer a declaration or open a channel
 CLOSE_TIMEOUT = 10.0  # seconds to wait for a graceful close
-#: seconds the broker may hold the connection blocked (a resource alarm) before it is
-#: given up and the batch fails: the pipeline server applies one subscription at a time,
-#: so a longer wait would hold every other subscription up as long (was 60 s); the failed
-#: one is retried with the server's back-off
+#: seconds the broker may hold the connection blocked (a resource alarm) before the batch
+#: fails: the pipeline server applies one subscription at a time, so a longer wait would
+#: hold every other subscription up as long (was 60 s); the failed one is retried with
+#: the server's back-off (each retry waits this long again for the alarm to clear)
 BLOCKED_TIMEOUT = 10.0
 #: seconds a batch waits with confirms outstanding and none arriving before it fails (a
 #: broker that stopped answering; a lost connection fails at once). Longer than
@@ -140,6 +143,10 @@ class _NoConfirms(TimeoutError):
     """Confirms stopped arriving."""
 
 
+class _Blocked(Exception):
+    """The broker held the connection blocked (connection.blocked) for BLOCKED_TIMEOUT."""
+
+
 class _ConfirmChannel:
     """A pika channel in confirm mode, used on the sink's loop only: its replies as
     awaitables, and the publishes the broker has not confirmed yet, by delivery tag (the
@@ -162,6 +169,8 @@ class _ConfirmChannel:
         self._waiter: asyncio.Future[None] | None = None
         self._wait_for = 0
         self._past_failure = False
+        #: while the connection is blocked: when a wait for confirms gives up (_Blocked)
+        self.blocked_until: float | None = None
         channel.add_on_close_callback(self._on_close)
         channel.add_on_return_callback(self._on_return)
 
@@ -213,11 +222,34 @@ class _ConfirmChannel:
         self.unconfirmed[self.published] = (message_id, len(body))
         self.unconfirmed_bytes += len(body)
 
+    def set_blocked(self, until: float | None) -> None:
+        """The connection is blocked: a wait for confirms ends at ``until`` (loop time)
+        with ``_Blocked``; None: it is not (any more)."""
+        self.blocked_until = until
+        self._progress_at = self._loop.time()  # (no confirms while blocked: no silence)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)  # look again
+
+    async def wait_unblocked(self) -> None:
+        """Return once the connection is not blocked; ``_Blocked`` at ``blocked_until``."""
+        while self.blocked_until is not None:
+            if self.closed.done():
+                raise self.closed.result()
+            left = self.blocked_until - self._loop.time()
+            if left <= 0:
+                raise _Blocked
+            self._waiter = self._loop.create_future()
+            try:
+                await asyncio.wait({self._waiter}, timeout=left)
+            finally:
+                self._waiter = None
+
     async def settle(self, at_most: int, *, past_failure: bool = False) -> None:
         """Wait until at most ``at_most`` publishes await their confirm. Raises the first
         message returned (``_Returned``) or refused (``_Nacked``) — with
         ``past_failure``, only once the rest are settled too —, why the channel closed
-        (pika's error), or ``_NoConfirms`` when none came for ``CONFIRM_TIMEOUT``."""
+        (pika's error), ``_Blocked`` when the connection is blocked past
+        ``blocked_until``, or ``_NoConfirms`` when none came for ``CONFIRM_TIMEOUT``."""
         self._progress_at = self._loop.time()  # the broker's silence counts from here on
         while True:
             if self.closed.done():
@@ -227,13 +259,19 @@ class _ConfirmChannel:
                 raise self.failure
             if waiting <= at_most:
                 return
+            now = self._loop.time()
+            blocked_left = None if self.blocked_until is None else self.blocked_until - now
+            if blocked_left is not None and blocked_left <= 0:
+                raise _Blocked
             # measured from the last confirm: a few at the start of a wait do not make the
             # broker's silence after them count from zero again (QA: 190 s, not 90)
-            left = self._progress_at + CONFIRM_TIMEOUT - self._loop.time()
+            left = self._progress_at + CONFIRM_TIMEOUT - now
             if left <= 0:
                 raise _NoConfirms(
                     f"the broker confirmed none of {waiting} messages for {CONFIRM_TIMEOUT:g} s"
                 )
+            if blocked_left is not None:
+                left = min(left, blocked_left)
             self._waiter = self._loop.create_future()
             self._wait_for, self._past_failure = at_most, past_failure
             try:
@@ -312,6 +350,11 @@ class RabbitMQSink(Sink):
         self._loop: LoopThread | None = None
         self._conn: Any = None
         self._channel: _ConfirmChannel | None = None
+        #: a channel whose batch the broker blocked: its messages may still be taken, and
+        #: the next batch waits until they are settled (module docstring)
+        self._draining: _ConfirmChannel | None = None
+        #: (loop time) since when the broker blocks the connection; None while it does not
+        self._blocked_since: float | None = None
         self._applied = 0
 
     def _fail(
@@ -333,12 +376,15 @@ class RabbitMQSink(Sink):
         if isinstance(exc, pika.exceptions.ChannelClosed):
             text = f"the broker closed the channel: {exc.reply_code} {exc.reply_text}"
             hint = "the batch is retried on a new channel (the queue or exchange declared again)"
-        elif isinstance(exc, pika.exceptions.ConnectionBlockedTimeout):
+        elif isinstance(exc, _Blocked):
             text = (
                 f"the broker at {where} blocked the connection for more than "
                 f"{BLOCKED_TIMEOUT:g} s (a resource alarm: memory or disk is short there)"
             )
-            hint = f"check the broker's log and free memory or disk; {retried}"
+            hint = (
+                "check the broker's log and free memory or disk; the batch is retried once "
+                "the broker took or refused what was sent of it"
+            )
         elif isinstance(exc, pika.exceptions.ConnectionClosed):
             text = f"the broker closed the connection: {exc.reply_code} {exc.reply_text}"
             hint = f"check the broker's log; {retried}"
@@ -429,6 +475,9 @@ class RabbitMQSink(Sink):
     # -- set-up -----------------------------------------------------------------------
 
     def prepare(self) -> None:
+        # nothing new on a connection the broker blocks, nor before what it holds unread of
+        # a blocked batch is settled (module docstring)
+        self._finish_draining("preparing")
         # a safety net: connecting and each of the (at most 6) broker calls bound their own
         timeout = self.options.connect_timeout + 6 * RPC_TIMEOUT + 5
         try:
@@ -450,17 +499,23 @@ class RabbitMQSink(Sink):
             socket_timeout=o.connect_timeout,
             # the whole of TCP, TLS and the AMQP handshake (pika's default: 15 s)
             stack_timeout=o.connect_timeout,
-            blocked_connection_timeout=BLOCKED_TIMEOUT,
+            # (no blocked_connection_timeout: pika would close a blocked connection, whose
+            # unread messages the broker still takes once the alarm clears)
             ssl_options=pika.SSLOptions(ssl.create_default_context(), o.host) if o.tls else None,
             client_properties={"connection_name": f"litecdc-{self.subscription}"},
         )
 
     async def _prepare(self) -> None:
         if self._conn is None or not self._conn.is_open:
-            self._channel = None
+            self._channel = self._draining = None
+            self._blocked_since = None
             self._conn = await self._connect()
+            self._conn.add_on_connection_blocked_callback(lambda *_: self._on_blocked(True))
+            self._conn.add_on_connection_unblocked_callback(lambda *_: self._on_blocked(False))
         if self._channel is None or not self._channel.usable:
             self._channel = await _ConfirmChannel.open(self._conn)
+            if self._blocked_since is not None:
+                self._channel.set_blocked(self._blocked_since + BLOCKED_TIMEOUT)
         channel = self._channel
         if self.queue is not None:
             await self._declare_queue(channel)
@@ -517,15 +572,56 @@ class RabbitMQSink(Sink):
             )
             log.info("rabbitmq sink: declared exchange %s", name)
 
+    def _on_blocked(self, blocked: bool) -> None:
+        """connection.blocked / unblocked (on the loop): waits for confirms learn it."""
+        now = asyncio.get_running_loop().time()
+        self._blocked_since = now if blocked else None
+        for channel in (self._channel, self._draining):
+            if channel is not None:
+                channel.set_blocked(now + BLOCKED_TIMEOUT if blocked else None)
+
     # -- writes -----------------------------------------------------------------------
 
+    def _finish_draining(self, doing: str) -> None:
+        """Wait (up to BLOCKED_TIMEOUT) for the broker to settle what a blocked batch sent,
+        before anything else is sent: SinkError while it still blocks the connection."""
+        draining = self._draining
+        if draining is None:
+            return
+
+        async def settle() -> None:
+            if self._blocked_since is not None:
+                draining.set_blocked(asyncio.get_running_loop().time() + BLOCKED_TIMEOUT)
+            # (a stale message returned or refused is the failed batch's, retried now)
+            with contextlib.suppress(_Returned, _Nacked):
+                await draining.settle(0, past_failure=True)
+
+        try:
+            self._run(settle(), None)
+        except _Blocked as exc:
+            raise self._write_failed(doing, exc) from exc
+        except (pika.exceptions.AMQPError, OSError, _NoConfirms) as exc:
+            # the connection is gone (or the broker stopped answering): what it held unread
+            # went with it, as far as this side can tell
+            self.close()
+            raise self._write_failed(doing, exc) from exc
+        self._draining = None
+        self._close_channel(draining)
+
     def _publish(self, messages: Iterable[tuple[str, dict[str, Any]]], doing: str) -> None:
+        self._finish_draining(doing)
         if self._channel is None or not self._channel.usable:
             self.prepare()
         channel = self._channel
         assert channel is not None
         try:
             self._run(self._publish_all(channel, messages), None)
+        except _Blocked as exc:
+            if channel.unconfirmed:
+                # kept, not closed: the broker may still take what it holds unread (module
+                # docstring); the next batch waits for it
+                self._draining, self._channel = channel, None
+            raise self._write_failed(doing, exc) from exc
         except _Returned as exc:
             self._drop_channel()
             if self.queue is not None:
@@ -573,6 +669,11 @@ class RabbitMQSink(Sink):
         none of a failed attempt reaches a queue after a retry's (unless the broker
         blocked the connection: module docstring)."""
         exchange = self.options.exchange or ""
+        if self._blocked_since is not None:
+            # nothing goes out on a blocked connection: wait for the alarm to clear (the
+            # batch fails after BLOCKED_TIMEOUT, nothing of it sent)
+            channel.set_blocked(asyncio.get_running_loop().time() + BLOCKED_TIMEOUT)
+            await channel.wait_unblocked()
         try:
             for msg_id, doc in messages:
                 key = self.queue or f"litecdc.{self.spec.name}.{doc['op']}"
@@ -593,7 +694,11 @@ class RabbitMQSink(Sink):
         """Leave a channel whose batch failed: confirms and returns of the rest of that
         batch may still come, and must not count for the next one."""
         channel, self._channel = self._channel, None
-        if channel is not None and self._loop is not None:
+        if channel is not None:
+            self._close_channel(channel)
+
+    def _close_channel(self, channel: _ConfirmChannel) -> None:
+        if self._loop is not None:
 
             async def close() -> None:
                 if channel.channel.is_open:
@@ -633,9 +738,13 @@ class RabbitMQSink(Sink):
     def applied_cid(self) -> int:
         return self._applied
 
+    def keep_for_retry(self) -> bool:
+        return self._draining is not None
+
     def close(self) -> None:
         loop, self._loop = self._loop, None
         conn, self._conn, self._channel = self._conn, None, None
+        self._draining = None  # (stopping while blocked: see docs/pipeline.md)
         if loop is None:
             return
         if conn is not None:
