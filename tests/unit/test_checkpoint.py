@@ -154,3 +154,29 @@ def test_without_the_thread_sqlite_checkpoints_in_the_commit_as_usual(tmp_path: 
         assert wal <= CHECKPOINT_PAGES + 100
     finally:
         engine.close()
+
+
+def test_the_wal_is_cut_back_after_one_large_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Soak QA: after one bulk insert the WAL file kept its size (48 MB) for good; SQLite
+    cuts it back to journal_size_limit when it starts over after a checkpoint."""
+    from litecdc.db import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "WAL_SIZE_LIMIT_BYTES", 1024 * 1024)
+    store = Store(NodeConfig(data_dir=tmp_path / "n"))
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")])
+        store.execute(
+            [S("INSERT INTO t(v) VALUES(randomblob(3900))") for _ in range(1500)], transaction=True
+        )
+        wal = Path(store.engine.path + "-wal")
+        assert wal.stat().st_size > 5 * 1024 * 1024  # the transaction, whole
+
+        def cut_back() -> bool:
+            store.execute([S("INSERT INTO t(v) VALUES(1)")])  # a write starts the WAL over
+            return wal.stat().st_size <= 1024 * 1024 + 10 * (PAGE + 24)
+
+        wait_for(cut_back)
+    finally:
+        store.close()
