@@ -271,10 +271,11 @@ class _ReaderGuard:
 def _forget_reader(
     lock: threading.Lock, readers: list[apsw.Connection], conn: apsw.Connection
 ) -> None:
-    with lock, contextlib.suppress(ValueError):
-        readers.remove(conn)
-    with contextlib.suppress(apsw.Error):
-        conn.close()  # (its thread is gone: nothing steps it; closed already is fine)
+    with lock:  # (close() interrupts the listed connections under it: never a closed one)
+        with contextlib.suppress(ValueError):
+            readers.remove(conn)
+        with contextlib.suppress(apsw.Error):
+            conn.close()  # (its thread is gone: nothing steps it; closed already is fine)
 
 
 def _virtual_column_error(table: str, column: str) -> str:
@@ -471,7 +472,10 @@ class Engine:
                 self._reader_list.append(conn)
             # (outside the lock: replacing a guard runs its finalizer, which takes it)
             guard = _ReaderGuard()
-            weakref.finalize(guard, _forget_reader, self._reader_lock, self._reader_list, conn)
+            finalizer = weakref.finalize(
+                guard, _forget_reader, self._reader_lock, self._reader_list, conn
+            )
+            finalizer.atexit = False  # (at exit, a daemon thread may still be reading)
             self._readers.guard = guard
         return conn
 
@@ -482,8 +486,10 @@ class Engine:
         self._closing = True
         with self._reader_lock:
             readers = list(self._reader_list)
-        for conn in readers:
-            conn.interrupt()  # (SQLite's own way to stop a statement from another thread)
+            # (under the lock: a thread ending now closes its connection under it too, and
+            # interrupting a closed one raises — review)
+            for conn in readers:
+                conn.interrupt()  # (SQLite's own way to stop a statement from another thread)
         if not self._write_lock.acquire(blocking=False):
             self._writer.interrupt()  # a write interrupted so rolls back, journaling nothing
             self._write_lock.acquire()

@@ -259,8 +259,9 @@ class PipelineServer:
         self.on_progress = on_progress
         self.states: dict[str, SubscriptionState] = {}
         self._running: dict[str, _Running] = {}
-        #: sinks of failed attempts kept for the next one (Sink.keep_for_retry)
-        self._kept_sinks: dict[str, Sink] = {}
+        #: sinks of failed attempts kept for the next one (Sink.keep_for_retry), with the
+        #: subscription they were opened for
+        self._kept_sinks: dict[str, tuple[Subscription, Sink]] = {}
         #: subscriptions whose recorded failure is known to be cleared (a previous run may
         #: have stopped while one was failing)
         self._cleared: set[str] = set()
@@ -558,6 +559,10 @@ class PipelineServer:
             current = owned.get(name)
             if current is None or not _same_subscription(running.subscription, current):
                 self._forget(name)
+        for name, (kept, _sink) in list(self._kept_sinks.items()):
+            current = owned.get(name)
+            if current is None or not _same_subscription(kept, current):
+                self._close_kept_sink(name)
         for name, sub in owned.items():
             if self._stop.is_set():
                 break
@@ -629,10 +634,17 @@ class PipelineServer:
                 sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
             )
         else:
-            sink = self._kept_sinks.pop(sub.name, None)
-            if sink is not None and (sink.url, sink.spec) != (sub.sink, spec):
-                sink.close()  # (the subscription or its table changed meanwhile)
-                sink = None
+            kept = self._kept_sinks.pop(sub.name, None)
+            sink = None
+            if kept is not None:
+                if _same_subscription(kept[0], sub):
+                    sink = kept[1]
+                    # (a table that gained a column: the same destination, the names the
+                    # same through named_as; closing the sink instead would let what the
+                    # broker holds of its batch land among the retry's — review)
+                    sink.spec = spec
+                else:
+                    kept[1].close()  # removed and added again meanwhile: not this one's
             if sink is None:
                 sink = open_sink(sub.sink, spec, sub.name, prepare=False)
             running = _Running(sub, client, spec, sink, state)
@@ -719,7 +731,7 @@ class PipelineServer:
                 running.query.stop()
             if running.sink is not None:
                 if keep_sink and running.sink.keep_for_retry():
-                    self._kept_sinks[name] = running.sink
+                    self._kept_sinks[name] = (running.subscription, running.sink)
                 else:
                     running.sink.close()
         finally:
@@ -728,7 +740,7 @@ class PipelineServer:
     def _close_kept_sink(self, name: str) -> None:
         kept = self._kept_sinks.pop(name, None)
         if kept is not None:
-            kept.close()
+            kept[1].close()
 
     def _unsubscribe(self, sub: Subscription) -> None:
         # NotFoundError: never registered, or released already

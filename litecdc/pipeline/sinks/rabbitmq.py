@@ -222,27 +222,18 @@ class _ConfirmChannel:
         self.unconfirmed[self.published] = (message_id, len(body))
         self.unconfirmed_bytes += len(body)
 
-    def set_blocked(self, until: float | None) -> None:
+    def set_blocked(self, until: float | None, *, renew: bool = False) -> None:
         """The connection is blocked: a wait for confirms ends at ``until`` (loop time)
-        with ``_Blocked``; None: it is not (any more)."""
+        with ``_Blocked`` — a deadline already set stays, unless ``renew`` (a drain's own
+        wait: an alarm flapping on and off must not put it off for ever, review) —; None:
+        it is not (any more)."""
+        if until is not None and self.blocked_until is not None and not renew:
+            return
+        if until is not None and self.blocked_until is None:
+            self._progress_at = self._loop.time()  # (no confirms while blocked: no silence)
         self.blocked_until = until
-        self._progress_at = self._loop.time()  # (no confirms while blocked: no silence)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)  # look again
-
-    async def wait_unblocked(self) -> None:
-        """Return once the connection is not blocked; ``_Blocked`` at ``blocked_until``."""
-        while self.blocked_until is not None:
-            if self.closed.done():
-                raise self.closed.result()
-            left = self.blocked_until - self._loop.time()
-            if left <= 0:
-                raise _Blocked
-            self._waiter = self._loop.create_future()
-            try:
-                await asyncio.wait({self._waiter}, timeout=left)
-            finally:
-                self._waiter = None
 
     async def settle(self, at_most: int, *, past_failure: bool = False) -> None:
         """Wait until at most ``at_most`` publishes await their confirm. Raises the first
@@ -355,6 +346,8 @@ class RabbitMQSink(Sink):
         self._draining: _ConfirmChannel | None = None
         #: (loop time) since when the broker blocks the connection; None while it does not
         self._blocked_since: float | None = None
+        #: set while the connection is not blocked (or closed): what may send waits on it
+        self._unblocked: asyncio.Event | None = None
         self._applied = 0
 
     def _fail(
@@ -482,6 +475,8 @@ class RabbitMQSink(Sink):
         timeout = self.options.connect_timeout + 6 * RPC_TIMEOUT + 5
         try:
             self._run(self._prepare(), timeout)
+        except _Blocked as exc:  # (its connection kept: the alarm may clear by the retry)
+            raise self._write_failed("preparing", exc) from exc
         except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as exc:
             # pika reports its connector's errors (a handshake timeout) and socket errors (an
             # unknown host) as they are, not as AMQPError
@@ -509,9 +504,17 @@ class RabbitMQSink(Sink):
         if self._conn is None or not self._conn.is_open:
             self._channel = self._draining = None
             self._blocked_since = None
+            self._unblocked = asyncio.Event()
+            self._unblocked.set()
             self._conn = await self._connect()
             self._conn.add_on_connection_blocked_callback(lambda *_: self._on_blocked(True))
             self._conn.add_on_connection_unblocked_callback(lambda *_: self._on_blocked(False))
+            unblocked = self._unblocked
+            self._conn.add_on_close_callback(lambda *_: unblocked.set())  # (nothing to wait for)
+        else:
+            # a declaration on a blocked connection waits unanswered (RPC_TIMEOUT, then a
+            # misleading "did not answer"): wait for the alarm to clear instead (review)
+            await self._wait_unblocked()
         if self._channel is None or not self._channel.usable:
             self._channel = await _ConfirmChannel.open(self._conn)
             if self._blocked_since is not None:
@@ -576,9 +579,24 @@ class RabbitMQSink(Sink):
         """connection.blocked / unblocked (on the loop): waits for confirms learn it."""
         now = asyncio.get_running_loop().time()
         self._blocked_since = now if blocked else None
+        if self._unblocked is not None:
+            if blocked:
+                self._unblocked.clear()
+            else:
+                self._unblocked.set()
         for channel in (self._channel, self._draining):
             if channel is not None:
                 channel.set_blocked(now + BLOCKED_TIMEOUT if blocked else None)
+
+    async def _wait_unblocked(self) -> None:
+        """Return once the broker does not block the connection; ``_Blocked`` after
+        BLOCKED_TIMEOUT."""
+        if self._unblocked is None or self._unblocked.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._unblocked.wait(), BLOCKED_TIMEOUT)
+        except TimeoutError:
+            raise _Blocked from None
 
     # -- writes -----------------------------------------------------------------------
 
@@ -591,7 +609,9 @@ class RabbitMQSink(Sink):
 
         async def settle() -> None:
             if self._blocked_since is not None:
-                draining.set_blocked(asyncio.get_running_loop().time() + BLOCKED_TIMEOUT)
+                draining.set_blocked(
+                    asyncio.get_running_loop().time() + BLOCKED_TIMEOUT, renew=True
+                )
             # (a stale message returned or refused is the failed batch's, retried now)
             with contextlib.suppress(_Returned, _Nacked):
                 await draining.settle(0, past_failure=True)
@@ -669,11 +689,9 @@ class RabbitMQSink(Sink):
         none of a failed attempt reaches a queue after a retry's (unless the broker
         blocked the connection: module docstring)."""
         exchange = self.options.exchange or ""
-        if self._blocked_since is not None:
-            # nothing goes out on a blocked connection: wait for the alarm to clear (the
-            # batch fails after BLOCKED_TIMEOUT, nothing of it sent)
-            channel.set_blocked(asyncio.get_running_loop().time() + BLOCKED_TIMEOUT)
-            await channel.wait_unblocked()
+        # nothing goes out on a blocked connection: wait for the alarm to clear (the batch
+        # fails after BLOCKED_TIMEOUT, nothing of it sent)
+        await self._wait_unblocked()
         try:
             for msg_id, doc in messages:
                 key = self.queue or f"litecdc.{self.spec.name}.{doc['op']}"
@@ -745,22 +763,28 @@ class RabbitMQSink(Sink):
         loop, self._loop = self._loop, None
         conn, self._conn, self._channel = self._conn, None, None
         self._draining = None  # (stopping while blocked: see docs/pipeline.md)
+        # a blocked broker reads no connection.close: cut the connection (review: each
+        # close waited CLOSE_TIMEOUT, one after another at shutdown)
+        blocked = self._unblocked is not None and not self._unblocked.is_set()
         if loop is None:
             return
         if conn is not None:
             try:
-                loop.run(_close_connection(conn), CLOSE_TIMEOUT + 1)
+                loop.run(_close_connection(conn, abort=blocked), CLOSE_TIMEOUT + 1)
             except Exception as exc:  # closing a dead connection: nothing left to do
                 log.debug("rabbitmq sink: close: %s", exc)
         loop.stop()
 
 
-async def _close_connection(conn: Any) -> None:
+async def _close_connection(conn: Any, *, abort: bool = False) -> None:
     if conn.is_closed:
         return
     closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     conn.add_on_close_callback(lambda _conn, _reason: _settle(closed, None))
-    if not conn.is_closing:
+    if abort:
+        # (pika has no public abort: this is what its blocked_connection_timeout used)
+        conn._terminate_stream(pika.exceptions.ConnectionBlockedTimeout("closing while blocked"))
+    elif not conn.is_closing:
         conn.close()
     await asyncio.wait_for(closed, CLOSE_TIMEOUT)
 
