@@ -1381,18 +1381,25 @@ class Engine:
                     f"INSERT INTO {CHANGES_TABLE} VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                     self._buffer.rows(entry.cid, entry.timestamp_ms),
                 )
-            written = sorted(access.writes | ({SCHEMA_OBJECT} if access.barrier else set()))
-            if written:
+            if access.barrier:
+                # every later entry depends on this one, and it on everything before: no
+                # other name's cids can decide a snapshot any more (Journal._record forgets
+                # them too) — kept, every table or index name ever used stayed (soak QA)
+                writer.execute(f"DELETE FROM {TABLE_CIDS_TABLE} WHERE name <> ?", (SCHEMA_OBJECT,))
+                writes, reads = {SCHEMA_OBJECT}, set()
+            else:
+                writes, reads = access.writes, access.reads
+            if writes:
                 writer.executemany(
                     f"INSERT INTO {TABLE_CIDS_TABLE}(name, cid) VALUES (?, ?) "
                     "ON CONFLICT(name) DO UPDATE SET cid = max(cid, excluded.cid)",
-                    [(name, entry.cid) for name in written],
+                    [(name, entry.cid) for name in sorted(writes)],
                 )
-            if access.reads:
+            if reads:
                 writer.executemany(
                     f"INSERT INTO {TABLE_CIDS_TABLE}(name, cid, read_cid) VALUES (?, 0, ?) "
                     "ON CONFLICT(name) DO UPDATE SET read_cid = max(read_cid, excluded.read_cid)",
-                    [(name, entry.cid) for name in sorted(access.reads)],
+                    [(name, entry.cid) for name in sorted(reads)],
                 )
             if access.reshaped:
                 self._record_reshapes(entry.cid, access.reshaped)

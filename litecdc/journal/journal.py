@@ -195,14 +195,20 @@ class Journal:
 
     def _record(self, cid: int, access: Access) -> None:
         """Update the in-memory view after ``cid`` was committed."""
-        for name in access.writes:
-            if self._written.get(name, 0) < cid:
-                self._written[name] = cid
-        for name in access.reads:
-            if self._read.get(name, 0) < cid:
-                self._read[name] = cid
         if access.barrier:
+            # every later entry depends on a barrier, and it on everything before: no name's
+            # cids can outweigh it in a snapshot any more, so none are kept (soak QA: every
+            # name ever used stayed, here and in _litecdc_table_cids)
+            self._written.clear()
+            self._read.clear()
             self._schema_cid = max(self._schema_cid, cid)
+        else:
+            for name in access.writes:
+                if self._written.get(name, 0) < cid:
+                    self._written[name] = cid
+            for name in access.reads:
+                if self._read.get(name, 0) < cid:
+                    self._read[name] = cid
         self._last = max(self._last, cid)
         if cid == self._available + 1:
             self._available = cid

@@ -1000,3 +1000,37 @@ def test_an_entry_interrupted_from_outside_is_not_recorded_as_failed(tmp_path: P
     triggers = store.query([S("SELECT name FROM sqlite_schema WHERE type = 'trigger'")])
     assert triggers[0].rows == [("tr1",), ("tr2",)]
     store.close()
+
+
+def test_a_barrier_forgets_the_cids_of_every_other_name(tmp_path: Path) -> None:
+    """Soak QA: _litecdc_table_cids (and the journal's memory of it) kept a row for every
+    table or index name ever used, dropped ones too. No name's cid can outweigh a later
+    barrier in a snapshot, so a barrier forgets them: the rows stay as many as the names
+    touched since the last schema change, and snapshots are what they were."""
+    store = Store(NodeConfig(data_dir=tmp_path / "n"))
+    try:
+        store.execute([S("CREATE TABLE keep(v)")])
+        for i in range(30):  # staging tables, made, filled and dropped
+            store.execute([S(f"CREATE TABLE stage{i}(v)"), S(f"INSERT INTO stage{i} VALUES(1)")])
+            store.execute([S(f"DROP TABLE stage{i}")])
+        names = store.query([S("SELECT name FROM _litecdc_table_cids ORDER BY name")])[0].rows
+        assert names == [("sqlite_schema",)]
+        barrier = store.execute([S("CREATE TABLE other(v)")]).cid
+        assert barrier is not None
+        first = store.execute([S("INSERT INTO keep VALUES(1)")])
+        assert first.snapshot == barrier  # on the last schema change
+        second = store.execute([S("INSERT INTO keep SELECT v FROM keep")])
+        assert second.snapshot == first.cid  # on keep's last writer
+        third = store.execute([S("INSERT INTO other VALUES(1)")])
+        assert third.snapshot == barrier  # other was not written since
+    finally:
+        store.close()
+    reopened = Store(NodeConfig(data_dir=tmp_path / "n"))  # the same, read back from the table
+    try:
+        fourth = reopened.execute([S("INSERT INTO keep VALUES(2)")])
+        assert fourth.snapshot == second.cid
+        assert reopened.execute([S("INSERT INTO other SELECT v FROM keep")]).snapshot == (
+            fourth.cid  # keep's last writer, later than other's (third)
+        )
+    finally:
+        reopened.close()
