@@ -1385,7 +1385,11 @@ class Engine:
                 # every later entry depends on this one, and it on everything before: no
                 # other name's cids can decide a snapshot any more (Journal._record forgets
                 # them too) — kept, every table or index name ever used stayed (soak QA)
-                writer.execute(f"DELETE FROM {TABLE_CIDS_TABLE} WHERE name <> ?", (SCHEMA_OBJECT,))
+                writer.execute(
+                    f"DELETE FROM {TABLE_CIDS_TABLE} "
+                    "WHERE name <> ? AND cid <= ? AND read_cid <= ?",
+                    (SCHEMA_OBJECT, entry.cid, entry.cid),
+                )
                 writes, reads = {SCHEMA_OBJECT}, set()
             else:
                 writes, reads = access.writes, access.reads

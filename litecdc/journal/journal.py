@@ -199,8 +199,10 @@ class Journal:
             # every later entry depends on a barrier, and it on everything before: no name's
             # cids can outweigh it in a snapshot any more, so none are kept (soak QA: every
             # name ever used stayed, here and in _litecdc_table_cids)
-            self._written.clear()
-            self._read.clear()
+            # (only cids up to its own: one above it could only come from entries recorded
+            # out of dependency order, which nothing does — not relied on, review)
+            self._written = {name: c for name, c in self._written.items() if c > cid}
+            self._read = {name: c for name, c in self._read.items() if c > cid}
             self._schema_cid = max(self._schema_cid, cid)
         else:
             for name in access.writes:
