@@ -1434,10 +1434,15 @@ class _RqliteHeaders:
             # say so, as an unknown outcome — a write may have committed (it answered a
             # bare 500 before: review QA)
             if not started:
+                path = str(scope.get("path", "")).rstrip("/")
+                if scope.get("method") in ("GET", "HEAD") or path.endswith("/db/query"):
+                    # (a read: "a write … may have been applied" misled — reads QA)
+                    outcome = "it only reads: retry it"
+                else:
+                    outcome = "a write in it may have been applied: check before retrying"
                 await _text_error(
                     504,
-                    "the node stopped before this request finished; a write in it may "
-                    "have been applied: check before retrying",
+                    f"the node stopped before this request finished; {outcome}",
                     dict(self._text_headers),
                 )(scope, receive, send)
             raise
