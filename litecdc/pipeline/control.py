@@ -60,7 +60,8 @@ def subscribe(
     parsed = parse_parquet_url(sink) if is_parquet_url(sink) else parse_sink_url(sink)
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     urls = parse_urls(sources)
-    known = {s.name for s in store.list_subscriptions(include_cancelled=True)}
+    existing = store.list_subscriptions(include_cancelled=True)
+    known = {s.name for s in existing}
     with _client(urls, opts) as client:
         info = client.table_info(table)
         hold = None if name in known else client.subscriptions().get(name)
@@ -84,7 +85,7 @@ def subscribe(
                 "allowed to execute)"
             )
     # a SQL sink's table defaults to the source table's name, as the node spells it
-    others = [s for s in store.list_subscriptions(include_cancelled=True) if s.name != name]
+    others = [s for s in existing if s.name != name]
     _check_own_destination(sink, info.spec.name, others)
     if isinstance(parsed, SqlOptions | AmqpOptions):
         # names the server cannot hold (a SQL table's, a queue's or routing key's over
