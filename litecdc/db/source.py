@@ -63,8 +63,12 @@ from litecdc.wire import (
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 
 
-#: words of declared types of NUMERIC affinity whose columns hold text in practice
-_TEXT_WORDS = frozenset({"JSON", "JSONB", "UUID", "GUID", "STRING", "ENUM", "XML", "ANY"})
+#: words of declared types of NUMERIC affinity whose columns hold numbers in practice;
+#: every other name with that affinity (JSON, UUID, INET, EMAIL, URL…) is mirrored as text
+_NUMBER_WORDS = frozenset(
+    {"NUMERIC", "NUM", "DECIMAL", "DEC", "NUMBER", "MONEY", "SMALLMONEY", "FIXED", "SERIAL",
+     "SMALLSERIAL", "BIGSERIAL", "YEAR", "BIT"}
+)  # fmt: skip
 
 
 def arrow_type_name(declared: str, *, strict: bool = False) -> str:
@@ -73,9 +77,10 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
     SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
     BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
     BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
-    functions), the names of text kinds (JSON, UUID, STRING, ENUM, XML, ANY…: NUMERIC
-    affinity too, but such columns hold text — types QA: a JSON column's every value
-    stopped its subscription) → string, anything else (NUMERIC, DECIMAL…) → float64.
+    functions), the names of number kinds (NUMERIC, DECIMAL, NUMBER, MONEY…) → float64,
+    and any other name → string: NUMERIC affinity too, but such columns (JSON, UUID,
+    INET, EMAIL, URL…) hold text, and text holds numbers exactly as well (types QA: a
+    JSON column's every value stopped its subscription; INET and URL columns did too).
     A column with no declared type can hold anything; it is mirrored as text (numbers
     written out exactly), and so is a STRICT table's ``ANY`` column, which has no
     affinity either (QA: it was mirrored as float64).
@@ -97,9 +102,9 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
         return "int64"
     if "DATE" in t or "TIME" in t:
         return "string"
-    if _TEXT_WORDS.intersection(re.findall(r"[A-Z]+", t)):
-        return "string"
-    return "float64"
+    if _NUMBER_WORDS.intersection(re.findall(r"[A-Z]+", t)):
+        return "float64"
+    return "string"
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,13 @@ from litecdc.db.source import arrow_type_name
         ("BOOLEAN", "int64"), ("DATETIME", "string"), ("", "string"),
         ("NUMERIC", "float64"), ("DECIMAL(10,2)", "float64"), ("NUMBER", "float64"),
         ("MONEY", "float64"), ("SERIAL", "float64"), ("YEAR", "float64"),
-        ("COMPANY", "float64"),  # (words, not parts of them)
+        ("UNSIGNED DEC(4)", "float64"),
+        ("DECADE", "string"),  # (words, not parts of them)
         # NUMERIC affinity, but text in practice (types QA): as an untyped column
         ("JSON", "string"), ("jsonb", "string"), ("UUID", "string"), ("STRING", "string"),
         ("ANY", "string"), ("ENUM('a','b')", "string"), ("XML", "string"),
+        ("INET", "string"), ("EMAIL", "string"), ("URL", "string"), ("CIDR", "string"),
+        ("COMPANY", "string"), ("INTERVAL", "int64"),  # SQLite: INTERVAL has INT affinity
     ],
 )  # fmt: skip
 def test_declared_types_map_to_arrow_types(declared: str, arrow: str) -> None:
@@ -31,11 +34,12 @@ def test_a_json_column_is_served_as_its_text_and_numbers_written_out(store: Stor
     its first text value stopped the subscription."""
     store.execute(
         [
-            Statement("CREATE TABLE docs(id INTEGER PRIMARY KEY, body JSON, ref UUID)"),
-            Statement("""INSERT INTO docs VALUES(1, '{"a": [1, 2]}', 'f47ac10b')"""),
-            Statement("INSERT INTO docs VALUES(2, 12345678901234567, 0.1)"),
+            Statement("CREATE TABLE docs(id INTEGER PRIMARY KEY, body JSON, ref UUID, peer INET)"),
+            Statement("""INSERT INTO docs VALUES(1, '{"a": [1, 2]}', 'f47ac10b', '::1')"""),
+            Statement("INSERT INTO docs VALUES(2, 12345678901234567, 0.1, 10)"),
         ]
     )
     page = store.source_rows("docs", None, None, 10)
     assert page.rows.column("body").to_pylist() == ['{"a": [1, 2]}', "12345678901234567"]
     assert page.rows.column("ref").to_pylist() == ["f47ac10b", "0.1"]
+    assert page.rows.column("peer").to_pylist() == ["::1", "10"]
