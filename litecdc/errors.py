@@ -131,6 +131,13 @@ class NotReadyError(LitecdcError):
     http_status = 503
 
 
+class StorageFullError(LitecdcError):
+    """The node's disk has no room left (SQLite's "database or disk is full"): the node's
+    environment, not the request — nothing it asked for was done."""
+
+    http_status = 507
+
+
 class OutcomeUnknownError(LitecdcError):
     """A write may have been committed: retrying it blindly could apply it twice."""
 

@@ -83,6 +83,13 @@ def _not_a_file(where: Path) -> str | None:
 
 def unusable(path: str, exc: apsw.Error) -> DataFileError:
     """The error for an SQLite error met while opening ``path``."""
+    if isinstance(exc, apsw.FullError):
+        # the disk, not the file: the file is fine once there is room (retain QA: told to
+        # restore a good file from a backup)
+        return DataFileError(
+            f"cannot use the node's database {path}: the disk it is on is full ({exc}); "
+            "free space there and start the node again"
+        )
     reason = next((text for kind, text in _UNUSABLE.items() if isinstance(exc, kind)), None)
     detail = reason or str(exc)
     return DataFileError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import gc
 import gzip
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import apsw
 import msgspec
 from anyio import CapacityLimiter, to_thread
 from starlette.applications import Starlette
@@ -66,6 +68,7 @@ from litecdc.errors import (
     NotReadyError,
     RequestError,
     StatementError,
+    StorageFullError,
     UnsupportedEncodingError,
     http_status_for,
 )
@@ -577,12 +580,26 @@ class _Api:
         )
 
     def _backup_to(self, path: str, compress: bool, delete_mode: bool) -> None:
-        self.store.backup(path, rollback_journal=delete_mode)
-        if compress:
-            packed = path + ".gz"
-            with open(path, "rb") as src, gzip.open(packed, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1024 * 1024)
-            os.replace(packed, path)
+        try:
+            self.store.backup(path, rollback_journal=delete_mode)
+            if compress:
+                packed = path + ".gz"
+                try:
+                    with open(path, "rb") as src, gzip.open(packed, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1024 * 1024)
+                except BaseException:
+                    _remove(packed)
+                    raise
+                os.replace(packed, path)
+        except (apsw.FullError, OSError) as exc:
+            if _storage_full(exc) is None:
+                raise
+            # SQLite's backup API reports it as "not an error" (retain QA)
+            raise StorageFullError(
+                "insufficient storage: no room for the backup's copy of the database on the "
+                f"disk of the node's data directory {self.config.data_dir}, where it is made "
+                "before it is sent; free space there, or ask for fmt=sql, which needs none"
+            ) from exc
 
     async def load(self, request: Request) -> Response:
         if r := await self._gate(request, ("load",), ("POST",)):
@@ -1293,15 +1310,31 @@ def _guard(
             # (it was logged as an internal error, twice, with tracebacks: QA)
             log.info("%s %s: the client disconnected mid-body", request.method, request.url.path)
             return Response(status_code=400)
-        except LitecdcError as exc:
-            status = http_status_for(exc)
+        except (LitecdcError, apsw.FullError, OSError) as exc:
+            error = _storage_full(exc) if isinstance(exc, (apsw.FullError, OSError)) else exc
+            if error is None:
+                raise  # an OSError other than a full disk: a 500, with its traceback
+            status = http_status_for(error)
             if status >= 500:
-                log.error("%s %s failed: %s", request.method, request.url.path, exc)
+                log.error("%s %s failed: %s", request.method, request.url.path, error)
             if json_errors:
-                return _json({"error": str(exc)}, status=status)
-            return _text_error(status, str(exc))
+                return _json({"error": str(error)}, status=status)
+            return _text_error(status, str(error))
 
     return guarded
+
+
+def _storage_full(exc: BaseException) -> StorageFullError | None:
+    """The answer to a full disk (SQLite's or the OS's ENOSPC): the node's environment,
+    not a bug — it was a 500 "internal error" with two tracebacks (retain QA). Whatever
+    met it changed nothing: a write that meets it rolls back as a whole."""
+    if isinstance(exc, OSError) and exc.errno != errno.ENOSPC:
+        return None
+    return StorageFullError(
+        f"insufficient storage: the node's disk is full ({exc}); nothing was changed: free "
+        "space on the disk of the node's data directory, then retry (deleting rows needs "
+        "room too: their changes are captured)"
+    )
 
 
 def _not_found(path: str) -> Response:

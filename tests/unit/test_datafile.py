@@ -11,7 +11,7 @@ import apsw
 import pytest
 
 from litecdc import NodeConfig, Statement, Store
-from litecdc.db.datafile import expected_columns
+from litecdc.db.datafile import expected_columns, unusable
 from litecdc.db.engine import Engine
 from litecdc.db.schema import (
     DATA_FORMAT,
@@ -55,6 +55,17 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path)
     open_store(tmp_path / "other").close()  # the lock on the refused directory was released
     with pytest.raises(DataFileError):
         open_store(tmp_path)
+
+
+def test_a_full_disk_at_start_names_the_disk_not_the_file() -> None:
+    """Retain QA: a node started on a nearly full disk was told its (sound) database
+    file was unusable and to restore it from a backup."""
+    error = unusable("/d/db.sqlite", apsw.FullError("database or disk is full"))
+    assert str(error) == (
+        "cannot use the node's database /d/db.sqlite: the disk it is on is full (database or "
+        "disk is full); free space there and start the node again"
+    )
+    assert "backup" in str(unusable("/d/db.sqlite", apsw.CorruptError("malformed")))
 
 
 def _plain_database(path: Path, *statements: str) -> bytes:
