@@ -300,7 +300,7 @@ class LogAppender:
                 self._append(batch, fence)
             except Exception as exc:
                 log.exception("log append failed unexpectedly")
-                self._lost(batch, f"log append failed: {exc}", unknown=True)
+                self._lost(batch, fence, f"log append failed: {exc}", unknown=True)
 
     def _append(self, batch: list[Submission], fence: int) -> None:
         keys = [log_key(self.cluster, s.entry.cid) for s in batch]
@@ -317,15 +317,18 @@ class LogAppender:
                 # Ambiguous: the txn may have been applied. Sending it again is safe: its
                 # guards let at most one attempt succeed, and the failure branch reads the
                 # first key back, so an earlier success is recognised below.
-                if time.monotonic() >= deadline or self._is_closed():
-                    self._lost(batch, f"the outcome of a log append is unknown: {exc}",
+                if time.monotonic() >= deadline or self._is_closed() or self._term_over(fence):
+                    # (a term that ended — this node's next one may have begun — needs no
+                    # answer: its take-over read the log as it is; the queue is the new
+                    # term's, waiting behind this txn: cluster QA, 10 s of failed writes)
+                    self._lost(batch, fence, f"the outcome of a log append is unknown: {exc}",
                                unknown=True)  # fmt: skip
                     return
                 log.warning("log append of cids %d-%d: %s; sending it again",
                             batch[0].entry.cid, batch[-1].entry.cid, exc)  # fmt: skip
                 time.sleep(self.retry_interval)
             except ClusterError as exc:  # refused (NOSPACE, permissions…): nothing appended
-                self._lost(batch, f"etcd refused the log append: {exc}", error=exc)
+                self._lost(batch, fence, f"etcd refused the log append: {exc}", error=exc)
                 return
         if result.succeeded:
             self._appended(batch, result.revision)
@@ -346,11 +349,16 @@ class LogAppender:
             )
         with self._lock:
             self.fenced += 1
-        self._lost(batch, f"log append refused: {reason}")
+        self._lost(batch, fence, f"log append refused: {reason}")
 
     def _is_closed(self) -> bool:
         with self._lock:
             return self._closed
+
+    def _term_over(self, fence: int) -> bool:
+        """Whether the term that took a batch under ``fence`` has ended."""
+        with self._lock:
+            return self._fence != fence
 
     def _appended(self, batch: list[Submission], revision: int) -> None:
         with self._lock:
@@ -365,25 +373,36 @@ class LogAppender:
     def _lost(
         self,
         batch: list[Submission],
+        fence: int,
         reason: str,
         *,
         unknown: bool = False,
         error: LitecdcError | None = None,
     ) -> None:
-        """The batch is not (known to be) in the log: this node stops leading.
+        """The batch, taken under ``fence``, is not (known to be) in the log: this node
+        stops leading, if that term is still on.
 
         Everything queued behind it has higher cids, so it fails too; a new term (this
-        node's or another's) allocates cids again from what the log holds.
+        node's or another's) allocates cids again from what the log holds. A batch of a
+        term that already ended fails alone: the queue, the allocations and the lease are
+        the next term's, which read the log after this batch could last be appended
+        (cluster QA: an old term's append timing out on a paused etcd member deposed the
+        node's new term, failing its writes for 10 s).
         """
         with self._lock:
-            self._fence = None
-            queued = list(self._queue)
-            self._queue.clear()
-        log.warning("%s; stepping down", reason)
-        if unknown:
-            _fail(batch, EtcdUnavailableError(reason))
+            current = self._fence == fence
+            queued: list[Submission] = []
+            if current:
+                self._fence = None
+                queued = list(self._queue)
+                self._queue.clear()
+        if current:
+            log.warning("%s; stepping down", reason)
         else:
-            _fail(batch, error or NotLeaderError(reason))
+            log.info("%s (a txn of a term that already ended)", reason)
+        _fail(batch, EtcdUnavailableError(reason) if unknown else error or NotLeaderError(reason))
+        if not current:
+            return
         _fail(queued, NotLeaderError(f"not appended to the log: {reason}"))
         self.journal.forget_allocations()
         self._step_down(reason)

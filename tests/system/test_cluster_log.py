@@ -6,6 +6,7 @@ replaced at will; test_cluster_node.py runs the same parts inside ClusterNodes.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,7 +137,8 @@ def test_a_deposed_leaders_append_fails_and_it_steps_down(log: Fixture) -> None:
     )
     with pytest.raises(NotLeaderError, match="created again"):
         submission.result(5)
-    assert len(log.step_downs) == 1 and log.appender.fenced == 1
+    wait_for(lambda: len(log.step_downs) == 1, 5)  # (right after the submission fails)
+    assert log.appender.fenced == 1
     assert log.client.get(log_key(log.cluster, submission.entry.cid)) is None
     with pytest.raises(NotLeaderError):  # closed until opened again with a fence
         log.appender.submit(lambda: log.leader.journal.prepare_entry([S("SELECT 1")]))
@@ -166,6 +168,52 @@ def test_an_ambiguous_append_is_sent_again_and_recognised(
     kv = log.client.get(log_key(log.cluster, entry.cid))
     assert kv is not None and kv.mod_revision == revision
     assert log.step_downs == [] and log.appender.entries == 1
+
+
+def test_an_old_terms_append_that_fails_late_leaves_the_new_term_leading(
+    log: Fixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cluster QA: with one etcd member paused, a txn of the node's previous term timed
+    out after the node had begun its next term; its failure then deposed that new term
+    (its fence cleared, its queued writes failed, its lease revoked): 10 s of failed
+    writes. The paused member is simulated by a txn that hangs, then fails as a
+    deadline does."""
+    first, _ = log.submit([S("CREATE TABLE t(x)")])
+    wait_for(lambda: log.leader.journal.last_cid() == first.cid, 5)
+    real_txn = log.client.txn
+    stuck = threading.Event()
+    release = threading.Event()
+
+    def txn_to_a_paused_member(*args: object, **kwargs: object) -> object:
+        if not release.is_set():
+            stuck.set()
+            release.wait(10)
+            raise EtcdUnavailableError("txn: etcd did not answer (DEADLINE_EXCEEDED)")
+        return real_txn(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(log.client, "txn", txn_to_a_paused_member)
+    old = log.appender.submit(
+        lambda: log.leader.journal.prepare_entry([S("INSERT INTO t VALUES('old term')")])
+    )
+    assert stuck.wait(5)
+    # the term ends (the lease was lost), and the node wins the next one while the old
+    # term's txn is still out (its take-over caught up with the log: first is applied)
+    log.appender.close_leadership("leadership lost")
+    new_fence = log.take_leader_key()
+    log.leader.journal.forget_allocations()
+    log.appender.open(new_fence, log.leader.journal.last_cid() + 1)
+    queued = log.appender.submit(
+        lambda: log.leader.journal.prepare_entry([S("INSERT INTO t VALUES('new term')")])
+    )
+    release.set()
+    with pytest.raises(EtcdUnavailableError, match="outcome of a log append is unknown"):
+        old.result(10)
+    assert queued.result(10) > new_fence  # appended in the new term, behind the old txn
+    assert queued.entry.cid == old.entry.cid == first.cid + 1  # the old one is not in the log
+    assert log.step_downs == []
+    assert log.appender.accepting
+    again, _ = log.submit([S("INSERT INTO t VALUES('after')")])
+    assert again.cid == queued.entry.cid + 1
 
 
 def test_a_write_too_large_for_etcd_is_refused_and_its_cid_left_empty(log: Fixture) -> None:
