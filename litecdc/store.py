@@ -355,6 +355,8 @@ class Store:
                 "behind and its hold expired; register again and re-snapshot",
                 pruned_cid=self.subscribers().pruned_cid,
             )
+        if cid <= hold.cid:
+            return hold  # never back: nothing to write (each write is a commit, replicated)
         self._internal_writer(
             advance_hold_sql(name, cid, self.config.retention_cids, webhook=self._webhook)
         )

@@ -202,8 +202,12 @@ def test_advance_moves_the_hold_forward_only(make_store: StoreFactory) -> None:
     assert store.advance_subscriber("a", cids[2]).cid == cids[2]
     assert store.subscribers().pruned_cid == cids[2]
     assert change_cids(store) == cids[3:]
+    head = store.subscribers().last_cid
     assert store.advance_subscriber("a", cids[0]).cid == cids[2]  # never back
+    assert store.advance_subscriber("a", cids[2]).cid == cids[2]
     assert store.subscribers().pruned_cid == cids[2]
+    # a move to where the hold is, or behind it, is no commit (retain QA: each was one)
+    assert store.subscribers().last_cid == head
     with pytest.raises(NotFoundError):
         store.advance_subscriber("nobody", cids[0])
 
