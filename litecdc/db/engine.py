@@ -335,12 +335,20 @@ class _LastResult:
 
     def run(self, cursor: apsw.Cursor, sql: str, params: Any, *, can_cache: bool = True) -> None:
         cursor.exec_trace = self
-        executing = cursor.execute(sql, params, can_cache=can_cache)
-        if parse_template(sql).statements > 1:
-            for row in executing:
-                self.rows.append(row)
-        else:
-            self.rows = executing.fetchall()
+        try:
+            executing = cursor.execute(sql, params, can_cache=can_cache)
+            if parse_template(sql).statements > 1:
+                for row in executing:
+                    self.rows.append(row)
+            else:
+                self.rows = executing.fetchall()
+        except BaseException:
+            # a row that fails to convert (text that is not UTF-8 from RETURNING) leaves
+            # the statement running until the cursor is collected: the savepoint's
+            # ROLLBACK TO then failed with "SQL statements in progress", a 500, and so
+            # did the next writes (SQL-surface QA). Closing it ends the statement now.
+            cursor.close(True)
+            raise
 
 
 class Engine:
