@@ -307,6 +307,12 @@ class _BatchRolledBack(Exception):
     """A statement rolled back the whole transaction of in_one_transaction."""
 
 
+def _breaks_a_constraint(problem: str) -> bool:
+    """Whether a line of SQLite's quick_check is a row its table's CHECK or NOT NULL
+    constraint refuses (the rest is damage)."""
+    return problem.startswith(("CHECK constraint failed in ", "NULL value in "))
+
+
 class _LastResult:
     """An exec tracer that keeps the result of the *last* SQL statement run.
 
@@ -2085,6 +2091,13 @@ class Engine:
                 # (a damaged page can still read, without some of its rows: loading it
                 # replaced the whole database and silently lost those rows — QA)
                 found = "; ".join(str(row[0]) for row in problems)
+                if all(_breaks_a_constraint(str(row[0])) for row in problems):
+                    # sound pages, rows its constraints refuse (written with
+                    # ignore_check_constraints, say): not damage (SQL-surface QA)
+                    raise LoadError(
+                        f"load: the uploaded SQLite file holds rows its tables' constraints "
+                        f"refuse: {found}; fix or delete those rows, then load it again"
+                    )
                 raise LoadError(f"load: the uploaded SQLite file is damaged: {found}")
             # litecdc's own tables (a backup's) are left out; a client object in that
             # namespace would be left out too, without a word (QA): say so instead

@@ -466,6 +466,24 @@ def test_load_of_a_damaged_file_that_still_reads_is_refused(store: Store, tmp_pa
     assert store.query([S("SELECT v FROM keep")])[0].rows == [("precious",)]
 
 
+def test_load_of_a_file_whose_rows_break_a_constraint_says_so(store: Store, tmp_path: Path) -> None:
+    """SQL-surface QA: a sound file holding a row its CHECK refuses (written with
+    ignore_check_constraints) was called "damaged"."""
+    made = apsw.Connection(str(tmp_path / "checked.db"))
+    made.execute("PRAGMA ignore_check_constraints = ON")
+    made.execute("CREATE TABLE k(id INTEGER PRIMARY KEY, v INTEGER CHECK (v > 0))")
+    made.execute("INSERT INTO k VALUES(1, 5), (2, -1)")
+    made.close()
+    before = store.journal.last_cid()
+    with pytest.raises(LoadError) as refused:
+        store.load((tmp_path / "checked.db").read_bytes())
+    assert str(refused.value) == (
+        "load: the uploaded SQLite file holds rows its tables' constraints refuse: CHECK "
+        "constraint failed in k; fix or delete those rows, then load it again"
+    )
+    assert store.journal.last_cid() == before
+
+
 def test_load_of_a_file_with_a_table_in_litecdcs_names_says_so(
     store: Store, tmp_path: Path
 ) -> None:
