@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from litecdc.errors import ConfigError, PipelineError
 
@@ -67,17 +70,18 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
 
         from litecdc.pipeline.datasource import register
 
-        spark = (
-            SparkSession.builder.master(master)
-            .appName(app_name)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .getOrCreate()
-        )
+        with _jvm_ignoring_sigterm():
+            spark = (
+                SparkSession.builder.master(master)
+                .appName(app_name)
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.sql.shuffle.partitions", "4")
+                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.driver.host", "127.0.0.1")
+                .getOrCreate()
+            )
     except Exception as exc:  # Java missing, bad master URL…
         raise PipelineError(
             f"could not start Spark (master {master!r}): {exc}; check the master URL "
@@ -88,6 +92,40 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
     _quiet_task_failures(spark)
     register(spark)
     return spark
+
+
+@contextlib.contextmanager
+def _jvm_ignoring_sigterm() -> Iterator[None]:
+    """Start Spark's JVM (if this creates it) with SIGTERM ignored, as PySpark starts it
+    with SIGINT ignored: the driver decides when the JVM ends (``spark.stop()``, or its
+    pipe closing when the driver is gone). A SIGTERM to the whole process group or
+    cgroup — `timeout`, `kill -TERM -PGID`, systemd's default stop — killed the JVM at
+    once, so steps in progress got none of their 10 s and the run printed py4j
+    tracebacks (pipeline QA). A signal ignored at exec stays ignored: the JVM installs
+    no handler for it (HotSpot's JVM_RegisterSignal)."""
+    from pyspark import java_gateway
+
+    popen = getattr(java_gateway, "Popen", None)
+    if popen is None:  # another PySpark layout: start it as it starts it
+        yield
+        return
+
+    def popen_ignoring_sigterm(*args: Any, **kwargs: Any) -> Any:
+        given = kwargs.get("preexec_fn")
+
+        def preexec() -> None:  # (in the child, between fork and exec)
+            if given is not None:
+                given()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+        kwargs["preexec_fn"] = preexec
+        return popen(*args, **kwargs)
+
+    setattr(java_gateway, "Popen", popen_ignoring_sigterm)  # noqa: B010 - (not exported)
+    try:
+        yield
+    finally:
+        setattr(java_gateway, "Popen", popen)  # noqa: B010
 
 
 #: Loggers that print a failed task's whole Python and JVM stack (70 lines) to stderr. The

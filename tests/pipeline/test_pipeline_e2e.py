@@ -16,6 +16,7 @@ Each ``pipeline run`` costs ~8 s of Spark start-up here, so the tests keep them 
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -317,16 +318,41 @@ def test_kill_9_mid_snapshot_and_mid_stream_then_restart_converges(
     for name in names:
         cli.assert_verified(name)
 
-    # SIGTERM (to the driver alone, as a service manager sends it) ends a run cleanly: its
-    # stepping threads stop and it exits 0, nothing recorded as failing
-    run = cli.start()
-    try:
-        run.wait_for(lambda: "incremental stage" in run.log(), "the run to be going")
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.proc.wait(timeout=60) == 0, run.log()[-4000:]
-    finally:
-        run.kill9()  # (the JVM, were it left)
-    assert "FAILING" not in cli.ok("status"), cli.ok("status")
+    # SIGTERM ends a run cleanly: its stepping threads stop and it exits 0, nothing
+    # recorded as failing — sent to the driver alone, and to the whole process group (as
+    # `timeout`, `kill -TERM -PGID` and systemd's default stop send it: pipeline QA, the
+    # JVM died at once, steps got none of their 10 s and py4j printed tracebacks); a
+    # writer keeps steps running Spark jobs when the signal comes
+    writer = Writer(node, "big", order_row, range(1, KILL_ROWS + 1), range(700_000, 800_000))
+    writer.start()
+    for whole_group in (False, True):
+        run = cli.start()
+        try:
+            run.wait_for(lambda r=run: "incremental stage" in r.log(), "the run to be going")
+            if whole_group:
+                os.killpg(run.proc.pid, signal.SIGTERM)
+            else:
+                run.proc.send_signal(signal.SIGTERM)
+            assert run.proc.wait(timeout=60) == 0, run.log()[-4000:]
+            log = run.log()
+            for noise in ("Traceback", "Py4J", "stopped mid-step", "Exception"):
+                assert noise not in log, log[-4000:]
+            _wait_for_group_gone(run.proc.pid)  # the JVM ends with its driver
+        finally:
+            run.kill9()  # (the JVM, were it left)
+        assert "FAILING" not in cli.ok("status"), cli.ok("status")
+    assert writer.stop() > 0
+
+
+def _wait_for_group_gone(pgid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"process group {pgid} still running"
+        time.sleep(0.2)
 
 
 # -- 4: past the retention cap ------------------------------------------------------------
