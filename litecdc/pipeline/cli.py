@@ -189,8 +189,10 @@ def subscribe(
                 },
                 take_over_hold=take_over_hold,
             )
-        finally:
-            store.close()
+        except BaseException:
+            store.close_removing_if_unused()  # (a store this made for it: gone again)
+            raise
+        store.close()
         click.echo(
             f"subscription {sub.name}: table {sub.table_name} at {', '.join(sub.sources)} -> "
             f"{mask_url(sub.sink)} (owner {sub.owner}); `litecdc pipeline run` starts it"

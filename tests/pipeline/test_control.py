@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.litecdc_node import Node
+from e2e.litecdc_node import Node, free_port
 from pipeline_proc import execute, wait_until_pruned_past
 
 from litecdc.errors import (
@@ -616,6 +616,39 @@ def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: P
                 f"working directory ({where}), made by `litecdc pipeline subscribe`"
             ), result.output
         assert not (Path(where) / "litecdc-pipeline.db").exists()
+
+
+def test_a_subscribe_that_fails_leaves_no_store_it_made(tmp_path: Path) -> None:
+    """Pipeline QA: a subscribe refused (here: its source unreachable) left the empty
+    store it had made, and `list` then said "no subscriptions" instead of "no metadata
+    store here". A store that was there already, or holds subscriptions, stays."""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path) as where:
+        explicit = Path(where) / "named.db"
+        for meta in ([], ["--meta", sqlite_url(explicit)]):
+            result = runner.invoke(
+                cli,
+                ["pipeline", "subscribe", *meta, "--source", unreachable, "--table", "t",
+                 "--name", "n", "--sink", f"delta:{Path(where) / 'lake'}"],
+                env={"LITECDC_PIPELINE_META": ""},
+            )  # fmt: skip
+            assert result.exit_code == 1, result.output
+            assert "unreachable" in result.output, result.output
+            assert sorted(p.name for p in Path(where).iterdir()) == [], result.output
+        result = runner.invoke(cli, ["pipeline", "list"], env={"LITECDC_PIPELINE_META": ""})
+        assert result.output.startswith("error: no metadata store here"), result.output
+        MetadataStore.open(sqlite_url(explicit)).close()  # there before: it stays
+        result = runner.invoke(
+            cli,
+            ["pipeline", "subscribe", "--meta", sqlite_url(explicit), "--source", unreachable,
+             "--table", "t", "--name", "n", "--sink", f"delta:{Path(where) / 'lake'}"],
+        )  # fmt: skip
+        assert result.exit_code == 1 and explicit.exists(), result.output
 
 
 def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_path: Path) -> None:
