@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -155,6 +156,7 @@ def subscribe(
 ) -> None:
     """Add a subscription: TABLE at SOURCE, mirrored into SINK (checked first)."""
     from litecdc.pipeline.control import subscribe as add
+    from litecdc.pipeline.metadata import MetadataStore, Subscription, sqlite_path, sqlite_url
 
     with _errors():
         for option, value, most in (
@@ -170,9 +172,9 @@ def subscribe(
             raise ConfigError("--owner is empty: give the name of the server that runs it")
         if not table.strip():
             raise ConfigError("--table is empty: give the source table's name")
-        store = _open(meta, create=True)
-        try:
-            sub = add(
+
+        def add_to(store: MetadataStore) -> Subscription:
+            return add(
                 store,
                 name=name,
                 sources=source,
@@ -189,10 +191,23 @@ def subscribe(
                 },
                 take_over_hold=take_over_hold,
             )
-        except BaseException:
-            store.close_removing_if_unused()  # (a store this made for it: gone again)
-            raise
-        store.close()
+
+        new_file = sqlite_path(meta or default_meta_url())
+        if new_file is not None and not new_file.exists():
+            # a store this would make: everything is checked first against an empty one
+            # of its own, so that a subscribe refused makes no store (pipeline QA: its
+            # empty store said "no subscriptions" where there was none). Never a store
+            # removed afterwards: another subscribe may have opened it meanwhile (review).
+            with (
+                tempfile.TemporaryDirectory(prefix="litecdc-subscribe-") as scratch_dir,
+                MetadataStore.open(sqlite_url(Path(scratch_dir) / "check.db")) as scratch,
+            ):
+                add_to(scratch)
+        store = _open(meta, create=True)
+        try:
+            sub = add_to(store)
+        finally:
+            store.close()
         click.echo(
             f"subscription {sub.name}: table {sub.table_name} at {', '.join(sub.sources)} -> "
             f"{mask_url(sub.sink)} (owner {sub.owner}); `litecdc pipeline run` starts it"

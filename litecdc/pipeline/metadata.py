@@ -216,6 +216,15 @@ class Progress:
         return bool(self.ranges) and all(r.done for r in self.ranges)
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file a ``sqlite:`` metadata URL names; None for another URL, or one naming none."""
+    if not url.lower().startswith("sqlite:"):
+        return None
+    rest = url[len("sqlite:") :]
+    path = rest[2:] if rest.startswith("//") else rest
+    return Path(path) if path and path != "/" else None
+
+
 def sqlite_url(path: str | os.PathLike[str]) -> str:
     """The metadata URL of a SQLite file (made absolute)."""
     return "sqlite://" + str(Path(path).absolute())
@@ -243,8 +252,6 @@ class _Tx(Protocol):
 class _Backend(Protocol):
     description: str
     errors: tuple[type[Exception], ...]  # the driver's errors, converted at the boundary
-    #: the SQLite file this open made (None: it was there, or not a file)
-    created: Path | None
 
     def transaction(self, *, write: bool) -> AbstractContextManager[_Tx]: ...
 
@@ -280,9 +287,7 @@ class _SQLiteBackend:
         )
         if not create and not path.exists():
             raise missing  # (a mistyped --meta made an empty store: QA)
-        self.created: Path | None = None
         if not path.exists():
-            self.created = path
             # owner-only: the store keeps sources' and sinks' passwords in clear; SQLite
             # gives its -wal and -shm files the same mode (it was 0644: security QA)
             with contextlib.suppress(FileExistsError):
@@ -407,7 +412,6 @@ class _PostgresBackend:
 
         self.description = f"PostgreSQL {redact_url(url)}"
         self.errors: tuple[type[Exception], ...] = (psycopg.Error,)
-        self.created: Path | None = None
         self._url = url
         self._connect_timeout = connect_timeout
         self._conn: Any = None
@@ -620,11 +624,10 @@ class MetadataStore:
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
         backend: _Backend
         if scheme == "sqlite":
-            rest = url[len("sqlite:") :]
-            path = rest[2:] if rest.startswith("//") else rest
-            if not path or path == "/":
+            path = sqlite_path(url)
+            if path is None:
                 raise MetadataError(f"metadata URL {url!r} names no file: use sqlite:///path.db")
-            backend = _SQLiteBackend(Path(path), busy_timeout, create=create)
+            backend = _SQLiteBackend(path, busy_timeout, create=create)
         elif scheme in ("postgresql", "postgres"):
             backend = _PostgresBackend(url, connect_timeout)
         else:
@@ -1148,22 +1151,6 @@ class MetadataStore:
             if not self._closed:
                 self._closed = True
                 self._backend.close()
-
-    def close_removing_if_unused(self) -> None:
-        """Close; a SQLite file this open made is removed (with its -wal and -shm) when it
-        holds no subscription: a ``subscribe`` that failed leaves nothing behind (pipeline
-        QA: its empty store then answered `list` with "no subscriptions", where there
-        was no store)."""
-        made = self._backend.created
-        unused = False
-        if made is not None:
-            with contextlib.suppress(MetadataError):  # (unreadable: leave it as it is)
-                unused = not self.list_subscriptions(include_cancelled=True)
-        self.close()
-        if unused and made is not None:
-            for path in (made, Path(f"{made}-wal"), Path(f"{made}-shm")):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
 
     def __enter__(self) -> MetadataStore:
         return self

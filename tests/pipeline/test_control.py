@@ -618,7 +618,7 @@ def test_commands_other_than_subscribe_do_not_make_the_default_store(tmp_path: P
         assert not (Path(where) / "litecdc-pipeline.db").exists()
 
 
-def test_a_subscribe_that_fails_leaves_no_store_it_made(tmp_path: Path) -> None:
+def test_a_subscribe_that_fails_leaves_no_store_it_made(node: Node, tmp_path: Path) -> None:
     """Pipeline QA: a subscribe refused (here: its source unreachable) left the empty
     store it had made, and `list` then said "no subscriptions" instead of "no metadata
     store here". A store that was there already, or holds subscriptions, stays."""
@@ -649,6 +649,17 @@ def test_a_subscribe_that_fails_leaves_no_store_it_made(tmp_path: Path) -> None:
              "--table", "t", "--name", "n", "--sink", f"delta:{Path(where) / 'lake'}"],
         )  # fmt: skip
         assert result.exit_code == 1 and explicit.exists(), result.output
+        with node.client() as c:
+            execute(c, ["CREATE TABLE t (id INTEGER PRIMARY KEY)"])
+        result = runner.invoke(  # one that succeeds makes the default store
+            cli,
+            ["pipeline", "subscribe", "--source", node.url, "--table", "t", "--name", "n",
+             "--sink", f"delta:{Path(where) / 'lake'}"],
+            env={"LITECDC_PIPELINE_META": ""},
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        with MetadataStore.open(sqlite_url(Path(where) / "litecdc-pipeline.db")) as made:
+            assert [s.name for s in made.list_subscriptions()] == ["n"]
 
 
 def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_path: Path) -> None:
