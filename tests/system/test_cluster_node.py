@@ -15,6 +15,7 @@ from litecdc.cluster import (
     ClusterNode,
     EtcdClient,
     EtcdSettings,
+    EtcdUnavailableError,
     LogAppender,
     NotLeaderError,
     leader_key,
@@ -24,7 +25,7 @@ from litecdc.config import NodeConfig
 from litecdc.db import engine as engine_module
 from litecdc.db.engine import WRITE_LIMIT_ERROR
 from litecdc.db.schema import CREATE_CDC_STATE, high_watermark_sql
-from litecdc.errors import ConfigError
+from litecdc.errors import ConfigError, RequestError
 from litecdc.results import Statement as S
 from litecdc.store import Store
 
@@ -279,6 +280,36 @@ def test_internal_entries_go_through_the_log(cluster: Cluster) -> None:
     with pytest.raises(NotLeaderError) as raised:
         follower.write_internal(high_watermark_sql(8))
     assert raised.value.leader_id == leader.node_id
+
+
+def test_a_write_too_large_for_the_log_is_refused_even_when_its_append_is_ambiguous(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a write too large for etcd goes to the log as the empty entry for its cid;
+    when that append's outcome stayed unknown, the write waited for "its" results and got
+    the empty entry's — a success with no results — and its own expectation was never
+    forgotten. The lost answers are simulated: etcd applies the first attempt, and no
+    answer comes back."""
+    leader = cluster.leader()
+    leader.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    with pytest.raises(RequestError, match="too large for the cluster's log"):
+        leader.execute([S("INSERT INTO t VALUES(1, ?)", ("x" * 2_000_000,))])
+    assert not leader.apply_loop._expected  # (nothing kept for the refused write)
+
+    real_txn = leader.client.txn
+    sent: list[bool] = []
+
+    def txn_whose_answers_are_lost(*args: object, **kwargs: object) -> object:
+        if not sent:
+            sent.append(real_txn(*args, **kwargs).succeeded)  # type: ignore[arg-type]
+        raise EtcdUnavailableError("txn: etcd did not answer (simulated)")
+
+    monkeypatch.setattr(leader.appender, "ambiguous_timeout", 0.5)
+    monkeypatch.setattr(leader.client, "txn", txn_whose_answers_are_lost)
+    with pytest.raises(RequestError, match="too large for the cluster's log"):
+        leader.execute([S("INSERT INTO t VALUES(2, ?)", ("y" * 2_000_000,))])
+    assert sent == [True]  # the empty entry is in the log
+    assert not leader.apply_loop._expected
 
 
 def test_a_failed_take_over_retried_successfully_leaves_no_error_in_status(
