@@ -355,8 +355,10 @@ class Store:
                 "behind and its hold expired; register again and re-snapshot",
                 pruned_cid=self.subscribers().pruned_cid,
             )
-        if cid <= hold.cid:
-            return hold  # never back: nothing to write (each write is a commit, replicated)
+        if cid <= hold.cid and self.journal.mode is not Mode.FOLLOWER:
+            # never back: nothing to write (each write is a commit, replicated). A follower
+            # asks the leader still: its own copy may lag a release or an expiry (review)
+            return hold
         self._internal_writer(
             advance_hold_sql(name, cid, self.config.retention_cids, webhook=self._webhook)
         )

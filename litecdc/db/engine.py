@@ -517,7 +517,7 @@ class Engine:
                 self._checkpointer.close()
             try:
                 self._writer.close()
-            except apsw.Error as exc:
+            except (apsw.FullError, apsw.IOError) as exc:
                 # SQLite checkpoints the WAL into the file as its last connection closes;
                 # on a full disk that fails (retain QA: the node exited 1 with a traceback
                 # at SIGTERM). Every commit is in the WAL: the next start checkpoints it.
