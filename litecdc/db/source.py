@@ -66,9 +66,11 @@ _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 #: words of declared types of NUMERIC affinity whose columns hold numbers in practice;
 #: every other name with that affinity (JSON, UUID, INET, EMAIL, URL…) is mirrored as text
 _NUMBER_WORDS = frozenset(
-    {"NUMERIC", "NUM", "DECIMAL", "DEC", "NUMBER", "MONEY", "SMALLMONEY", "FIXED", "SERIAL",
-     "SMALLSERIAL", "BIGSERIAL", "YEAR", "BIT"}
+    {"NUM", "DEC", "FIXED", "SERIAL", "SMALLSERIAL", "BIGSERIAL", "YEAR", "BIT", "CURRENCY",
+     "SINGLE", "PERCENT", "COUNTER", "OID", "XID"}
 )  # fmt: skip
+#: parts of such words (BIGNUMERIC, SMALLDECIMAL, AUTONUMBER, SMALLMONEY…)
+_NUMBER_PARTS = ("NUMERIC", "DECIMAL", "NUMBER", "MONEY")
 
 
 def arrow_type_name(declared: str, *, strict: bool = False) -> str:
@@ -77,7 +79,8 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
     SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
     BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
     BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
-    functions), the names of number kinds (NUMERIC, DECIMAL, NUMBER, MONEY…) → float64,
+    functions), the names of number kinds (NUMERIC, DECIMAL, NUMBER, MONEY, CURRENCY and
+    words holding the first four, as BIGNUMERIC…) → float64,
     and any other name → string: NUMERIC affinity too, but such columns (JSON, UUID,
     INET, EMAIL, URL…) hold text, and text holds numbers exactly as well (types QA: a
     JSON column's every value stopped its subscription; INET and URL columns did too).
@@ -102,7 +105,8 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
         return "int64"
     if "DATE" in t or "TIME" in t:
         return "string"
-    if _NUMBER_WORDS.intersection(re.findall(r"[A-Z]+", t)):
+    words = re.findall(r"[A-Z]+", t)
+    if _NUMBER_WORDS.intersection(words) or any(p in w for w in words for p in _NUMBER_PARTS):
         return "float64"
     return "string"
 

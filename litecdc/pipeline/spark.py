@@ -97,12 +97,12 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
 @contextlib.contextmanager
 def _jvm_ignoring_sigterm() -> Iterator[None]:
     """Start Spark's JVM (if this creates it) with SIGTERM ignored, as PySpark starts it
-    with SIGINT ignored: the driver decides when the JVM ends (``spark.stop()``, or its
-    pipe closing when the driver is gone). A SIGTERM to the whole process group or
-    cgroup — `timeout`, `kill -TERM -PGID`, systemd's default stop — killed the JVM at
-    once, so steps in progress got none of their 10 s and the run printed py4j
-    tracebacks (pipeline QA). A signal ignored at exec stays ignored: the JVM installs
-    no handler for it (HotSpot's JVM_RegisterSignal)."""
+    with SIGINT ignored: the driver decides when the JVM ends (PySpark's JVM exits when
+    its stdin pipe from the driver closes, however the driver ended). A SIGTERM to the
+    whole process group or cgroup — `timeout`, `kill -TERM -PGID`, systemd's default
+    stop — killed the JVM at once, so steps in progress got none of their 10 s and the
+    run printed py4j tracebacks (pipeline QA). A signal ignored at exec stays ignored:
+    the JVM installs no handler for it (HotSpot's JVM_RegisterSignal)."""
     from pyspark import java_gateway
 
     popen = getattr(java_gateway, "Popen", None)

@@ -16,7 +16,9 @@ from litecdc.db.source import arrow_type_name
         ("BOOLEAN", "int64"), ("DATETIME", "string"), ("", "string"),
         ("NUMERIC", "float64"), ("DECIMAL(10,2)", "float64"), ("NUMBER", "float64"),
         ("MONEY", "float64"), ("SERIAL", "float64"), ("YEAR", "float64"),
-        ("UNSIGNED DEC(4)", "float64"),
+        ("UNSIGNED DEC(4)", "float64"), ("BIGNUMERIC", "float64"), ("SMALLDECIMAL", "float64"),
+        ("AUTONUMBER", "float64"), ("CURRENCY", "float64"), ("SMALLMONEY", "float64"),
+        ("OID", "float64"), ("LONG", "string"),  # (MySQL's and Oracle's LONG are text)
         ("DECADE", "string"),  # (words, not parts of them)
         # NUMERIC affinity, but text in practice (types QA): as an untyped column
         ("JSON", "string"), ("jsonb", "string"), ("UUID", "string"), ("STRING", "string"),
