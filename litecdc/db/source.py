@@ -66,11 +66,12 @@ _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
 #: words of declared types of NUMERIC affinity whose columns hold numbers in practice;
 #: every other name with that affinity (JSON, UUID, INET, EMAIL, URL…) is mirrored as text
 _NUMBER_WORDS = frozenset(
-    {"NUM", "DEC", "FIXED", "SERIAL", "SMALLSERIAL", "BIGSERIAL", "YEAR", "BIT", "CURRENCY",
-     "SINGLE", "PERCENT", "COUNTER", "OID", "XID"}
+    {"NUM", "DEC", "NUMBER", "AUTONUMBER", "FIXED", "SERIAL", "SMALLSERIAL", "BIGSERIAL",
+     "YEAR", "BIT", "CURRENCY", "SINGLE", "PERCENT", "COUNTER", "OID", "XID"}
 )  # fmt: skip
-#: parts of such words (BIGNUMERIC, SMALLDECIMAL, AUTONUMBER, SMALLMONEY…)
-_NUMBER_PARTS = ("NUMERIC", "DECIMAL", "NUMBER", "MONEY")
+#: parts of such words (BIGNUMERIC, SMALLDECIMAL, SMALLMONEY…); not NUMBER, a part of
+#: names of text kinds (PHONENUMBER)
+_NUMBER_PARTS = ("NUMERIC", "DECIMAL", "MONEY")
 
 
 def arrow_type_name(declared: str, *, strict: bool = False) -> str:
@@ -79,8 +80,8 @@ def arrow_type_name(declared: str, *, strict: bool = False) -> str:
     SQLite's affinity rules, in their order: INT → int64; CHAR/CLOB/TEXT → string;
     BLOB → binary; REAL/FLOA/DOUB → float64. Then what has NUMERIC affinity:
     BOOL → int64 (SQLite stores 0/1), DATE/TIME → string (stored as text by the date
-    functions), the names of number kinds (NUMERIC, DECIMAL, NUMBER, MONEY, CURRENCY and
-    words holding the first four, as BIGNUMERIC…) → float64,
+    functions), the names of number kinds (NUMBER, CURRENCY…, and words holding NUMERIC,
+    DECIMAL or MONEY, as BIGNUMERIC) → float64,
     and any other name → string: NUMERIC affinity too, but such columns (JSON, UUID,
     INET, EMAIL, URL…) hold text, and text holds numbers exactly as well (types QA: a
     JSON column's every value stopped its subscription; INET and URL columns did too).

@@ -19,6 +19,7 @@ from litecdc.db.source import arrow_type_name
         ("UNSIGNED DEC(4)", "float64"), ("BIGNUMERIC", "float64"), ("SMALLDECIMAL", "float64"),
         ("AUTONUMBER", "float64"), ("CURRENCY", "float64"), ("SMALLMONEY", "float64"),
         ("OID", "float64"), ("LONG", "string"),  # (MySQL's and Oracle's LONG are text)
+        ("PHONENUMBER", "string"),
         ("DECADE", "string"),  # (words, not parts of them)
         # NUMERIC affinity, but text in practice (types QA): as an untyped column
         ("JSON", "string"), ("jsonb", "string"), ("UUID", "string"), ("STRING", "string"),
