@@ -140,3 +140,48 @@ class BackgroundCheckpointer:
         self._wake.set()
         self._thread.join()
         self._conn.close()
+
+
+class InlineCheckpointer:
+    """SQLite's own autocheckpoint, run by the writer right after its COMMIT instead of
+    inside it (cluster nodes, where the thread cost write throughput: see store.py).
+
+    Inside COMMIT, a checkpoint that fails (a full disk) is ignored by SQLite — but the
+    writer's VFS is Python's (determinism.FixedClockVFS), and APSW raised that write's
+    error out of the COMMIT that had succeeded: the apply loop took a committed batch for
+    a failed one and re-applied it forever ("UNIQUE constraint failed:
+    _litecdc_journal.cid"; full-disk QA). Here a failing checkpoint is logged and tried
+    again after the next commit, as SQLite would.
+    """
+
+    def __init__(self, writer: apsw.Connection, *, pages: int = CHECKPOINT_PAGES) -> None:
+        self._writer = writer
+        self._pages = pages
+        self.checkpoints = 0
+        #: WAL size after the writer's last commit
+        self.wal_pages = 0
+        self._last_warning = float("-inf")
+        # replaces the writer's autocheckpoint (a connection has one WAL hook)
+        writer.set_wal_hook(self._committed)
+
+    def _committed(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
+        self.wal_pages = pages  # (runs inside COMMIT: nothing that can fail)
+        return apsw.SQLITE_OK
+
+    def after_commit(self) -> None:
+        """Checkpoint (PASSIVE) when the commit left the WAL at ``pages`` or more, as
+        SQLite's autocheckpoint does after each such commit."""
+        if self.wal_pages < self._pages:
+            return
+        try:
+            self._writer.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            self.checkpoints += 1
+        except apsw.Error as exc:
+            # the commit stands; the WAL grows until a later checkpoint succeeds
+            if time.monotonic() - self._last_warning >= WARNING_INTERVAL_S:
+                self._last_warning = time.monotonic()
+                log.warning("WAL checkpoint failed, will try again: %s", exc)
+        self.wal_pages = 0
+
+    def close(self) -> None:
+        """Nothing runs apart from the writer."""

@@ -35,7 +35,7 @@ from litecdc.db.capture import (
     decode_change,
     has_real_affinity,
 )
-from litecdc.db.checkpoint import BackgroundCheckpointer
+from litecdc.db.checkpoint import BackgroundCheckpointer, InlineCheckpointer
 from litecdc.db.datafile import (
     SQLITE_HEADER,
     check_existing,
@@ -393,12 +393,15 @@ class Engine:
         except BaseException:
             self._writer.close()
             raise
-        # (off: SQLite checkpoints inside the COMMIT that passes 1000 WAL pages, as usual)
-        self._checkpointer = (
-            BackgroundCheckpointer(self._writer, self.path, synchronous=synchronous)
-            if background_checkpoints and str(mode).lower() == "wal"
-            else None
-        )
+        # (off: the writer checkpoints after the COMMIT that passes 1000 WAL pages, as
+        # SQLite's autocheckpoint would inside it)
+        self._checkpointer: BackgroundCheckpointer | InlineCheckpointer | None = None
+        if str(mode).lower() == "wal":
+            self._checkpointer = (
+                BackgroundCheckpointer(self._writer, self.path, synchronous=synchronous)
+                if background_checkpoints
+                else InlineCheckpointer(self._writer)
+            )
         if foreign_keys:
             self._writer.execute("PRAGMA foreign_keys=ON")
         self._random = DeterministicRandom()

@@ -12,7 +12,9 @@ import apsw
 import pytest
 
 from litecdc import NodeConfig, Statement, Store
-from litecdc.db.checkpoint import CHECKPOINT_PAGES, BackgroundCheckpointer
+from litecdc.db.checkpoint import CHECKPOINT_PAGES, BackgroundCheckpointer, InlineCheckpointer
+from litecdc.db.engine import Engine
+from litecdc.journal.journal import Journal
 
 S = Statement
 PAGE = 4096
@@ -137,18 +139,21 @@ def test_a_failing_checkpoint_is_logged_and_tried_again(
         writer.close()
 
 
-def test_without_the_thread_sqlite_checkpoints_in_the_commit_as_usual(tmp_path: Path) -> None:
+def test_without_the_thread_the_writer_checkpoints_after_its_commit(tmp_path: Path) -> None:
     """Cluster nodes run without it (measured: slower on a busy machine, see store.py)."""
-    from litecdc.db.engine import Engine
-
     engine = Engine(tmp_path / "db.sqlite", background_checkpoints=False)
     try:
-        assert engine._checkpointer is None
-        engine._internal("CREATE TABLE t(v)")
-        for _ in range(30):  # ~1500 pages in all: the autocheckpoint starts the WAL over
-            engine._internal(
-                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50) "
-                "INSERT INTO t SELECT randomblob(3900) FROM n"
+        assert isinstance(engine._checkpointer, InlineCheckpointer)
+        journal = Journal(engine)
+        journal.commit([S("CREATE TABLE t(v)")])
+        for _ in range(15):  # ~1500 pages in all: a checkpoint starts the WAL over
+            journal.commit(
+                [
+                    S(
+                        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                        "WHERE i < 50) INSERT INTO t SELECT randomblob(3900) FROM n"
+                    )
+                ]
             )
         wal = Path(engine.path + "-wal").stat().st_size // (PAGE + 24)
         assert wal <= CHECKPOINT_PAGES + 100
@@ -180,3 +185,51 @@ def test_the_wal_is_cut_back_after_one_large_transaction(
         wait_for(cut_back)
     finally:
         store.close()
+
+
+def test_a_checkpoint_failing_after_a_commit_leaves_the_commit_standing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Full-disk QA: a cluster writer ran SQLite's autocheckpoint inside COMMIT; on a
+    full disk that checkpoint failed, SQLite ignored it, but APSW raised the Python VFS's
+    write error out of the COMMIT that had succeeded — the apply loop then re-applied
+    the committed batch forever (UNIQUE constraint failed: _litecdc_journal.cid). The
+    disk is a real tmpfs (root only: CI runs as root): room for the commit's WAL frames,
+    not for the checkpoint's copy into the database file."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    engine = Engine(disk / "db.sqlite", background_checkpoints=False)
+    try:
+        journal = Journal(engine)
+        rows = (
+            "INSERT INTO t(b) SELECT randomblob(3900) FROM (WITH RECURSIVE s(i) AS "
+            "(SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 100) SELECT i FROM s)"
+        )
+        journal.commit([S("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")])
+        while engine._checkpointer.wal_pages < CHECKPOINT_PAGES - 300:  # type: ignore[union-attr]
+            journal.commit([S(rows)])  # (each ~200 pages: table and captured images)
+        stat = os.statvfs(disk)
+        with open(disk / "filler", "wb") as filler:  # room for ~300 WAL frames
+            filler.write(b"\0" * (stat.f_bavail * stat.f_frsize - 300 * (PAGE + 24)))
+        last = journal.last_cid()
+        outcome = journal.commit([S(rows)])  # over 1000 pages: the checkpoint cannot grow
+        assert outcome.cid == last + 1 and outcome.results[0].error is None
+        assert "WAL checkpoint failed, will try again: database or disk is full" in caplog.text
+        assert journal.last_cid() == last + 1
+        assert engine._read("SELECT count(*) FROM t")[0][0] % 100 == 0
+        (disk / "filler").unlink()
+        journal.commit([S(rows)])  # room again: the next commit checkpoints
+        assert engine._checkpointer.checkpoints >= 1  # type: ignore[union-attr]
+    finally:
+        engine.close()
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
