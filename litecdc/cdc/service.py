@@ -406,12 +406,14 @@ class CDCService:
             return
         if not force and now - self._last_hwm_write < self.config.high_watermark_interval:
             return
+        # an attempt counts, failed or not: a full disk failed every step's (10 a second,
+        # a warning each: full-disk QA); the interval paces the retries too
+        self._last_hwm_write = now
         try:
             self._leadership.write_internal(high_watermark_sql(hwm, self._retention_cids))
         except Exception as exc:  # leadership lost, store closing…: try again next time
             log.warning("CDC: could not persist high watermark %d: %s", hwm, exc)
             return
-        self._last_hwm_write = now
         with self._lock:
             self._persisted_hwm = max(self._persisted_hwm, hwm)
 

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import apsw
 import msgspec
 
 from litecdc.cluster.election import leader_key
@@ -699,8 +700,19 @@ class ApplyLoop:
                     # it is applied again at the next start — not a failure to report
                     log.info("stopped applying the log: %s", exc)
                     break
-                log.exception("applying the log failed")
-                self._stall(f"applying the log failed: {exc}", level=logging.DEBUG)
+                message = f"applying the log failed: {exc}"
+                if isinstance(exc, apsw.FullError):
+                    # the node's disk, not a bug: said once, with what to do (full-disk
+                    # QA: a traceback every 2 s, 3,300 lines while the disk was full)
+                    message += (
+                        ": free space on the disk of the node's data directory; the node "
+                        "catches up by itself"
+                    )
+                    self._stall(message, level=logging.ERROR)
+                else:
+                    if message != self.stalled:  # (the same failure again is not news)
+                        log.exception("applying the log failed")
+                    self._stall(message, level=logging.DEBUG)
                 self._stop.wait(self.stall_retry_interval)
             finally:
                 with self._watch_lock:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from fakes import WebhookReceiver, make_certs, reserve_port
 
@@ -900,6 +901,55 @@ class PersistGate(SwitchableLeadership):
         if not self.persist and query not in (CREATE_CDC_STATE, high_watermark_sql(0)):
             raise RuntimeError("not now")
         super().write_internal(query)
+
+
+class FullDisk(SwitchableLeadership):
+    """Leading, on a disk with no room for the high watermark's entry."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__(node)
+        self.leader = True
+        self.attempts = 0
+
+    def write_internal(self, query: str) -> None:
+        if query not in (CREATE_CDC_STATE, high_watermark_sql(0)):
+            self.attempts += 1
+            raise apsw.FullError("database or disk is full")
+        super().write_internal(query)
+
+
+def test_a_failing_high_watermark_write_is_retried_at_its_interval(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    """Full-disk QA: a failed write of the high watermark was retried on every step of
+    the loop — ten a second, a warning each — not once per high_watermark_interval."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    leadership = FullDisk(store)
+    fields = {**FAST_FIELDS, "high_watermark_interval": 1.0}
+    service = CDCService(
+        CDCConfig(endpoint=receiver.url, **fields),  # type: ignore[arg-type]
+        store,
+        leadership,
+        node_id="n1",
+    )
+    service.start()
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        cids = write_rows_store(store, 3)
+        wait_delivered(receiver, expected_for(cids))
+        wait_status(service, lambda s: s["hwm"] == cids[-1])
+        started, attempts = time.monotonic(), leadership.attempts
+        time.sleep(2.0)
+        # (an upper bound only: a slow machine makes fewer attempts, never more)
+        elapsed = time.monotonic() - started
+        assert leadership.attempts - attempts <= elapsed / 1.0 + 1, leadership.attempts
+        assert service.status()["hwm_persisted"] == 0
+    finally:
+        service.stop()
+        store.close()
 
 
 def test_queue_length_counts_only_changes_still_to_deliver(

@@ -6,11 +6,13 @@ replaced at will; test_cluster_node.py runs the same parts inside ClusterNodes.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import apsw
 import pytest
 from etcd_cluster import EtcdCluster
 
@@ -214,6 +216,38 @@ def test_an_old_terms_append_that_fails_late_leaves_the_new_term_leading(
     assert log.appender.accepting
     again, _ = log.submit([S("INSERT INTO t VALUES('after')")])
     assert again.cid == queued.entry.cid + 1
+
+
+def test_a_full_disk_stalls_the_apply_loop_with_one_clear_line_and_it_catches_up(
+    log: Fixture, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Full-disk QA: a follower whose disk was full logged a traceback every 2 s (3,300
+    lines), saying nothing of what to do. SQLite's "database or disk is full" is raised
+    here by the follower's journal (a real full disk: tests/e2e/test_e2e_disk_full.py)."""
+    first, _ = log.submit([S("CREATE TABLE t(x)")])
+    wait_for(lambda: log.follower.journal.last_cid() == first.cid, 5)
+    loop = log.loops[1]
+    monkeypatch.setattr(loop, "stall_retry_interval", 0.05)
+    real_apply = log.follower.journal.apply_log_entry
+    failures: list[int] = []
+
+    def apply_on_a_full_disk(*args: object, **kwargs: object) -> object:
+        if len(failures) < 5:
+            failures.append(1)
+            raise apsw.FullError("database or disk is full")
+        return real_apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(log.follower.journal, "apply_log_entry", apply_on_a_full_disk)
+    caplog.set_level(logging.DEBUG, logger="litecdc.cluster")
+    entry, _ = log.submit([S("INSERT INTO t VALUES(1)")])
+    wait_for(lambda: log.follower.journal.last_cid() == entry.cid, 10)  # space again
+    assert len(failures) == 5
+    told = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in told] == [
+        "applying the log failed: database or disk is full: free space on the disk of the "
+        "node's data directory; the node catches up by itself"
+    ]
+    assert all(r.exc_info is None for r in caplog.records)
 
 
 def test_a_write_too_large_for_etcd_is_refused_and_its_cid_left_empty(log: Fixture) -> None:
