@@ -415,6 +415,27 @@ def _level_of(exc: ClusterError) -> int:
     return logging.DEBUG if isinstance(exc, EtcdUnavailableError) else logging.INFO
 
 
+#: what a node whose disk is full is told to do (SQLite's "database or disk is full" comes
+#: from the data directory's disk, or the temporary directory's for a big sort or index)
+FULL_DISK_HINT = (
+    ": free space on the disk of the node's data directory (or of SQLite's temporary "
+    "directory); the node catches up by itself"
+)
+
+
+def _failure(what: str, exc: Exception, last: str | None) -> tuple[str, int]:
+    """The message for a failure to apply or catch up, and the level to report it at. A
+    full disk is the node's environment, not a bug: a line with what to do, no traceback
+    (full-disk QA: a traceback every 2 s, 3,300 lines while the disk was full); any other
+    failure logs its traceback once, not on every retry."""
+    message = f"{what}: {exc}"
+    if isinstance(exc, apsw.FullError):
+        return message + FULL_DISK_HINT, logging.ERROR
+    if message != last:
+        log.exception("%s", what)
+    return message, logging.DEBUG
+
+
 def _cid_of(key: str, prefix: str) -> int:
     return int(key[len(prefix) :])
 
@@ -700,19 +721,8 @@ class ApplyLoop:
                     # it is applied again at the next start — not a failure to report
                     log.info("stopped applying the log: %s", exc)
                     break
-                message = f"applying the log failed: {exc}"
-                if isinstance(exc, apsw.FullError):
-                    # the node's disk, not a bug: said once, with what to do (full-disk
-                    # QA: a traceback every 2 s, 3,300 lines while the disk was full)
-                    message += (
-                        ": free space on the disk of the node's data directory; the node "
-                        "catches up by itself"
-                    )
-                    self._stall(message, level=logging.ERROR)
-                else:
-                    if message != self.stalled:  # (the same failure again is not news)
-                        log.exception("applying the log failed")
-                    self._stall(message, level=logging.DEBUG)
+                message, level = _failure("applying the log failed", exc, self.stalled)
+                self._stall(message, level=level)
                 self._stop.wait(self.stall_retry_interval)
             finally:
                 with self._watch_lock:
@@ -787,8 +797,9 @@ class ApplyLoop:
             self._stop.wait(self.stall_retry_interval)
             return
         except Exception as exc:
-            log.exception("catching up after compaction failed")
-            self._error(f"catching up after compaction failed: {exc}", logging.DEBUG)
+            what = "catching up after compaction failed"
+            message, level = _failure(what, exc, self.last_error)
+            self._error(message, level if message != self.last_error else logging.DEBUG)
             self._stop.wait(self.stall_retry_interval)
             return
         with self._changed:

@@ -1,4 +1,5 @@
-"""WAL checkpoints on a thread of their own, off the write path.
+"""WAL checkpoints on a thread of their own, off the write path (standalone nodes); on the
+writer right after its COMMIT (cluster nodes: InlineCheckpointer, at the end).
 
 By default SQLite checkpoints inside the COMMIT that takes the WAL past 1000 pages: that
 writer copies every page back into the database file (and syncs it) before it returns,

@@ -245,7 +245,8 @@ def test_a_full_disk_stalls_the_apply_loop_with_one_clear_line_and_it_catches_up
     told = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.getMessage() for r in told] == [
         "applying the log failed: database or disk is full: free space on the disk of the "
-        "node's data directory; the node catches up by itself"
+        "node's data directory (or of SQLite's temporary directory); the node catches up by "
+        "itself"
     ]
     assert all(r.exc_info is None for r in caplog.records)
 
