@@ -170,9 +170,17 @@ class EtcdMember:
             self.process.wait(STOP_TIMEOUT)
 
     def pause(self) -> None:
-        """SIGSTOP: the member stops answering, its connections stay open."""
+        """SIGSTOP: the member stops answering, its connections stay open. Returns once
+        every thread of it is stopped: a signal takes effect a little after it is sent,
+        and a request sent in between was still served (CI: a write meant for the paused
+        member was applied)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.process.pid}/task")
+        deadline = time.monotonic() + 10
+        while not all(_stopped(task) for task in tasks.iterdir()):
+            assert time.monotonic() < deadline, f"etcd {self.process.pid} did not stop"
+            time.sleep(0.005)
 
     def resume(self) -> None:
         """SIGCONT after ``pause()``."""
@@ -280,3 +288,12 @@ if __name__ == "__main__":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         sys.exit(run_candidate(sys.argv[2:]))
     sys.exit("usage: etcd_cluster.py candidate --endpoints E --cluster C --node-id N")
+
+
+def _stopped(task: Path) -> bool:
+    """Whether a thread (/proc/PID/task/TID) is stopped by a signal (state T)."""
+    try:
+        stat = (task / "stat").read_text()
+    except FileNotFoundError:  # (the thread ended)
+        return True
+    return stat[stat.rindex(")") + 2] == "T"
