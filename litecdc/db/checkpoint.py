@@ -36,6 +36,28 @@ WAIT_TIMEOUT_S = 30.0
 WARNING_INTERVAL_S = 60.0
 
 
+class _PassiveCheckpoints:
+    """PASSIVE checkpoints, counted; one that fails is logged at most every
+    WARNING_INTERVAL_S and tried again by the caller later."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self._last_warning = float("-inf")
+
+    def checkpoint(self, conn: apsw.Connection) -> None:
+        try:
+            # PASSIVE copies what no reader still needs and never waits; the next
+            # write after a complete one starts the WAL over from its beginning
+            conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            self.done += 1
+        except apsw.Error as exc:
+            # busy, I/O trouble, a full disk: the WAL keeps growing until a later try
+            # succeeds (the writer's own commits report such trouble to their clients)
+            if time.monotonic() - self._last_warning >= WARNING_INTERVAL_S:
+                self._last_warning = time.monotonic()
+                log.warning("WAL checkpoint failed, will try again: %s", exc)
+
+
 class BackgroundCheckpointer:
     """Checkpoints one database's WAL whenever a commit leaves it over ``pages`` pages."""
 
@@ -50,7 +72,6 @@ class BackgroundCheckpointer:
     ) -> None:
         self._pages = pages
         self.limit = limit
-        self.checkpoints = 0
         #: WAL size after the writer's last commit
         self.wal_pages = 0
         #: WAL size at which a commit next wakes the thread
@@ -65,11 +86,15 @@ class BackgroundCheckpointer:
         self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._wake = threading.Event()
         self._stopping = False
-        self._last_warning = float("-inf")
+        self._pacer = _PassiveCheckpoints()
         self._thread = threading.Thread(target=self._run, name="litecdc-checkpoint", daemon=True)
         self._thread.start()
         # replaces the writer's autocheckpoint (a connection has one WAL hook)
         writer.set_wal_hook(self._committed)
+
+    @property
+    def checkpoints(self) -> int:
+        return self._pacer.done
 
     @property
     def pages(self) -> int:
@@ -108,17 +133,7 @@ class BackgroundCheckpointer:
                     waiter.set()
 
     def _checkpoint(self) -> None:
-        try:
-            # PASSIVE copies what no reader still needs and never waits; the next
-            # write after a complete one starts the WAL over from its beginning
-            self._conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            self.checkpoints += 1
-        except apsw.Error as exc:
-            # busy or I/O trouble: the WAL keeps growing until a later try succeeds
-            # (the writer's own commits report such trouble to their clients)
-            if time.monotonic() - self._last_warning >= WARNING_INTERVAL_S:
-                self._last_warning = time.monotonic()
-                log.warning("WAL checkpoint failed, will try again: %s", exc)
+        self._pacer.checkpoint(self._conn)
 
     def after_commit(self) -> None:
         """Called by the writer after a commit, before its next write can begin: waits for
@@ -158,12 +173,15 @@ class InlineCheckpointer:
     def __init__(self, writer: apsw.Connection, *, pages: int = CHECKPOINT_PAGES) -> None:
         self._writer = writer
         self._pages = pages
-        self.checkpoints = 0
+        self._pacer = _PassiveCheckpoints()
         #: WAL size after the writer's last commit
         self.wal_pages = 0
-        self._last_warning = float("-inf")
         # replaces the writer's autocheckpoint (a connection has one WAL hook)
         writer.set_wal_hook(self._committed)
+
+    @property
+    def checkpoints(self) -> int:
+        return self._pacer.done
 
     def _committed(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
         self.wal_pages = pages  # (runs inside COMMIT: nothing that can fail)
@@ -174,14 +192,7 @@ class InlineCheckpointer:
         SQLite's autocheckpoint does after each such commit."""
         if self.wal_pages < self._pages:
             return
-        try:
-            self._writer.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            self.checkpoints += 1
-        except apsw.Error as exc:
-            # the commit stands; the WAL grows until a later checkpoint succeeds
-            if time.monotonic() - self._last_warning >= WARNING_INTERVAL_S:
-                self._last_warning = time.monotonic()
-                log.warning("WAL checkpoint failed, will try again: %s", exc)
+        self._pacer.checkpoint(self._writer)  # (the commit stands, whatever it meets)
         self.wal_pages = 0
 
     def close(self) -> None:
