@@ -138,9 +138,8 @@ def _check_cluster_claim(data_dir: Path, cluster: str) -> bool:
     typo) it would lead a new, empty log of its own and fork the data (cluster QA).
     ConfigError for another cluster; True when the directory belongs to none yet."""
     path = data_dir / CLUSTER_FILE
-    try:
-        recorded = path.read_text().strip()
-    except FileNotFoundError:
+    recorded = _recorded_cluster(path)
+    if recorded is None:
         return True
     if recorded != cluster:
         raise ConfigError(
@@ -156,9 +155,8 @@ def _refuse_a_cluster_member(data_dir: Path) -> None:
     the cluster never saw (cluster QA: its data forked). Detaching it is deliberate: delete
     DATA_DIR/cluster (see docs/cluster.md)."""
     path = data_dir / CLUSTER_FILE
-    try:
-        recorded = path.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError):
+    recorded = _recorded_cluster(path)
+    if recorded is None:
         return
     raise ConfigError(
         f"data directory {data_dir} belongs to cluster {recorded!r} (see {path}): start it "
@@ -166,6 +164,27 @@ def _refuse_a_cluster_member(data_dir: Path) -> None:
         f"good by deleting {path} (its data then goes its own way and cannot rejoin the "
         "cluster)"
     )
+
+
+def _recorded_cluster(path: Path) -> str | None:
+    """The cluster name in DATA_DIR/cluster, None without one. ConfigError when it holds
+    no name (config QA: bytes that are not UTF-8 ended the start with a traceback, an
+    empty file with advice naming cluster '')."""
+    try:
+        recorded = path.read_bytes().decode().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except UnicodeDecodeError:
+        recorded = ""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not recorded:
+        raise ConfigError(
+            f"{path} holds no cluster name (it is written with the name of the cluster the "
+            "data directory belongs to): write that name into it, or delete it to detach "
+            "the directory from its cluster (see docs/cluster.md)"
+        )
+    return recorded
 
 
 def _record_cluster(data_dir: Path, cluster: str) -> None:

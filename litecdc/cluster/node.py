@@ -705,10 +705,14 @@ class ClusterNode:
         """The start-up checks (ConfigError when one fails); EtcdUnavailableError while
         etcd cannot tell."""
         self._refuse_a_taken_node_id()
-        self._check_identity()
+        identity = self._check_identity(new_member)
         founder = self._check_shared_settings()
         if new_member and not founder:
             self._refuse_data_from_elsewhere()
+        # remembered only once admitted (config QA: a standalone directory refused by one
+        # cluster kept that cluster's identity, and could then found no other)
+        if self.store.engine.node_state(CLUSTER_IDENTITY) != identity:
+            self.store.engine.set_node_state(CLUSTER_IDENTITY, identity)
         if self.journal.last_cid() < self.apply_loop.base_cid:
             # not ready, and no candidate to lead, until a snapshot brings the founding data
             # (or the apply loop finds the entries after this journal still in the log)
@@ -745,14 +749,17 @@ class ClusterNode:
                          self.cluster, self.node_id)  # fmt: skip
             return
 
-    def _check_identity(self) -> None:
+    def _check_identity(self, new_member: bool) -> int:
         """The cluster's identity in etcd is the one this node remembers (written by the
         first node; learned by the others when they join): otherwise etcd lost this
         cluster's data — wiped, replaced — and this node, which has some of it, must not
         found a cluster anew there (cluster QA: a lagging node restarted on a wiped etcd
-        led alone, and writes acknowledged before were lost)."""
+        led alone, and writes acknowledged before were lost). Returns the identity.
+
+        A directory that belongs to no cluster (``new_member``) remembers none: an identity
+        it holds is from a cluster it was detached from, and it may found or join another."""
         key = identity_key(self.cluster)
-        remembered = self.store.engine.node_state(CLUSTER_IDENTITY)
+        remembered = None if new_member else self.store.engine.node_state(CLUSTER_IDENTITY)
         if remembered is None:
             mine = secrets.randbits(62) + 1
             result = self.client.txn(
@@ -765,13 +772,13 @@ class ClusterNode:
                     f"cluster {self.cluster!r}: the etcd key {key} holds no cluster identity; "
                     "stop every node and delete it"
                 )
-            self.store.engine.set_node_state(CLUSTER_IDENTITY, found)
             self.apply_loop.identity = found
-            return
+            return found
         kv = self.client.get(key)
         if kv is None or identity_of(kv.value) != remembered:
             raise ConfigError(etcd_lost_data(self.cluster, key, kv is None))
         self.apply_loop.identity = remembered
+        return remembered
 
     def _check_shared_settings(self) -> bool:
         """Settings that must be the same on every node, recorded in etcd by the first

@@ -419,6 +419,48 @@ def test_a_refused_node_does_not_tie_its_data_directory_to_the_cluster(
     assert (tmp_path / "refused" / CLUSTER_FILE).read_text() == f"{cluster_name}-other\n"
 
 
+def test_a_standalone_directory_refused_by_one_cluster_or_detached_founds_another(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str
+) -> None:
+    """Config QA: a standalone directory with data, refused by a running cluster (data
+    from elsewhere), kept that cluster's identity — changed by a refused start — and was
+    then refused by every other cluster ("etcd went back in time"); so was a member's
+    directory detached as docs/cluster.md says (DATA_DIR/cluster deleted)."""
+    from litecdc.cluster.log import CLUSTER_IDENTITY
+    from litecdc.node import CLUSTER_FILE, Node
+
+    def config(data_dir: str, cluster: str | None = None, node_id: str = "n1") -> NodeConfig:
+        if cluster is None:
+            return NodeConfig(data_dir=tmp_path / data_dir)
+        return NodeConfig(
+            data_dir=tmp_path / data_dir,
+            etcd_endpoints=tuple(etcd.endpoints),
+            cluster=cluster,
+            node_id=node_id,
+        )
+
+    Node(config("founder", cluster_name)).close()
+    standalone = Node(config("standalone"))
+    standalone.store.execute([S("CREATE TABLE t(v)"), S("INSERT INTO t VALUES(1)")])
+    standalone.close()
+    database = tmp_path / "standalone" / "db.sqlite"
+    before = database.read_bytes()
+    with pytest.raises(ConfigError, match="already holds data"):
+        Node(config("standalone", cluster_name, node_id="n2"))
+    assert database.read_bytes() == before  # the refused start changed nothing
+    founded = Node(config("standalone", cluster_name + "-own", node_id="n2"))
+    try:
+        assert founded.store.engine.node_state(CLUSTER_IDENTITY) is not None
+        (result,) = founded.store.query([S("SELECT v FROM t")], level="none")
+        assert result.rows == [(1,)]  # the founder keeps its data
+    finally:
+        founded.close()
+
+    (tmp_path / "founder" / CLUSTER_FILE).unlink()  # detached
+    Node(config("founder")).close()  # standalone now
+    Node(config("founder", cluster_name + "-next")).close()  # and founds another
+
+
 def test_a_crashed_nodes_record_does_not_keep_its_id_from_restarting_elsewhere(
     cluster: Cluster, tmp_path: Path, client: EtcdClient
 ) -> None:

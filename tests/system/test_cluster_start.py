@@ -151,6 +151,18 @@ def test_a_cluster_members_directory_is_not_run_standalone_by_accident(
         "with --etcd and --cluster c1; to run it standalone instead, detach it for good by "
         f"deleting {claim} (its data then goes its own way and cannot rejoin the cluster)\n"
     )
+    for garbage in (b"\xff\xfe", b"", b"\n"):  # config QA: a traceback, advice naming ''
+        claim.write_bytes(garbage)
+        proc = serve_cli(
+            "--data-dir", str(data_dir), "--http-addr", f"127.0.0.1:{free_port()}",
+            env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"error: {claim} holds no cluster name (it is written with the name of the cluster "
+            "the data directory belongs to): write that name into it, or delete it to detach "
+            "the directory from its cluster (see docs/cluster.md)\n"
+        )
     claim.unlink()  # detached on purpose
     standalone = Node(data_dir).start()
     with standalone.client() as c:
