@@ -22,6 +22,10 @@ DEFAULT_HTTP_ADDR = "127.0.0.1:4001"
 DEFAULT_DB_FILE = "db.sqlite"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 SYNCHRONOUS_LEVELS = ("off", "normal", "full", "extra")
+#: etcd's own limit on a lease's TTL (MaxLeaseTTL, seconds)
+ETCD_MAX_LEASE_TTL = 9_000_000_000
+#: the longest --compact-interval (a week, seconds)
+MAX_COMPACT_INTERVAL = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -146,10 +150,15 @@ class NodeConfig:
                 f"--cluster: a cluster name may hold letters, digits, '.', '_' and '-', got "
                 f"{self.cluster!r}"
             )
-        if not math.isfinite(self.compact_interval) or self.compact_interval < 0:
+        if (
+            not math.isfinite(self.compact_interval)
+            or not 0 <= self.compact_interval <= MAX_COMPACT_INTERVAL
+        ):
+            # (config QA: 1e10 and more ended the compactor thread, a wait too long for
+            # the platform's clock)
             raise ConfigError(
-                "--compact-interval must be a number of seconds, 0 or more (0: never "
-                f"compact), got {self.compact_interval}"
+                "--compact-interval must be a number of seconds from 0 (never compact) to "
+                f"{MAX_COMPACT_INTERVAL} (a week), got {self.compact_interval}"
             )
         if self.retention_cids < 1:
             raise ConfigError(
@@ -168,9 +177,12 @@ class NodeConfig:
             raise ConfigError(f"retention interval must be positive, got {self.retention_interval}")
         if self.compact_keep < 1:
             raise ConfigError(f"--compact-keep must keep at least 1 entry, got {self.compact_keep}")
-        if self.lease_ttl < 2:
+        if not 2 <= self.lease_ttl <= ETCD_MAX_LEASE_TTL:
+            # (config QA: etcd refused a longer lease on every election attempt, so the
+            # node started and never led)
             raise ConfigError(
-                f"--lease-ttl must be at least 2 seconds (etcd's minimum), got {self.lease_ttl}"
+                f"--lease-ttl must be from 2 to {ETCD_MAX_LEASE_TTL} seconds (etcd's limits), "
+                f"got {self.lease_ttl}"
             )
         if (self.etcd_cert is None) != (self.etcd_key is None):
             raise ConfigError("--etcd-cert and --etcd-key must be given together")
@@ -262,7 +274,14 @@ def split_host_port(address: str, option: str = "") -> tuple[str, int]:
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ConfigError(f"{what}port must be between 0 and 65535, got {port}")
-    return host.strip("[]"), port
+    bracketed = host.startswith("[") and host.endswith("]")
+    if ":" in host and not bracketed:
+        # (config QA: "::1:4001" was taken, and advertised as http://::1:4001, a URL the
+        # other nodes could not forward to; Go, so rqlite, refuses it too)
+        raise ConfigError(f"{what}an IPv6 address goes in brackets, as [::1]:4001; got {address!r}")
+    if bracketed != (host.startswith("[") or host.endswith("]")) or host == "[]":
+        raise ConfigError(f"{what}address must look like host:port, got {address!r}")
+    return host[1:-1] if bracketed else host, port
 
 
 def env_default(name: str, default: str | None = None) -> str | None:

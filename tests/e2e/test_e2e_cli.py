@@ -276,6 +276,20 @@ def test_bad_values_found_by_qa_are_refused_before_the_data_dir_is_made(tmp_path
         ),
         ((*etcd, "--compact-interval", "nan"), "error: --compact-interval must be a number"),
         ((*etcd, "--compact-interval", "inf"), "error: --compact-interval must be a number"),
+        # config QA: a wait too long for the clock ended the compactor thread
+        ((*etcd, "--compact-interval", "1e10"), "error: --compact-interval must be a number"),
+        # config QA: etcd refused the lease on every election, the node never led
+        (
+            (*etcd, "--lease-ttl", "9000000001"),
+            "error: --lease-ttl must be from 2 to 9000000000 seconds (etcd's limits), got",
+        ),
+        # config QA: advertised as http://::1:4001, which other nodes could not reach
+        (
+            ("--http-addr", "::1:4001"),
+            "error: --http-addr: an IPv6 address goes in brackets, as [::1]:4001; got '::1:4001'",
+        ),
+        (("--http-addr", "[::1:4001"), "error: --http-addr: an IPv6 address goes in brackets"),
+        (("--http-addr", "[]:4001"), "error: --http-addr: address must look like host:port"),
         # bytes that are not UTF-8 made /status answer 500 and CDC deliver nothing
         (("--node-id", "n\udcff"), "error: --node-id must be UTF-8 text, got 'n\\\\udcff'"),
         # a directory or a pipe was said not to exist
