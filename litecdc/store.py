@@ -116,6 +116,32 @@ def _lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
+def _lock_database(db_path: Path) -> int | None:
+    """Take the database file itself for this process (flock on the file the path leads
+    to), or refuse. Config QA: a ``db.sqlite`` that is a symbolic link let a node whose
+    directory lock was its own share another node's database; the first then failed
+    every write (both numbered commits from one journal). None while the file does not
+    exist (SQLite makes it; the caller locks it then); other problems with the path are
+    the data file checks' to name."""
+    try:
+        # (non-blocking: a FIFO there must not hang the start; datafile refuses it)
+        fd = os.open(db_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"database {db_path} (the file {os.path.realpath(db_path)}) is in use by another "
+            "litecdc node: each node needs a database of its own"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Store:
     """One node's replicated-SQLite state: data, journal and captured changes."""
 
@@ -131,8 +157,12 @@ class Store:
                 f"cannot create the data directory {data_dir}: {exc.strerror or exc}"
             ) from None
         self._dir_lock = _lock_data_dir(Path(config.data_dir))
+        # (kept open until the engine is closed: closing a descriptor of the database
+        # would drop SQLite's POSIX locks on it)
+        self._db_lock: int | None = None
         engine: Engine | None = None
         try:
+            self._db_lock = _lock_database(Path(config.db_path))
             engine = Engine(
                 config.db_path,
                 synchronous=config.synchronous,
@@ -143,6 +173,8 @@ class Store:
                 background_checkpoints=not config.clustered,
             )
             self.engine = engine
+            if self._db_lock is None:  # made by SQLite just now
+                self._db_lock = _lock_database(Path(config.db_path))
             self.journal = Journal(engine)
             self._page_workers = (
                 PageWorkers(str(config.db_path), config.source_workers)
@@ -153,6 +185,8 @@ class Store:
             # a failed open leaves nothing behind: no thread, no lock on the directory
             if engine is not None:
                 engine.close()
+            if self._db_lock is not None:
+                os.close(self._db_lock)
             os.close(self._dir_lock)
             raise
         self._closed = False
@@ -644,5 +678,9 @@ class Store:
             self._closed = True
             if self._page_workers is not None:
                 self._page_workers.close()
-            self.engine.close()
-            os.close(self._dir_lock)
+            try:
+                self.engine.close()
+            finally:
+                if self._db_lock is not None:
+                    os.close(self._db_lock)
+                os.close(self._dir_lock)

@@ -796,6 +796,32 @@ def test_a_data_directory_opens_in_one_store_at_a_time(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_database_reached_through_a_symbolic_link_opens_in_one_store_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """Config QA: B/db.sqlite -> A/db.sqlite passed B's own directory lock; B wrote cid 3
+    into A's journal and A then failed every write (UNIQUE constraint failed:
+    _litecdc_journal.cid)."""
+    first = Store(NodeConfig(data_dir=tmp_path / "a"))
+    first.execute([S("CREATE TABLE t(v)")])
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "db.sqlite").symlink_to(tmp_path / "a" / "db.sqlite")
+    real = tmp_path / "a" / "db.sqlite"
+    with pytest.raises(
+        ConfigError,
+        match=f"database {tmp_path}/b/db.sqlite \\(the file {real}\\) is in use by another "
+        "litecdc node: each node needs a database of its own",
+    ):
+        Store(NodeConfig(data_dir=tmp_path / "b"))
+    first.execute([S("INSERT INTO t VALUES(1)")])  # A goes on
+    first.close()
+    linked = Store(NodeConfig(data_dir=tmp_path / "b"))  # and the other way round
+    with pytest.raises(ConfigError, match="is in use by another litecdc node"):
+        Store(NodeConfig(data_dir=tmp_path / "a"))
+    assert linked.query([S("SELECT v FROM t")])[0].rows == [(1,)]
+    linked.close()
+
+
 def _entry(store: Store, cid: int | None) -> tuple[int, int]:
     assert cid is not None
     entry = store.journal_page(cid - 1, 1).entries[0]
