@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from pathlib import Path
 
 import apsw
@@ -42,6 +43,8 @@ _UNUSABLE = {
     apsw.ReadOnlyError: "it is read-only",
     apsw.PermissionsError: "permission denied",
 }
+#: errors that may come from access to the file or its directory rather than its content
+_ACCESS_ERRORS = (apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError, apsw.IOError)
 
 
 @functools.cache
@@ -92,10 +95,41 @@ def unusable(path: str, exc: apsw.Error) -> DataFileError:
         )
     reason = next((text for kind, text in _UNUSABLE.items() if isinstance(exc, kind)), None)
     detail = reason or str(exc)
+    access = _access_problem(Path(path)) if isinstance(exc, _ACCESS_ERRORS) else None
+    if access is not None:
+        # (config QA: a read-only directory or file was met with "restore it from a
+        # backup", and the file was fine)
+        return DataFileError(
+            f"cannot use the node's database {path}: {detail} ({access}); let the node's "
+            "user write there, or start the node on another --data-dir"
+        )
     return DataFileError(
         f"cannot use the node's database {path}: {detail}; restore it from a backup "
         "(GET /db/backup) or start the node on another --data-dir"
     )
+
+
+def _access_problem(path: Path) -> str | None:
+    """Why the node cannot write ``path`` or create files beside it (SQLite keeps its
+    ``-wal`` and ``-shm`` files there), found by trying; None when it can. Trying, not
+    permission bits: root passes those, and an immutable file or a read-only mount
+    refuses root too."""
+    if path.exists():
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY))
+        except OSError as exc:
+            return f"it cannot be opened for writing: {exc.strerror or exc}"
+    directory = path.parent
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".litecdc-probe-", dir=directory)
+    except OSError as exc:
+        return (
+            f"no file can be made in {directory}, where SQLite keeps the database's -wal "
+            f"and -shm files: {exc.strerror or exc}"
+        )
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def layout_problem(conn: apsw.Connection) -> str | None:

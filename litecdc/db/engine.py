@@ -357,6 +357,14 @@ class _LastResult:
             raise
 
 
+def _close_quietly(connection: apsw.Connection) -> None:
+    """Close a connection that failed to open; its own error is not the one to report
+    (config QA: an immutable db.sqlite's 'disk I/O error' at close hid 'attempt to write
+    a readonly database', in a traceback)."""
+    with contextlib.suppress(apsw.Error):
+        connection.close(True)
+
+
 class Engine:
     """One SQLite database file with litecdc's journal and change tables."""
 
@@ -388,10 +396,10 @@ class Engine:
                 self._writer.execute(CREATE_INTERNAL)
                 stamp_format(self._writer)
         except apsw.Error as exc:
-            self._writer.close()
+            _close_quietly(self._writer)
             raise unusable(self.path, exc) from exc
         except BaseException:
-            self._writer.close()
+            _close_quietly(self._writer)
             raise
         # (off: the writer checkpoints after the COMMIT that passes 1000 WAL pages, as
         # SQLite's autocheckpoint would inside it)

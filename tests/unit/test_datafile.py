@@ -3,8 +3,11 @@ left exactly as it was; a usable one records the data format it was written in."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -66,6 +69,47 @@ def test_a_full_disk_at_start_names_the_disk_not_the_file() -> None:
         "disk is full); free space there and start the node again"
     )
     assert "backup" in str(unusable("/d/db.sqlite", apsw.CorruptError("malformed")))
+
+
+@contextlib.contextmanager
+def _immutable(path: Path) -> Iterator[None]:
+    """``chattr +i``: refuses writes even to root (the suite runs as root in CI, which
+    file modes do not stop); skipped where the file system or user cannot set it."""
+    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i unavailable here: {made.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_database_or_directory_the_node_cannot_write_is_named_as_such(tmp_path: Path) -> None:
+    """Config QA: an immutable db.sqlite ended the start with a traceback (the failed
+    open's close raised 'disk I/O error' over 'attempt to write a readonly database'); an
+    immutable data directory was said to hold a database to restore from a backup."""
+    open_store(tmp_path).close()
+    path = db_file(tmp_path)
+    content = path.read_bytes()
+    with _immutable(path), pytest.raises(DataFileError) as refused:
+        open_store(tmp_path)
+    assert str(refused.value).startswith(f"cannot use the node's database {path}: ")
+    assert (
+        "(it cannot be opened for writing: Operation not permitted); let the node's user "
+        "write there, or start the node on another --data-dir" in str(refused.value)
+    )
+    assert path.read_bytes() == content
+    for left in tmp_path.glob("db.sqlite-*"):
+        left.unlink()  # (closed cleanly: none stay; a crash would leave them)
+    with _immutable(tmp_path), pytest.raises(DataFileError) as refused:
+        open_store(tmp_path)
+    assert str(refused.value) == (
+        f"cannot use the node's database {path}: it cannot be opened (no file can be made in "
+        f"{tmp_path}, where SQLite keeps the database's -wal and -shm files: Operation not "
+        "permitted); let the node's user write there, or start the node on another --data-dir"
+    )
+    assert path.read_bytes() == content
+    open_store(tmp_path).close()  # and it opens once it may write
 
 
 def _plain_database(path: Path, *statements: str) -> bytes:
