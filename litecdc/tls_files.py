@@ -37,7 +37,9 @@ def check_cert_and_key(
                 why += f" (it holds the private key: are {cert_option} and {key_option} swapped?)"
         elif b"PRIVATE KEY-----" not in key_text:
             why = f"{key_option} {str(key)!r} holds no PEM private key"
-        elif exc.reason == "KEY_VALUES_MISMATCH":
+        elif exc.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED"):
+            # (the second: a key of another type, an EC key for an RSA certificate; config
+            # QA met OpenSSL's "no certificate assigned")
             why = f"the private key in {key_option} {str(key)!r} is not the certificate's key"
         else:
             why = f"{names} cannot be loaded: {exc}"

@@ -225,6 +225,10 @@ def test_bad_certificate_and_key_are_configuration_errors(tmp_path: Path) -> Non
     leaf = ca.issue_cert("127.0.0.1")
     leaf.cert_chain_pems[0].write_to_path(str(cert))
     leaf.private_key_pem.write_to_path(str(key))
+    rsa_cert = tmp_path / "rsa.pem"  # config QA: an EC key for it gave OpenSSL's words
+    ca.issue_cert("127.0.0.1", key_type=trustme.KeyType.RSA).cert_chain_pems[0].write_to_path(
+        str(rsa_cert)
+    )
     base = ("--data-dir", str(tmp_path / "d"), "--http-addr", f"127.0.0.1:{free_port()}")
     cases = [
         (
@@ -239,6 +243,10 @@ def test_bad_certificate_and_key_are_configuration_errors(tmp_path: Path) -> Non
         (
             (str(cert), str(cert)),
             f"error: --http-key '{cert}' holds no PEM private key",
+        ),
+        (
+            (str(rsa_cert), str(key)),
+            f"error: the private key in --http-key '{key}' is not the certificate's key",
         ),
     ]
     for (cert_arg, key_arg), message in cases:
