@@ -270,6 +270,21 @@ class _SQLiteTx:
         return self._conn.execute(sql, tuple(params)).fetchall()
 
 
+def _owner_only(path: Path) -> None:
+    """A store about to be made in a file that was there (empty) becomes owner-only too,
+    as one litecdc creates (config QA: a pre-made file stayed 0644, holding passwords);
+    before WAL mode, so SQLite gives its -wal and -shm files the same mode."""
+    try:
+        mode = path.stat().st_mode
+        if mode & 0o077:
+            path.chmod(mode & 0o700)
+    except OSError as exc:
+        raise MetadataError(
+            f"cannot make the metadata database {path} readable by its owner only (it will "
+            f"hold passwords): {exc.strerror or exc}"
+        ) from None
+
+
 class _SQLiteBackend:
     def __init__(self, path: Path, busy_timeout: float, *, create: bool = True) -> None:
         self.description = f"SQLite {path}"
@@ -305,6 +320,8 @@ class _SQLiteBackend:
             tables = self._check_not_foreign(path)
             if not create and not tables:
                 raise missing  # (an empty file: list wrote the schema into it, review QA)
+            if not tables:
+                _owner_only(path)
             # WAL: readers (status, list) never block the running server's writes.
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")

@@ -585,6 +585,13 @@ def test_a_new_sqlite_store_is_readable_by_its_owner_only(tmp_path: Path) -> Non
         add(store)
         for made in tmp_path.glob("meta.db*"):  # the -wal and -shm files too
             assert made.stat().st_mode & 0o777 == 0o600, made
+    premade = tmp_path / "premade.db"  # config QA: an empty file given stayed 0644
+    premade.touch(mode=0o644)
+    premade.chmod(0o644)
+    with MetadataStore.open(sqlite_url(premade)) as store:
+        add(store)
+        for made in tmp_path.glob("premade.db*"):
+            assert made.stat().st_mode & 0o777 == 0o600, made
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
