@@ -768,8 +768,12 @@ class TimedSink:
     def __init__(self, inner: Sink, stages: Stages) -> None:
         self._inner, self._stages = inner, stages
 
-    def send(self, body: bytes, message_id: str) -> None:
-        self._stages.timed(SEND_STAGE, lambda: self._inner.send(body, message_id))
+    def send(
+        self, body: bytes, message_id: str, *, may_send: Callable[[], bool] | None = None
+    ) -> None:
+        self._stages.timed(
+            SEND_STAGE, lambda: self._inner.send(body, message_id, may_send=may_send)
+        )
 
     def abort(self) -> None:
         self._inner.abort()

@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ MAX_ANSWER_BYTES = 64 * 1024
 
 #: httpcore's trace events that hand over a new connection's network stream
 _NEW_STREAM_EVENTS = ("connection.connect_tcp.complete", "connection.start_tls.complete")
+#: httpcore's trace events just before the first byte of a request is sent
+_SENDING_EVENTS = ("http11.send_request_headers.started", "http2.send_request_headers.started")
 
 
 def host_problem(url: str) -> str | None:
@@ -98,6 +101,11 @@ def _stop_at_redirects(response: httpx.Response) -> None:
         raise _Redirected(response.status_code, response.headers.get("location"))
 
 
+class RequestWithdrawn(Exception):
+    """``may_send`` said no once the connection was ready: nothing of the request was
+    sent."""
+
+
 class WebhookClient:
     """POSTs to one URL, each request bounded whole by ``timeout`` seconds."""
 
@@ -125,6 +133,9 @@ class WebhookClient:
         self._in_flight = False
         self._expired = False  # the request in flight passed its deadline
         self._aborted = False  # abort() was called: no more requests
+        #: the request in flight's deadline (time.monotonic()) and its may_send
+        self._deadline_at = 0.0
+        self._may_send: Callable[[], bool] | None = None
         self._client = httpx.Client(
             auth=auth,
             headers=dict(headers),
@@ -137,18 +148,27 @@ class WebhookClient:
         )
 
     def post(
-        self, body: bytes, headers: Mapping[str, str], *, timeout: float | None = None
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        may_send: Callable[[], bool] | None = None,
     ) -> Answer:
         """POST ``body`` once, within ``timeout`` seconds (the client's by default).
-        Raises RequestExpired, RequestAborted, or whatever else made the request fail
-        (httpx's errors, and others: h11's, idna's…)."""
+        ``may_send`` is asked once the connection is ready (connected, TLS done), just
+        before the request's first byte goes: False withdraws it (RequestWithdrawn).
+        Raises RequestExpired, RequestAborted, RequestWithdrawn, or whatever else made
+        the request fail (httpx's errors, and others: h11's, idna's…)."""
+        deadline = self.timeout if timeout is None else timeout
         with self._lock:
             if self._aborted:
                 raise RequestAborted
             self._request += 1
             request = self._request
             self._in_flight, self._expired = True, False
-        deadline = self.timeout if timeout is None else timeout
+            self._deadline_at = time.monotonic() + deadline
+            self._may_send = may_send
         watchdog = threading.Timer(deadline, self._expire, args=(request,))
         watchdog.daemon = True
         watchdog.start()
@@ -190,7 +210,11 @@ class WebhookClient:
     # -- the deadline ---------------------------------------------------------------------
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook: note each new connection's stream, TCP then TLS."""
+        """httpcore's trace hook: note each new connection's stream, TCP then TLS; and
+        before the request's first byte, whether it may still go."""
+        if event in _SENDING_EVENTS:
+            self._before_sending()
+            return
         if event not in _NEW_STREAM_EVENTS or info.get("return_value") is None:
             return
         stream = info["return_value"]
@@ -200,6 +224,20 @@ class WebhookClient:
             late = self._expired or self._aborted  # connected after the cut
         if late:
             _shut_down(stream)
+
+    def _before_sending(self) -> None:
+        """Webhook QA: a CDC leader stopped (SIGSTOP) during a TLS handshake finished it
+        on waking, seconds after another node took the lead, and sent its batch — the
+        deadline's timer, waking at the same moment, lost the race. Asked here, the
+        lease's own clock says the node no longer leads, and the deadline has passed."""
+        with self._lock:
+            may_send, late = self._may_send, time.monotonic() >= self._deadline_at
+            if late:
+                self._expired = True
+        if late:
+            raise RequestExpired
+        if may_send is not None and not may_send():
+            raise RequestWithdrawn
 
     def _expire(self, request: int) -> None:
         """The watchdog: request number ``request`` reached its deadline."""

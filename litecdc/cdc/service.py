@@ -31,7 +31,7 @@ from typing import Protocol
 
 from litecdc.cdc.config import CDCConfig, redact_endpoint
 from litecdc.cdc.envelopes import ENVELOPES, large_transaction_body
-from litecdc.cdc.sinks import Sink, TransmitError, create_sink
+from litecdc.cdc.sinks import Sink, TransmitError, Withdrawn, create_sink
 from litecdc.db.schema import (
     CREATE_CDC_STATE,
     DEFAULT_RETENTION_CIDS,
@@ -356,7 +356,11 @@ class CDCService:
                 return False
             attempt += 1
             try:
-                self._sink.send(body, message_id)
+                # asked again once the connection is ready (webhook QA: a leader paused
+                # during a TLS handshake sent its batch seconds after it lost the lead)
+                self._sink.send(body, message_id, may_send=self._leadership.is_leader)
+            except Withdrawn:
+                return False
             except TransmitError as exc:
                 if self._stop.is_set():
                     return False  # ended by stop(): not a failure; resent after a restart

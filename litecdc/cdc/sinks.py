@@ -16,7 +16,12 @@ import httpx
 from litecdc.cdc.config import STDOUT, CDCConfig, build_ssl_context, redact_endpoint
 from litecdc.cdc.signing import decode_secret, signature_headers
 from litecdc.errors import ConfigError
-from litecdc.webhook_client import RequestAborted, RequestExpired, WebhookClient
+from litecdc.webhook_client import (
+    RequestAborted,
+    RequestExpired,
+    RequestWithdrawn,
+    WebhookClient,
+)
 
 USER_AGENT = "litecdc-cdc/0.1"
 
@@ -25,11 +30,19 @@ class TransmitError(Exception):
     """One attempt to deliver a batch failed; the service retries per its policy."""
 
 
+class Withdrawn(Exception):
+    """``may_send`` said no before anything of the batch was sent."""
+
+
 class Sink(Protocol):
-    def send(self, body: bytes, message_id: str) -> None:
+    def send(
+        self, body: bytes, message_id: str, *, may_send: Callable[[], bool] | None = None
+    ) -> None:
         """Deliver one batch or raise TransmitError — for every way it can fail, since
         the service applies its retry policy, drop limit and status to TransmitErrors
-        only. ``message_id`` is stable across retries."""
+        only. ``message_id`` is stable across retries. ``may_send``, when given, is asked
+        as late as the sink can before the batch's first byte goes out (the service: is
+        this node still the leader?); False: raise Withdrawn, having sent nothing."""
 
     def abort(self) -> None:
         """Called from another thread when the service stops: make a ``send`` in progress
@@ -94,13 +107,18 @@ class WebhookSink:
             sni_hostname=config.tls.server_name,
         )
 
-    def send(self, body: bytes, message_id: str) -> None:
+    def send(
+        self, body: bytes, message_id: str, *, may_send: Callable[[], bool] | None = None
+    ) -> None:
         headers = {}
         if self._key is not None:
             headers = signature_headers(self._key, message_id, int(time.time()), body)
         timeout = transmit_allowance(self._client.timeout, len(body))
         try:
-            answer = self._client.post(body, headers, timeout=timeout)
+            # (asked once connected and TLS done, before the request's first byte)
+            answer = self._client.post(body, headers, timeout=timeout, may_send=may_send)
+        except RequestWithdrawn:
+            raise Withdrawn from None
         except RequestAborted:
             raise TransmitError("aborted: the CDC service is stopping") from None
         except RequestExpired:
@@ -136,7 +154,11 @@ class StdoutSink:
     def __init__(self, config: CDCConfig, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stdout
 
-    def send(self, body: bytes, message_id: str) -> None:
+    def send(
+        self, body: bytes, message_id: str, *, may_send: Callable[[], bool] | None = None
+    ) -> None:
+        if may_send is not None and not may_send():
+            raise Withdrawn
         try:
             self._stream.write(body.decode() + "\n")
             self._stream.flush()

@@ -654,6 +654,10 @@ def test_credentials_in_the_url_are_sent_but_never_logged(
     wait_delivered(receiver, expected_for(cids))
     expected = "Basic " + base64.b64encode(b"alice:s:cr3t").decode()
     assert {r.header("authorization") for r in receiver.requests} == {expected}
+    # (the receiver records a request before its answer reaches the client, which logs
+    # it then: wait for that, or the close below can cut it off, unlogged)
+    sent = wait_status(node, lambda s: s["sent_events"] >= len(cids))
+    assert sent["sent_events"] >= len(cids)
     node.close()  # every request answered and logged
     assert "cr3t" not in caplog.text
     assert "HTTP Request: POST" in caplog.text  # (the check above saw httpx's lines)
@@ -1025,3 +1029,100 @@ def test_status_shows_an_ipv6_endpoint_without_credentials(tmp_path: Path) -> No
         assert service.status()["endpoint"] == "http://[::1]:9/hook"
     finally:
         store.close()
+
+
+class _SlowHandshakeServer:
+    """A real TLS server that, on each connection, first calls ``on_accept`` and then
+    waits ``delay`` seconds before its side of the handshake — as a leader paused there
+    would find it on waking. Records every byte the client sends after the handshake."""
+
+    def __init__(self, certs: Any, delay: float, on_accept: Callable[[], None]) -> None:
+        import socket
+        import ssl
+
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(certs.server_cert, certs.server_key)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.received = b""
+        self.handshakes = 0
+        self._delay, self._on_accept = delay, on_accept
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import ssl
+
+        conn, _ = self._listener.accept()
+        self._on_accept()
+        time.sleep(self._delay)
+        conn.settimeout(2.0)
+        with contextlib.suppress(OSError), self._context.wrap_socket(conn, server_side=True) as tls:
+            self.handshakes += 1
+            with contextlib.suppress(OSError, ssl.SSLError):
+                while chunk := tls.recv(65536):
+                    self.received += chunk
+
+    def close(self) -> None:
+        self._thread.join(10)
+        self._listener.close()
+
+
+def test_a_batch_is_withdrawn_when_the_node_stops_leading_during_the_tls_handshake(
+    tmp_path: Path,
+) -> None:
+    """Webhook QA: a cluster leader SIGSTOPped while its TLS handshake waited finished it on
+    waking, 2.6 s after another node took the lead, and sent its batch anyway: leadership
+    was asked only before connecting. It is asked again once the connection is ready,
+    before the request's first byte (here it is lost while the server delays the
+    handshake), and nothing of the batch goes out."""
+    import ssl
+
+    from litecdc.cdc.sinks import Withdrawn
+    from litecdc.webhook_client import RequestExpired, WebhookClient
+
+    certs = make_certs(tmp_path / "tls")
+    leading = threading.Event()
+    leading.set()
+    server = _SlowHandshakeServer(certs, 0.3, on_accept=leading.clear)
+    path = tmp_path / "cdc.json"
+    path.write_text(
+        json.dumps(
+            {
+                "endpoint": f"https://localhost:{server.port}/hook",
+                "tls": {"ca_cert_file": str(certs.ca_cert)},
+                "transmit_timeout": "5s",
+            }
+        )
+    )
+    sink = WebhookSink(parse_cdc_config(str(path)))
+    try:
+        with pytest.raises(Withdrawn):
+            sink.send(b'{"payload": []}', "n1-2-2", may_send=leading.is_set)
+    finally:
+        sink.close()
+        server.close()
+    assert server.handshakes == 1  # the connection was made, TLS done…
+    assert server.received == b""  # …and not one byte of the request sent
+
+    # a deadline passed by the time the connection is ready (a process paused through
+    # it: the deadline's timer, waking at the same moment, can lose the race) ends the
+    # request there too, unsent
+    server = _SlowHandshakeServer(certs, 0.3, on_accept=lambda: None)
+    context = ssl.create_default_context(cafile=str(certs.ca_cert))
+    client = WebhookClient(f"https://localhost:{server.port}/hook", timeout=5.0, headers={},
+                           verify=context)  # fmt: skip
+    original = client._before_sending
+
+    def after_a_pause() -> None:
+        client._deadline_at = time.monotonic() - 1.0
+        original()
+
+    client._before_sending = after_a_pause  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RequestExpired):
+            client.post(b"{}", {})
+    finally:
+        client.close()
+        server.close()
+    assert server.handshakes == 1 and server.received == b""
