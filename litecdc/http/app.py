@@ -471,19 +471,12 @@ class _Api:
             statements = await self._statements(request)
         self.stats.add("query_stmts_rx", len(statements))
         client_gone = _client_gone(request)
-        if opts.min_cid is not None:
-            min_cid = opts.min_cid
-            if not await to_thread.run_sync(
-                lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT, client_gone)
-            ):
-                if client_gone is not None and client_gone():
-                    # nobody reads the answer; the wait held one of the read threads
-                    return Response(status_code=499)
-                raise NotReadyError(
-                    f"this node has not applied cid {min_cid} within {MIN_CID_WAIT:g} s "
-                    f"(it has {self.store.journal.available_snapshot()}); retry, or read with "
-                    "a stronger level"
-                )
+        if opts.min_cid is not None and (
+            gone := await self._await_cid(
+                opts.min_cid, client_gone, "retry, or read with a stronger level"
+            )
+        ):
+            return gone
         limit = ReadLimit(opts.db_timeout, client_gone)
         results = await to_thread.run_sync(
             lambda: self.store.query(
@@ -914,7 +907,9 @@ class _Api:
             return _json({"name": name, "cid": cid})
         if r := await self._gate(request, ("query",), ("GET", "POST")):
             return r
-        _check_params(request, {"pretty"})
+        _check_params(request, {"pretty", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         subs = await to_thread.run_sync(self.store.subscribers)
         return _json(
             {
@@ -949,6 +944,62 @@ class _Api:
         hold = await to_thread.run_sync(lambda: self.store.advance_subscriber(name, cid))
         return _json({"name": hold.name, "cid": hold.cid})
 
+    async def _await_cid(
+        self, min_cid: int, client_gone: Callable[[], bool] | None, advice: str
+    ) -> Response | None:
+        """Wait (up to MIN_CID_WAIT) until this node has applied ``min_cid``: None once it
+        has, a 499 when the client left meanwhile; NotReadyError, with ``advice``, when it
+        did not in time."""
+        if await to_thread.run_sync(
+            lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT, client_gone)
+        ):
+            return None
+        if client_gone is not None and client_gone():
+            # nobody reads the answer; the wait held one of the read threads
+            return Response(status_code=499)
+        raise NotReadyError(
+            f"this node has not applied cid {min_cid} within {MIN_CID_WAIT:g} s (it has "
+            f"{self.store.journal.available_snapshot()}); {advice}"
+        )
+
+    def _source_problem(self) -> str | None:
+        """Why this node must not serve the pull source now, None when it may. A cluster
+        node out of touch with its cluster (etcd silent, no leader known, its apply loop
+        stopped, a snapshot awaited) serves data that may be behind, unknown to it:
+        pipeline QA — a node cut off from etcd served its stale head, and `pipeline run
+        --until-caught-up` said every subscription had caught up (verify too compared
+        with it) while another listed node was fine."""
+        if self.cluster is None:
+            return None
+        status = self.cluster.status()
+        for key in ("apply_error", "etcd_error"):
+            if status.get(key):
+                return str(status[key])
+        if status.get("needs_snapshot"):
+            return "it waits for a snapshot of the cluster's data"
+        if status.get("leader") is None:
+            return "it knows no leader right now"
+        return None
+
+    async def _source_gate(self, request: Request) -> Response | None:
+        """The pull source's own checks, after the permission gate: this node serves it
+        (see _source_problem), and has applied the request's ``min_cid`` — what the
+        caller already saw elsewhere (pipeline QA: a snapshot chunk read from a node
+        behind the subscription's registration came back older than it, and the finished
+        snapshot swept its rows away: rows missing at the sink, lag 0)."""
+        problem = self._source_problem()  # (in memory, as /readyz asks it)
+        if problem is not None:
+            raise NotReadyError(
+                f"this node cannot serve the pull source now: {problem}; its data may be "
+                "behind the cluster's (a pipeline given several nodes tries the next)"
+            )
+        min_cid = rqlite.min_cid_param(request.query_params.get("min_cid"))
+        if min_cid is None:
+            return None
+        return await self._await_cid(
+            min_cid, _client_gone(request), "retry, or read from another node"
+        )
+
     async def source_table_route(self, request: Request) -> Response:
         """``/cdc/tables/NAME`` and ``/cdc/tables/NAME/{splits,rows,changes,position}``,
         routed on the raw path: a table name may hold a '/', which a client sends as
@@ -963,14 +1014,18 @@ class _Api:
     async def source_tables(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"pretty"})
+        _check_params(request, {"pretty", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         tables = await to_thread.run_sync(self.store.source_tables)
         return _json({"tables": tables}, pretty="pretty" in request.query_params)
 
     async def source_table(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"pretty", "count"})
+        _check_params(request, {"pretty", "count", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         name = request.path_params["table"]
         count = _flag_param(request.query_params, "count")
         spec, rows, last_cid = await to_thread.run_sync(
@@ -984,7 +1039,9 @@ class _Api:
     async def source_splits(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"partitions", "pretty"})
+        _check_params(request, {"partitions", "pretty", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         name = request.path_params["table"]
         n = _int_param(request.query_params, "partitions", 2, minimum=1)
         cid, cuts = await to_thread.run_sync(lambda: self.store.source_splits(name, n))
@@ -996,7 +1053,9 @@ class _Api:
     async def source_rows(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"after_key", "until_key", "limit", "format", "pretty"})
+        _check_params(request, {"after_key", "until_key", "limit", "format", "pretty", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         params = request.query_params
         name = request.path_params["table"]
         after_key = decode_key(params.get("after_key"), "after_key")
@@ -1020,7 +1079,9 @@ class _Api:
     async def source_changes(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"after", "until", "limit", "format", "pretty"})
+        _check_params(request, {"after", "until", "limit", "format", "pretty", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         params = request.query_params
         name = request.path_params["table"]
         after = _int_param(params, "after", 0, minimum=0, maximum=MAX_CID)
@@ -1043,7 +1104,9 @@ class _Api:
     async def source_position(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
             return r
-        _check_params(request, {"after", "max_events", "pretty"})
+        _check_params(request, {"after", "max_events", "pretty", "min_cid"})
+        if r := await self._source_gate(request):
+            return r
         params = request.query_params
         name = request.path_params["table"]
         after = _int_param(params, "after", 0, minimum=0, maximum=MAX_CID)
@@ -1316,7 +1379,10 @@ def _guard(
                 raise  # an OSError other than a full disk: a 500, with its traceback
             status = http_status_for(error)
             if status >= 500:
-                log.error("%s %s failed: %s", request.method, request.url.path, error)
+                # (a node not ready is no fault of its own: a follower behind a min_cid,
+                # out of touch with its cluster — asked again and again by a pipeline)
+                level = logging.WARNING if isinstance(error, NotReadyError) else logging.ERROR
+                log.log(level, "%s %s failed: %s", request.method, request.url.path, error)
             if json_errors:
                 return _json({"error": str(error)}, status=status)
             return _text_error(status, str(error))

@@ -374,7 +374,7 @@ def parse_options(params: Mapping[str, str]) -> QueryOptions:
         queue="queue" in params,
         raft_index="raft_index" in params,
         level=_LEVELS.get(params.get("level", "weak").lower(), "weak"),
-        min_cid=_min_cid(params.get("min_cid")),
+        min_cid=min_cid_param(params.get("min_cid")),
         db_timeout=_db_timeout(params.get("db_timeout")),
     )
 
@@ -397,7 +397,7 @@ def _db_timeout(value: str | None) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def _min_cid(text: str | None) -> int | None:
+def min_cid_param(text: str | None) -> int | None:
     if text is None:
         return None
     if not (text.isascii() and text.isdigit()):  # (isdigit alone takes "²", int() does not)

@@ -172,6 +172,8 @@ class LitecdcOptions:
     ranges: tuple[ChunkRange, ...] | None = None
     after_cid: int = 0
     until_cid: int | None = None
+    #: a snapshot's pages are read at this cid or later (its initial version)
+    min_cid: int | None = None
     starting_cid: int | None = None  # None: latest
     max_events: int = DEFAULT_MAX_EVENTS
     subscription: str | None = None
@@ -224,6 +226,7 @@ class LitecdcOptions:
             ranges=_ranges_option(opts.get("ranges")),
             after_cid=after_cid,
             until_cid=until_cid,
+            min_cid=_int_option(opts, "min_cid", 0, minimum=0) or None,
             starting_cid=(
                 None if starting == "latest" else _int_option(opts, "starting_cid", 0, minimum=0)
             ),
@@ -402,7 +405,7 @@ class SnapshotReader(DataSourceReader):
                 KeyRangePartition(r.after_key, r.until_key, r.max_rows) for r in self.opts.ranges
             ]
         with self.opts.client() as client:
-            splits = client.splits(self.opts.table, self.opts.partitions)
+            splits = client.splits(self.opts.table, self.opts.partitions, min_cid=self.opts.min_cid)
         return [KeyRangePartition(after, until, None) for after, until in splits.ranges()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -418,6 +421,7 @@ class SnapshotReader(DataSourceReader):
                 partition.max_rows,
                 self.opts.page_rows,
                 self.names,
+                min_cid=self.opts.min_cid,
             )
 
 
@@ -429,8 +433,11 @@ def read_key_range(
     max_rows: int | None,
     page_rows: int,
     names: Sequence[str],
+    *,
+    min_cid: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Page through one key range; every page is one read transaction on the node.
+    """Page through one key range; every page is one read transaction on the node, at
+    ``min_cid`` or later (SourceClient.rows).
 
     The next page is fetched while Spark consumes this one (a thread a page ahead): the
     node builds and sends a page while the JVM converts the previous one.
@@ -440,7 +447,9 @@ def read_key_range(
         after, remaining = after_key, max_rows
         while remaining is None or remaining > 0:
             limit = page_rows if remaining is None else min(page_rows, remaining)
-            page = client.rows(table, after_key=after, until_key=until_key, limit=limit)
+            page = client.rows(
+                table, after_key=after, until_key=until_key, limit=limit, min_cid=min_cid
+            )
             yield page
             if remaining is not None:
                 remaining -= page.table.num_rows

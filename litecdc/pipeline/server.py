@@ -793,7 +793,13 @@ class PipelineServer:
                 running.sink.forget_progress()
             self.meta.start_register(sub.name, registered.cid)
         self._registered(running, registered.cid)
-        info = running.client.table_info(sub.table_name, count_rows=True)  # progress total
+        # everything the copy is planned and read from is read at the registration or
+        # later: a node behind it (a cluster follower) waits, or the next is asked
+        # (pipeline QA: pages older than the registration were swept away at the end)
+        init = registered.cid
+        info = running.client.table_info(
+            sub.table_name, count_rows=True, min_cid=init
+        )  # (count: the progress total)
         self._evolve(running, named_as(info.spec, sub.table_name))
         if running.parquet is not None:
             # a Parquet snapshot is one Spark write (partitions in parallel): one range
@@ -803,11 +809,12 @@ class PipelineServer:
             chunks = chunk_count(
                 info.rows or 0, int(sub.options.get("partitions", DEFAULT_PARTITIONS)), page_rows
             )
-            ranges = running.client.splits(sub.table_name, chunks).ranges()
+            ranges = running.client.splits(sub.table_name, chunks, min_cid=init).ranges()
             # the last range ends at the table's last key: a row past it came after the
             # registration, which the change log brings (an append-only table would
             # otherwise grow that range all through the snapshot, to be read in one go)
-            ranges[-1] = (ranges[-1][0], self._last_key(running, ranges[-1][0], page_rows))
+            last_key = self._last_key(running, ranges[-1][0], page_rows, init)
+            ranges[-1] = (ranges[-1][0], last_key)
         self.meta.set_ranges(sub.name, ranges)
         running.state.snapshot_rows = 0
         running.state.snapshot_total = info.rows or 0
@@ -818,12 +825,17 @@ class PipelineServer:
         )  # fmt: skip
 
     @staticmethod
-    def _last_key(running: _Running, after: list[Any] | None, page_rows: int) -> list[Any] | None:
-        """The table's last key, read from ``after`` on when the rest is about a range's
-        worth; None otherwise (or when it cannot be read: the snapshot says why)."""
+    def _last_key(
+        running: _Running, after: list[Any] | None, page_rows: int, min_cid: int
+    ) -> list[Any] | None:
+        """The table's last key at ``min_cid`` or later, read from ``after`` on when the
+        rest is about a range's worth; None otherwise (or when it cannot be read: the
+        snapshot says why)."""
         limit = min(page_rows + 1, MAX_PAGE_ROWS)  # a range holds about page_rows
         try:
-            tail = running.client.rows(running.spec.name, after_key=after, limit=limit)
+            tail = running.client.rows(
+                running.spec.name, after_key=after, limit=limit, min_cid=min_cid
+            )
         except SourceError as exc:
             log.debug("subscription %s: %s", running.subscription.name, exc)
             return None
@@ -848,8 +860,10 @@ class PipelineServer:
             return True
         if running.parquet is not None:
             partitions = str(sub.options.get("partitions", DEFAULT_PARTITIONS))
+            reader = self._reader(running).option("partitions", partitions)
             rows_written = parquet_log.write_snapshot(
-                self._reader(running).option("partitions", partitions), running.parquet
+                reader.option("min_cid", str(progress.init_snapshot_version or 0)),
+                running.parquet,
             )
             for r in pending:
                 self.meta.record_chunk(
@@ -873,7 +887,9 @@ class PipelineServer:
         # (a range a server before them left part copied goes on from its last key)
         chunk = pending[: int(sub.options.get("partitions", DEFAULT_PARTITIONS))]
         rows, per_range = self._read_ranges(
-            running, [(r.last_snapshot_key or r.lower_key, r.upper_key) for r in chunk]
+            running,
+            [(r.last_snapshot_key or r.lower_key, r.upper_key) for r in chunk],
+            progress.init_snapshot_version or 0,
         )
         # A column added while the chunk was read: pages read after it came without its
         # values (read with the older description) or with a column the sink has not, and
@@ -1160,13 +1176,15 @@ class PipelineServer:
         return table
 
     def _read_ranges(
-        self, running: _Running, ranges: list[KeyRange]
+        self, running: _Running, ranges: list[KeyRange], min_cid: int
     ) -> tuple[pa.Table, dict[int, tuple[int, int]]]:
-        """The rows of whole key ranges, one Spark partition each, and per range (by its
-        index) how many rows it held and the highest cid they were read at."""
+        """The rows of whole key ranges, one Spark partition each, read at ``min_cid`` (the
+        snapshot's initial version) or later, and per range (by its index) how many rows
+        it held and the highest cid they were read at."""
         from pyspark.sql.functions import spark_partition_id
 
         reader = self._reader(running).option("ranges", _json([list(r) for r in ranges]))
+        reader = reader.option("min_cid", str(min_cid))
         frame = reader.load()
         table: pa.Table = frame.withColumn(_RANGE_COLUMN, spark_partition_id()).toArrow()
         # the partitions are the ranges, in order (counts only: what is read, and so

@@ -257,11 +257,16 @@ class SourceClient:
 
     # -- tables ----------------------------------------------------------------------
 
-    def table_info(self, table: str, *, count_rows: bool = False) -> TableInfo:
+    def table_info(
+        self, table: str, *, count_rows: bool = False, min_cid: int | None = None
+    ) -> TableInfo:
         """The table's description and the node's head; its row count (a read of the whole
-        table on the node) only with ``count_rows``."""
-        params = {"count": "true"} if count_rows else None
-        doc = self._json("GET", f"/cdc/tables/{_seg(table)}", params=params)
+        table on the node) only with ``count_rows``; from a node that has applied
+        ``min_cid`` (see :meth:`rows`)."""
+        params: dict[str, Any] = {"count": "true"} if count_rows else {}
+        if min_cid:
+            params["min_cid"] = min_cid
+        doc = self._json("GET", f"/cdc/tables/{_seg(table)}", params=params or None)
         rows = doc.get("rows")
         return TableInfo(
             TableSpec.from_json(doc),
@@ -273,10 +278,13 @@ class SourceClient:
     def table_spec(self, table: str) -> TableSpec:
         return self.table_info(table).spec
 
-    def splits(self, table: str, partitions: int) -> Splits:
-        doc = self._json(
-            "GET", f"/cdc/tables/{_seg(table)}/splits", params={"partitions": partitions}
-        )
+    def splits(self, table: str, partitions: int, *, min_cid: int | None = None) -> Splits:
+        """``min_cid``: read on a node that has applied it (a node behind it waits, then
+        answers 503 and the next address is tried; see :meth:`rows`)."""
+        params: dict[str, Any] = {"partitions": partitions}
+        if min_cid:
+            params["min_cid"] = min_cid
+        doc = self._json("GET", f"/cdc/tables/{_seg(table)}/splits", params=params)
         return Splits(int(doc["cid"]), tuple(list(k) for k in doc["splits"]))
 
     def rows(
@@ -286,18 +294,31 @@ class SourceClient:
         after_key: Key | None = None,
         until_key: Key | None = None,
         limit: int,
+        min_cid: int | None = None,
     ) -> RowsPage:
-        """Rows with after_key < key <= until_key, in key order, at most ``limit``."""
+        """Rows with after_key < key <= until_key, in key order, at most ``limit``; read at
+        ``min_cid`` or later. A snapshot's pages must be (pipeline QA: a page read on a
+        cluster node behind the subscription's registration was older than it, and the
+        finished snapshot swept its rows away, silently): the node waits until it has
+        applied ``min_cid``, or answers 503 and the next address is tried."""
         params: dict[str, Any] = {"limit": limit, "format": "arrow"}
         if after_key is not None:
             params["after_key"] = json.dumps(after_key)
         if until_key is not None:
             params["until_key"] = json.dumps(until_key)
+        if min_cid:
+            params["min_cid"] = min_cid
         data, meta = self._arrow(f"/cdc/tables/{_seg(table)}/rows", params)
         last_key = json.loads(meta.get(b"litecdc.last_key", b"null"))
+        cid = int(meta[b"litecdc.cid"])
+        if min_cid and cid < min_cid:  # (a node that ignored min_cid)
+            raise SourceError(
+                f"source: a page of {table} was read at cid {cid}, before cid {min_cid}: "
+                "the node is behind; retried"
+            )
         return RowsPage(
             data,
-            int(meta[b"litecdc.cid"]),
+            cid,
             list(last_key) if last_key is not None else None,
             meta.get(b"litecdc.done", b"false") == b"true",
         )
@@ -305,22 +326,22 @@ class SourceClient:
     def changes(
         self, table: str, *, after: int, until: int | None = None, limit: int
     ) -> ChangesPage:
-        """Events of whole transactions with after < cid <= until, about ``limit`` of them.
+        """Events of whole transactions with after < cid <= until, about ``limit`` of them,
+        from a node that has applied ``until`` (one behind waits; see :meth:`rows`).
 
         Raises PositionUnavailableError when the log no longer reaches back to ``after``.
         """
         params: dict[str, Any] = {"after": after, "limit": limit, "format": "arrow"}
         if until is not None:
-            params["until"] = until
+            params["until"] = params["min_cid"] = until
         data, meta = self._arrow(f"/cdc/tables/{_seg(table)}/changes", params)
         return ChangesPage(data, int(meta[b"litecdc.end_cid"]), int(meta[b"litecdc.last_cid"]))
 
     def position(self, table: str, *, after: int, max_events: int) -> Position:
-        doc = self._json(
-            "GET",
-            f"/cdc/tables/{_seg(table)}/position",
-            params={"after": after, "max_events": max_events},
-        )
+        # (no min_cid: a head behind ``after`` is how a replaced source shows, see
+        # pipeline.server._check_not_behind)
+        params: dict[str, Any] = {"after": after, "max_events": max_events}
+        doc = self._json("GET", f"/cdc/tables/{_seg(table)}/position", params=params)
         first = doc.get("first_cid")
         return Position(
             int(doc["end_cid"]),
@@ -407,8 +428,17 @@ class SourceClient:
                     f"source {self.urls[index]}: {method} {path} failed ({failures[-1]}); "
                     "the request may have been applied"
                 ) from exc
-            self._current = index
             response = _Response(method, self.urls[index], path, url, raw)
+            if response.status == 503 and order and retry_any_failure:
+                # a node that cannot serve now (behind min_cid, out of touch with its
+                # cluster, no leader to forward to): the next may (pipeline QA: a node cut
+                # off from etcd was asked again and again, another listed one never)
+                failures.append(f"{self.urls[index]}: {_error_for(response)}")
+                log.debug("source %s cannot serve now, trying the next address",
+                          self.urls[index])  # fmt: skip
+                continue
+            if response.status != 503:  # (the next request starts elsewhere then)
+                self._current = index
             if response.status >= 400:
                 raise _error_for(response)
             return response
@@ -476,6 +506,10 @@ def _error_for(response: _Response) -> Exception:
         )
     if isinstance(doc, dict) and "error" in doc:
         message = str(doc["error"])
+    elif response.headers.get("X-RQLITE-VERSION", "").startswith("litecdc/"):
+        # a litecdc node's plain-text answer (rqlite's form: a write forwarded to no
+        # leader, 503) — not "is this a litecdc node?" (pipeline QA)
+        message = " ".join(response.text.split())[:500] or f"HTTP {response.status}"
     else:  # not a litecdc node's answer (every error of the API is JSON with "error")
         kind = response.headers.get("content-type", "") or "no content type"
         text = " ".join(response.text.split())[:200]

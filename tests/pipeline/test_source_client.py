@@ -414,3 +414,68 @@ def test_an_address_that_is_not_a_litecdc_node_is_said_so() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _CannotServe(http.server.BaseHTTPRequestHandler):
+    """Answers 503 as a litecdc cluster node that cannot serve now does: a follower that
+    knows no leader to forward to (plain text, rqlite's form) or one out of touch with its
+    cluster (JSON). Stands in for such a node: a real one takes a three-member etcd and a
+    SIGSTOP (tests/system/test_cluster_source.py has a lagging one)."""
+
+    requests: ClassVar[list[str]] = []
+
+    def _handle(self) -> None:
+        type(self).requests.append(f"{self.command} {self.path}")
+        if "/tables/" in self.path:
+            body, kind = (
+                b'{"error": "this node cannot serve the pull source now: it knows no leader"}',
+                "application/json",
+            )
+        else:
+            body = b"not leader: node n3 is not the leader: it knows no leader right now\n"
+            kind = "text/plain; charset=utf-8"
+        self.send_response(503)
+        self.send_header("Content-Type", kind)
+        self.send_header("X-RQLITE-VERSION", "litecdc/0.1.0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _handle
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_node_that_cannot_serve_now_is_passed_over(node: Node, people: str) -> None:
+    """Pipeline QA: only a refused connection moved a request on; a node that answered
+    503 (cut off from etcd, no leader known) was asked again and again while the next
+    listed node was fine — and its plain-text answer was called not a litecdc node's."""
+    _CannotServe.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CannotServe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stuck = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with SourceClient([stuck, node.url]) as c:
+            assert c.table_spec(people).name == "people"  # a GET moves on
+            assert c.urls[c._current] == node.url
+            c._current = 0
+            assert c.register("passed-over").cid >= 1  # an idempotent POST too
+            c._current = 0
+            with pytest.raises(SourceError, match=r"it knows no leader right now"):
+                c.unsubscribe("passed-over")  # not one that may have been applied
+        with SourceClient([node.url]) as c:
+            c.unsubscribe("passed-over")
+        with SourceClient([stuck]) as c:
+            with pytest.raises(SourceError) as info:
+                c.subscriptions()
+            assert str(info.value) == (
+                f"source {stuck}: GET /cdc/subscriptions: not leader: node n3 is not the "
+                "leader: it knows no leader right now (HTTP 503)"
+            )
+            with pytest.raises(SourceError, match=r"cannot serve the pull source now.*HTTP 503"):
+                c.table_info(people)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "GET /cdc/tables/people" in _CannotServe.requests

@@ -117,3 +117,78 @@ def test_subscriptions_and_reads_through_a_follower(nodes: list[Node]) -> None:
     for node in nodes:
         _wait(lambda n=node: _reshaped_cid(n, "src") > last, f"the rename on {node.url}")
     assert len({_reshaped_cid(n, "src") for n in nodes}) == 1
+
+
+def test_snapshot_reads_wait_for_a_follower_behind_the_registration(nodes: list[Node]) -> None:
+    """Pipeline QA: a subscription registered (on the leader) at cid N had its snapshot
+    pages read on a follower still behind N; they came back older than the registration
+    and the finished snapshot swept their rows away — rows missing at the sink, lag 0.
+    Reads carry ``min_cid`` (the registration): the follower waits until it has applied
+    it, and a client given several nodes goes on to the next when it does not in time.
+    The follower is held behind for real: another process's write lock on its database
+    stops its apply loop, while it goes on serving reads."""
+    import sqlite3
+    import threading
+    import time
+
+    from litecdc.pipeline.source_client import SourceClient
+
+    leader = _leader(nodes)
+    follower = next(n for n in nodes if n is not leader)
+    with leader.client() as c:
+        r = c.post(
+            "/db/execute",
+            json=[
+                "CREATE TABLE src (id INTEGER PRIMARY KEY, v TEXT)",
+                "INSERT INTO src VALUES (1, 'a')",
+            ],
+        )
+        assert r.status_code == 200, r.text
+    last = _subscriptions(leader)["last_cid"]
+    _wait(lambda: _subscriptions(follower)["last_cid"] >= last, "the follower to catch up")
+
+    def hold_behind() -> sqlite3.Connection:
+        lock = sqlite3.connect(
+            follower.data_dir / "db.sqlite", isolation_level=None, check_same_thread=False
+        )
+        lock.execute("BEGIN IMMEDIATE")
+        return lock
+
+    lock = hold_behind()
+    with follower.client() as c:  # forwarded to the leader, applied there only
+        r = c.post("/cdc/subscriptions", json={"name": "behind"})
+        assert r.status_code == 200, r.text
+        registered = r.json()["cid"]
+        with leader.client() as lc:
+            r = lc.post("/db/execute", json=["INSERT INTO src VALUES (2, 'b')"])
+            assert r.status_code == 200, r.text
+        assert _subscriptions(follower)["last_cid"] < registered  # behind, for real
+        threading.Timer(1.5, lock.rollback).start()
+        started = time.monotonic()
+        r = c.get(
+            "/cdc/tables/src/rows",
+            params={"format": "json", "min_cid": registered},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - started >= 1.0  # it waited for the follower's apply
+        assert r.json()["cid"] >= registered
+        assert [row[:2] for row in r.json()["rows"]][:1] == [[1, "a"]]
+    lock.close()
+
+    lock = hold_behind()
+    try:
+        with leader.client() as lc:
+            r = lc.post("/db/execute", json=["INSERT INTO src VALUES (3, 'c')"])
+            assert r.status_code == 200, r.text
+        head = _subscriptions(leader)["last_cid"]
+        with SourceClient([follower.url, leader.url], timeout=30) as client:
+            page = client.rows("src", limit=10, min_cid=head)  # the follower: 503 in 10 s
+            assert page.cid >= head
+            assert page.table.column("id").to_pylist() == [1, 2, 3]
+            assert client.urls[client._current] == leader.url
+    finally:
+        lock.rollback()
+        lock.close()
+    with leader.client() as lc:
+        assert lc.delete("/cdc/subscriptions/behind").status_code == 200

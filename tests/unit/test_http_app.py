@@ -19,6 +19,7 @@ from litecdc.errors import ConfigError, ModeError
 from litecdc.http import app as app_module
 from litecdc.http import create_app
 from litecdc.http.app import VERSION
+from litecdc.results import Statement as S
 from litecdc.store import Store
 
 
@@ -695,3 +696,85 @@ def test_a_min_cid_wait_ends_once_its_client_is_gone(
     reader.start()
     reader.join(30)
     assert answers == [499]  # (nobody reads it; 503 once the wait runs out otherwise)
+
+
+class _FollowerView(_StuckFollower):
+    """A cluster follower, in touch with its cluster or not, as ``status`` says (a real
+    one cut off from etcd takes a three-member etcd and a SIGSTOP: tests/system)."""
+
+    def __init__(self, status: dict[str, object], leader: tuple[str, str] | None) -> None:
+        self._status, self._leader = status, leader
+
+    def leader(self) -> tuple[str, str] | None:
+        return self._leader
+
+    def status(self) -> dict[str, object]:
+        return {"leader": self._leader, **self._status}
+
+
+SOURCE_READS = (
+    "/cdc/subscriptions",
+    "/cdc/tables",
+    "/cdc/tables/src",
+    "/cdc/tables/src/splits",
+    "/cdc/tables/src/rows",
+    "/cdc/tables/src/changes",
+    "/cdc/tables/src/position",
+)
+
+
+def test_the_pull_source_is_refused_by_a_node_out_of_touch_with_its_cluster(
+    store: Store,
+) -> None:
+    """Pipeline QA: a node cut off from etcd served its stale head; `pipeline run
+    --until-caught-up` said every subscription had caught up (and verify compared with
+    the stale data) while the writes went on elsewhere. It answers 503, and the pipeline
+    asks the next node it was given."""
+    store.execute([S("CREATE TABLE src(id INTEGER PRIMARY KEY, v)")])
+    leader = ("n1", "http://127.0.0.1:4001")
+    cases = [
+        ({"etcd_error": "etcd at 127.0.0.1:2379 has not answered for 13 s"}, leader,
+         "etcd at 127.0.0.1:2379 has not answered for 13 s"),
+        ({}, None, "it knows no leader right now"),
+        ({"needs_snapshot": True}, leader, "it waits for a snapshot of the cluster's data"),
+        ({"apply_error": "diverged at cid 7"}, leader, "diverged at cid 7"),
+    ]  # fmt: skip
+    for status, known_leader, why in cases:
+        view = _FollowerView(status, known_leader)
+        with TestClient(create_app(store, store.config, cluster=view)) as c:  # type: ignore[arg-type]
+            for path in SOURCE_READS:
+                r = c.get(path)
+                assert r.status_code == 503, (path, r.text)
+                assert r.json()["error"] == (
+                    f"this node cannot serve the pull source now: {why}; its data may be "
+                    "behind the cluster's (a pipeline given several nodes tries the next)"
+                ), path
+    healthy = _FollowerView({}, leader)
+    with TestClient(create_app(store, store.config, cluster=healthy)) as c:  # type: ignore[arg-type]
+        for path in SOURCE_READS:
+            assert c.get(path).status_code == 200, path
+
+
+def test_pull_source_reads_wait_for_min_cid(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pipeline QA: a snapshot page read on a cluster node behind the subscription's
+    registration was older than it, and the finished snapshot swept its rows away
+    (rows missing at the sink, lag 0). Each source read takes the cid it must be read
+    at or after: the node waits for it (10 s; shortened here), else answers 503."""
+    store.execute([S("CREATE TABLE src(id INTEGER PRIMARY KEY, v)")])
+    store.execute([S("INSERT INTO src VALUES(1, 'a')")])
+    head = store.journal.last_cid()
+    monkeypatch.setattr(app_module, "MIN_CID_WAIT", 0.2)
+    with TestClient(create_app(store, store.config)) as c:
+        for path in SOURCE_READS:
+            r = c.get(path, params={"min_cid": head})
+            assert r.status_code == 200, (path, r.text)
+            r = c.get(path, params={"min_cid": head + 5})
+            assert (r.status_code, r.json()["error"]) == (
+                503,
+                f"this node has not applied cid {head + 5} within 0.2 s (it has {head}); "
+                "retry, or read from another node",
+            ), path
+            r = c.get(path, params={"min_cid": "x"})
+            assert r.status_code == 400, path
+        r = c.get("/cdc/tables/src/rows", params={"min_cid": head, "format": "json"})
+        assert r.json()["cid"] >= head and r.json()["rows"] == [[1, "a", 3]]  # (_litecdc_cid)
