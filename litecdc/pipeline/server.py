@@ -789,8 +789,17 @@ class PipelineServer:
         else:
             if running.sink is not None:
                 # a new subscription: a sink's record left by an earlier one of the same
-                # name (unsubscribed, perhaps on another source) is not ours
+                # name (unsubscribed, perhaps on another source) is not ours, nor are the
+                # rows of a kept mirror at our cids or later (another history's)
                 running.sink.forget_progress()
+                disowned = running.sink.disown_rows(registered.cid)
+                if disowned:
+                    log.info(
+                        "subscription %s: the mirror holds %d row(s) written at cid %d or "
+                        "later, before this subscription registered there (another source's?):"
+                        " the snapshot replaces them, or removes them",
+                        sub.name, disowned, registered.cid,
+                    )  # fmt: skip
             self.meta.start_register(sub.name, registered.cid)
         self._registered(running, registered.cid)
         # everything the copy is planned and read from is read at the registration or

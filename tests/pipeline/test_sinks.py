@@ -300,6 +300,38 @@ def test_mirror_of_a_subscription_recreated_under_its_name_keeps_no_old_record(
     assert 100 in ids
 
 
+def test_a_kept_mirror_becomes_the_copy_of_another_source(
+    mirror: Mirror, opened: list[Sink]
+) -> None:
+    """Sinks QA: a subscription re-created under its name on another source, its mirror
+    kept, left the mirror stale, silently — the old rows' cids were above every cid of
+    the new source, so the version guard kept them against the snapshot's rows and the
+    sweep kept them too. The server has the sink disown those rows (cid 0) when the new
+    subscription registers, before it writes anything."""
+    earlier = SourceSim(SPEC)
+    for i in range(1, 40):
+        earlier.commit(("upsert", sample_row(i % 5 + 1)))  # ids 1-5, cids up to 39
+    url = mirror.url()
+    old = open_sink(url, SPEC, "sub")
+    old.write_snapshot(earlier.chunk(0, 100, earlier.cid))
+    old.finish_snapshot(earlier.cid)
+    old.close()
+
+    other = SourceSim(SPEC)  # another node: its cids start again at 1
+    other.commit(("upsert", {**sample_row(1), "name": "the other source's"}))
+    other.commit(("upsert", sample_row(7)))
+    init = other.cid
+    other.commit(("upsert", {**sample_row(7), "price": 9.5}))
+    sink = open_tracked(opened, url, SPEC)
+    sink.forget_progress()
+    assert sink.disown_rows(init) == 5  # every kept row is at or above cid 2
+    assert sink.disown_rows(init) == 0  # (again, after a crash: nothing left to take)
+    sink.write_snapshot(other.chunk(0, 100, init))
+    assert sink.finish_snapshot(init) == 4  # ids 2-5, which this source has not
+    assert sink.write_changes(*batch(other, init, other.cid)) is True
+    assert_mirror(sink, other, mirror)
+
+
 def test_mirror_refuses_a_column_of_another_type(mirror: Mirror, opened: list[Sink]) -> None:
     url = mirror.url()
     open_tracked(opened, url, SPEC)

@@ -167,6 +167,16 @@ class Sink(ABC):
         reach the sink), so that ``applied_cid`` starts from 0 again. Called before
         anything of the new subscription is written."""
 
+    def disown_rows(self, init_cid: int) -> int:
+        """A new subscription registered at ``init_cid`` writes into a mirror that was
+        kept: rows there at that cid or later came from another history — another source,
+        whose cids run lower — and the version guard would keep them against every row of
+        the snapshot, the sweep too (sinks QA: old values and rows stayed, silently). They
+        are set to cid 0, so the snapshot replaces them or the sweep removes them. Called
+        before anything of the new subscription is written; returns how many. Sinks that
+        keep no rows: 0."""
+        return 0
+
     def read_rows(self) -> pa.Table:
         """The mirror's rows, table columns only (for ``pipeline verify``)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no rows to compare")

@@ -271,6 +271,18 @@ class DeltaSink(Sink):
             commit_properties=commit,
         )
 
+    def disown_rows(self, init_cid: int) -> int:
+        try:
+            metrics = self._dt().update(
+                updates={CID_COLUMN: "0"}, predicate=f"{CID_COLUMN} >= {int(init_cid)}"
+            )
+        except _ERRORS as exc:
+            raise SinkError(
+                f"delta sink: taking over the rows of an earlier subscription in {self.path} "
+                f"failed: {exc}"
+            ) from exc
+        return int(metrics.get("num_updated_rows", 0) or 0)
+
     def finish_snapshot(self, init_cid: int) -> int:
         try:
             metrics = self._dt().delete(f"{CID_COLUMN} < {int(init_cid)}")

@@ -679,6 +679,22 @@ class MariaDBSink(Sink):
         )
         cur.execute(f"DELETE FROM {stage}")
 
+    def disown_rows(self, init_cid: int) -> int:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                disowned = int(
+                    cur.execute(  # no arguments: see _insert_rows
+                        f"UPDATE {_q(self.table_name)} SET {_q(CID_COLUMN)} = 0 WHERE "
+                        f"{_q(CID_COLUMN)} >= {int(init_cid)}"
+                    )
+                )
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self._rollback()
+            raise self._fail("taking over the rows of an earlier subscription in", exc) from exc
+        return disowned
+
     def finish_snapshot(self, init_cid: int) -> int:
         conn = self._connect()
         try:

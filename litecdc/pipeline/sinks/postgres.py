@@ -613,6 +613,22 @@ class PostgresSink(Sink):
             )
         )
 
+    def disown_rows(self, init_cid: int) -> int:
+        conn = self._connect()
+        try:
+            with conn.transaction():
+                cur = conn.execute(
+                    sql.SQL("UPDATE {} SET {cid} = 0 WHERE {cid} >= {init}").format(
+                        self._target(),
+                        cid=self._ident(CID_COLUMN),
+                        init=sql.Literal(int(init_cid)),
+                    )
+                )
+                disowned = cur.rowcount
+        except psycopg.Error as exc:
+            raise self._fail("taking over the rows of an earlier subscription in", exc) from exc
+        return disowned
+
     def finish_snapshot(self, init_cid: int) -> int:
         conn = self._connect()
         try:
