@@ -1372,6 +1372,43 @@ def test_nats_drops_a_replayed_publish_and_keeps_progress(
     assert got == expected_messages(src, 0, 2)
 
 
+def test_nats_names_a_row_over_the_servers_max_payload(nats_url: str, opened: list[Sink]) -> None:
+    """Sinks QA: a row whose message is over the server's max_payload (1 MB by default)
+    failed every batch with "nats: maximum payload exceeded: check the server is up and
+    has JetStream enabled", naming neither the row nor the limit."""
+    src = SourceSim(SPEC)
+    src.commit(("upsert", sample_row(1)), ("upsert", {**sample_row(2), "data": b"x" * 1_100_000}))
+    tag = uuid.uuid4().hex[:10]
+    sink = open_tracked(opened, f"{nats_url}?stream=S{tag}&subject=t{tag}", SPEC)
+    with pytest.raises(SinkError) as refused:
+        sink.write_changes(*batch(src, 0, 1))
+    message = str(refused.value)
+    assert message.startswith(
+        "nats sink: the upsert event of items with key {'id': 2} (cid 1) is a 1,466,"
+    ), message
+    assert "over the NATS server's max_payload of 1,048,576 bytes" in message
+    assert "max_payload in nats-server's configuration" in message
+    assert "check the server is up" not in message
+    with pytest.raises(SinkError, match=r"nats sink: the snapshot row of items with key"):
+        sink.write_snapshot(src.chunk(0, 100, 1))
+
+
+def test_nats_refusals_of_the_server_come_without_the_is_it_up_hint(
+    nats_url: str, opened: list[Sink]
+) -> None:
+    """Sinks QA: "check the server is up and has JetStream enabled" followed the server's
+    own clear refusals too (here: another stream already takes the subjects)."""
+    tag = uuid.uuid4().hex[:10]
+    open_tracked(opened, f"{nats_url}?stream=A{tag}&subject=t{tag}", SPEC)
+    with pytest.raises(SinkError) as refused:
+        open_tracked(opened, f"{nats_url}?stream=B{tag}&subject=t{tag}", SPEC)
+    assert "subjects overlap" in str(refused.value)
+    assert "check the server is up" not in str(refused.value)
+    unreachable = f"nats://127.0.0.1:{closed_port()}?connect_timeout=1"
+    with pytest.raises(SinkError, match="check the server is up and has JetStream enabled"):
+        open_tracked(opened, unreachable, SPEC)
+
+
 async def forget_progress(server: str, key: str) -> None:
     nc = await nats.connect(server)
     try:

@@ -68,6 +68,9 @@ from litecdc.pipeline.sinks.registry import (
 )
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
+#: bytes of a message's max_payload left to its headers (the Nats-Msg-Id, NATS/1.0 line)
+PAYLOAD_HEADROOM = 1024
+
 log = logging.getLogger("litecdc.pipeline")
 
 STATE_BUCKET = "litecdc_sinks"
@@ -104,10 +107,13 @@ class NatsSink(Sink):
             raise
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             detail = scrub_url_password(str(exc) or type(exc).__name__, self.url)
-            raise SinkError(
-                f"nats sink: {doing} ({self._safe}) failed: {detail}: check the server is up "
-                "and has JetStream enabled"
-            ) from exc
+            # (sinks QA: the hint came after the server's own refusals too — overlapping
+            # subjects, a message over the stream's size limit — which say what is wrong)
+            hint = (
+                "" if isinstance(exc, nats.js.errors.APIError)
+                else ": check the server is up and has JetStream enabled"
+            )  # fmt: skip
+            raise SinkError(f"nats sink: {doing} ({self._safe}) failed: {detail}{hint}") from exc
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -170,13 +176,18 @@ class NatsSink(Sink):
                         f"{self.options.stream}: streams overlap; fix their subjects"
                     )
 
+        limit = self._nc.max_payload if self._nc is not None else 0
         for msg_id, doc in messages:
+            payload = encode(doc)
+            if limit and len(payload) > limit - PAYLOAD_HEADROOM:
+                await asyncio.gather(*pending, return_exceptions=True)  # none left behind
+                raise self._too_large(doc, len(payload), limit)
             # tasks start in order, so messages reach the stream in (cid, seq) order
             pending.append(
                 asyncio.ensure_future(
                     js.publish(
                         self.subject,
-                        encode(doc),
+                        payload,
                         stream=self.options.stream,
                         headers={
                             "Nats-Msg-Id": scoped_id(self.subscription, self.registration, msg_id)
@@ -189,6 +200,19 @@ class NatsSink(Sink):
                 await drain()
         await drain()
         return count
+
+    def _too_large(self, doc: dict[str, Any], size: int, limit: int) -> SinkError:
+        """Sinks QA: a row over the server's max_payload failed every batch with "nats:
+        maximum payload exceeded", naming neither the row nor the limit (and a hint to
+        check the server was up)."""
+        what = "the snapshot row" if doc.get("seq") is None else f"the {doc.get('op')} event"
+        return SinkError(
+            f"nats sink: {what} of {self.spec.name} with key {doc.get('key')} (cid "
+            f"{doc.get('cid')}) is a {size:,}-byte message, over the NATS server's "
+            f"max_payload of {limit:,} bytes ({self._safe}): the subscription stops here "
+            "until the server takes larger messages (max_payload in nats-server's "
+            "configuration, at most 64 MB; the stream's max_msg_size too)"
+        )
 
     def write_snapshot(self, rows: pa.Table) -> None:
         if rows.num_rows == 0:
