@@ -462,9 +462,9 @@ def test_a_column_added_while_a_chunk_is_read_loses_none_of_its_values(
         read_ranges = server._read_ranges
         raced: list[int] = []
 
-        def racing(running: Any, ranges: Any) -> Any:
+        def racing(running: Any, ranges: Any, min_cid: int) -> Any:
             if raced:
-                return read_ranges(running, ranges)
+                return read_ranges(running, ranges, min_cid)
             with node.client() as c:
                 execute(
                     c,
@@ -473,7 +473,7 @@ def test_a_column_added_while_a_chunk_is_read_loses_none_of_its_values(
                         "UPDATE ac SET extra = 'e' || id WHERE id % 10 = 7",
                     ],
                 )
-            rows, per_range = read_ranges(running, ranges)
+            rows, per_range = read_ranges(running, ranges, min_cid)
             raced.append(rows.num_rows)
             return rows.drop_columns([n for n in rows.column_names if n == "extra"]), per_range
 

@@ -46,3 +46,27 @@ def test_a_json_column_is_served_as_its_text_and_numbers_written_out(store: Stor
     assert page.rows.column("body").to_pylist() == ['{"a": [1, 2]}', "12345678901234567"]
     assert page.rows.column("ref").to_pylist() == ["f47ac10b", "0.1"]
     assert page.rows.column("peer").to_pylist() == ["::1", "10"]
+
+
+def test_an_integer_in_a_double_column_is_taken_when_a_double_holds_it_exactly(
+    store: Store,
+) -> None:
+    """Sinks QA: every integer past 2**53 in a column mirrored as double was refused,
+    2**60 too (a double holds it exactly); one it would round stays refused, naming it."""
+    from litecdc.errors import DataTypeError
+
+    store.execute(
+        [
+            Statement("CREATE TABLE n(id INTEGER PRIMARY KEY, v NUMERIC)"),
+            Statement("INSERT INTO n VALUES(1, ?), (2, ?), (3, ?)", (2**53, 2**60, -(2**63))),
+        ]
+    )
+    page = store.source_rows("n", None, None, 10)
+    assert page.rows.column("v").to_pylist() == [2.0**53, 2.0**60, -(2.0**63)]
+    store.execute([Statement("INSERT INTO n VALUES(4, ?)", (2**63 - 1,))])
+    with pytest.raises(DataTypeError) as refused:
+        store.source_rows("n", None, None, 10)
+    assert str(refused.value).startswith(
+        "table n column v: an INTEGER value at key [4] does not fit the column's mirrored "
+        "type float64 (declared 'NUMERIC')"
+    )

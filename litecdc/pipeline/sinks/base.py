@@ -72,10 +72,12 @@ def check_mirror_columns(
     spec: TableSpec,
     accepted: Mapping[str, Collection[str]],
     native: Mapping[str, str],
+    required: Collection[str] = (),
 ) -> list[Column]:
     """Check an existing SQL mirror table's columns (name → the database's type name)
     against ``spec``; returns the source columns it lacks (to add). ``accepted``: the type
-    names each Arrow type may have there; ``native``: the type litecdc would create."""
+    names each Arrow type may have there; ``native``: the type litecdc would create;
+    ``required``: its columns that take no row without a value (NOT NULL, no default)."""
     if existing.get(CID_COLUMN) != "bigint":
         raise SchemaMismatchError(
             f"{sink} sink: {where} has no BIGINT {CID_COLUMN} column: it is not a litecdc "
@@ -89,6 +91,16 @@ def check_mirror_columns(
                 f"{column.arrow} ({native[column.arrow]}): alter or drop the sink table, or "
                 "choose another (?table=NAME)"
             )
+    # (sinks QA: such a column of the table's own passed, and the first write failed with
+    # the database's words — PostgreSQL's naming the row's values in the log)
+    needing = sorted(set(required) - set(spec.column_names) - {CID_COLUMN})
+    if needing:
+        names = ", ".join(repr(n) for n in needing)
+        raise SchemaMismatchError(
+            f"{sink} sink: {where} has column(s) {names} the source has not, NOT NULL without "
+            "a default: the mirror's rows cannot leave them out; give them a default, allow "
+            "NULL or drop them, or choose another table (?table=NAME)"
+        )
     return [c for c in spec.columns if c.name not in existing]
 
 

@@ -372,9 +372,17 @@ class MariaDBSink(Sink):
         log.info("mariadb sink: created table %s", self.table_name)
 
     def _check_and_extend(self, cur: Any, existing: dict[str, str]) -> None:
-        added = check_mirror_columns(
-            "mariadb", self._where, existing, self.spec, ACCEPTED_TYPES, MY_TYPES
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+            "DATABASE() AND TABLE_NAME = %s AND IS_NULLABLE = 'NO' AND COLUMN_DEFAULT IS NULL "
+            "AND EXTRA NOT LIKE '%%auto_increment%%' AND IS_GENERATED = 'NEVER'",
+            (self.table_name,),
         )
+        required = [str(r[0]) for r in cur.fetchall()]
+        added = check_mirror_columns(
+            "mariadb", self._where, existing, self.spec, ACCEPTED_TYPES, MY_TYPES,
+            required=required,
+        )  # fmt: skip
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE "
             "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY'",

@@ -299,9 +299,16 @@ class PostgresSink(Sink):
         log.info("postgresql sink: created table %s.%s", self.schema_name, self.table_name)
 
     def _check_and_extend(self, conn: psycopg.Connection[Any], existing: dict[str, str]) -> None:
+        required = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = %s AND is_nullable = 'NO' AND column_default IS NULL AND "
+            "is_identity = 'NO' AND is_generated = 'NEVER'",
+            (self.schema_name, self.table_name),
+        ).fetchall()
         added = check_mirror_columns(
-            "postgresql", self._where, existing, self.spec, ACCEPTED_TYPES, PG_TYPES
-        )
+            "postgresql", self._where, existing, self.spec, ACCEPTED_TYPES, PG_TYPES,
+            required=[str(r[0]) for r in required],
+        )  # fmt: skip
         key = conn.execute(
             "SELECT a.attname FROM pg_index i "
             "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
