@@ -85,6 +85,8 @@ __all__ = ["JOURNAL_PAGE_DEFAULT", "OWN_ROUTE_PATHS", "RQLITE_ENDPOINTS", "creat
 log = logging.getLogger("litecdc.http")
 
 JOURNAL_PAGE_DEFAULT = 1000
+#: how long ``/readyz?sync`` waits for the node to apply the log's head by default (s)
+READYZ_SYNC_TIMEOUT = 5.0
 #: longest a read with min_cid waits for this node to apply that cid, in seconds
 MIN_CID_WAIT = 10.0
 
@@ -230,6 +232,7 @@ class ClusterView(Protocol):
     def is_leader(self) -> bool: ...
     def leader(self) -> tuple[str, str] | None: ...
     def status(self) -> dict[str, object]: ...
+    def log_head_cid(self) -> int: ...
     def known_members(self) -> Sequence[KnownClusterMember]: ...
     def remove_member(self, node_id: str) -> None: ...
 
@@ -763,8 +766,9 @@ class _Api:
             return r
         if "noleader" in request.query_params:
             return Response("[+]node ok", media_type=_TEXT)
-        if self.cluster is None:
-            return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
+        if self.cluster is None:  # (its own log: always in sync)
+            sync = "\n[+]sync ok" if "sync" in request.query_params else ""
+            return Response(f"[+]node ok\n[+]leader ok\n[+]store ok{sync}", media_type=_TEXT)
         leader = self.cluster.leader()
         status = self.cluster.status()
         apply_error = status.get("apply_error")
@@ -813,7 +817,30 @@ class _Api:
                     status_code=503,
                     media_type=_TEXT,
                 )
+        if "sync" in request.query_params:
+            return await self._readyz_sync(request)
         return Response("[+]node ok\n[+]leader ok\n[+]store ok", media_type=_TEXT)
+
+    async def _readyz_sync(self, request: Request) -> Response:
+        """rqlite's ``/readyz?sync``: ready only once this node has applied everything the
+        cluster's log held when asked, waiting up to ``timeout`` (pipeline QA: a follower
+        restarted after kill -9 answered ready while it stayed 80 commits behind for 12 s,
+        serving that old data)."""
+        assert self.cluster is not None
+        cluster = self.cluster
+        timeout = rqlite.duration_param(request.query_params, "timeout", READYZ_SYNC_TIMEOUT)
+        target = await to_thread.run_sync(cluster.log_head_cid)
+        if await to_thread.run_sync(
+            lambda: self.store.wait_for_cid(target, max(timeout, 0.0), _client_gone(request))
+        ):
+            return Response("[+]node ok\n[+]leader ok\n[+]store ok\n[+]sync ok", media_type=_TEXT)
+        applied = self.store.journal.available_snapshot()
+        return Response(
+            f"[+]node ok\n[+]leader ok\n[+]store ok\n[-]sync not ok: applied cid {applied} of "
+            f"the log's {target} within {timeout:g} s",
+            status_code=503,
+            media_type=_TEXT,
+        )
 
     async def _leader_problem(self, leader_id: str, address: str) -> str | None:
         """Why this node cannot reach the leader the way it forwards writes, or None."""

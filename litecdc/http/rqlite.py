@@ -388,6 +388,12 @@ def _duration_seconds(key: str, value: str) -> float:
         raise RequestError(f'time: invalid duration "{value}" (query parameter {key})') from None
 
 
+def duration_param(params: Mapping[str, str], key: str, default: float) -> float:
+    """A Go-duration URL parameter in seconds, ``default`` when absent."""
+    value = params.get(key)
+    return default if value is None else _duration_seconds(key, value)
+
+
 def _db_timeout(value: str | None) -> float | None:
     """rqlite's ``db_timeout``: a read stops with "query timeout" once it has run this long;
     0 or negative is no limit, as in rqlite (``DbTimeout > 0``)."""

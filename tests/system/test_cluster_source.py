@@ -182,6 +182,11 @@ def test_snapshot_reads_wait_for_a_follower_behind_the_registration(nodes: list[
             r = lc.post("/db/execute", json=["INSERT INTO src VALUES (3, 'c')"])
             assert r.status_code == 200, r.text
         head = _subscriptions(leader)["last_cid"]
+        with follower.client() as c:  # rqlite's readyz?sync: not while it is behind
+            r = c.get("/readyz", params={"sync": "", "timeout": "500ms"})
+            assert r.status_code == 503, r.text
+            assert r.text.startswith("[+]node ok\n[+]leader ok\n[+]store ok\n[-]sync not ok: ")
+            assert c.get("/readyz").status_code == 200  # (without sync: ready)
         with SourceClient([follower.url, leader.url], timeout=30) as client:
             page = client.rows("src", limit=10, min_cid=head)  # the follower: 503 in 10 s
             assert page.cid >= head
@@ -190,5 +195,15 @@ def test_snapshot_reads_wait_for_a_follower_behind_the_registration(nodes: list[
     finally:
         lock.rollback()
         lock.close()
+    with follower.client() as c:  # ready again once its apply loop got past the lock
+
+        def synced() -> bool:
+            r = c.get("/readyz", params={"sync": "", "timeout": "2s"})
+            return (r.status_code, r.text) == (
+                200,
+                "[+]node ok\n[+]leader ok\n[+]store ok\n[+]sync ok",
+            )
+
+        _wait(synced, "the follower in sync again")
     with leader.client() as lc:
         assert lc.delete("/cdc/subscriptions/behind").status_code == 200

@@ -778,3 +778,11 @@ def test_pull_source_reads_wait_for_min_cid(store: Store, monkeypatch: pytest.Mo
             assert r.status_code == 400, path
         r = c.get("/cdc/tables/src/rows", params={"min_cid": head, "format": "json"})
         assert r.json()["cid"] >= head and r.json()["rows"] == [[1, "a", 3]]  # (_litecdc_cid)
+
+
+def test_readyz_sync_on_a_standalone_node_is_always_in_sync(http: TestClient) -> None:
+    """rqlite's ``/readyz?sync``: a standalone node's log is its own (a cluster follower
+    behind its log is tested in tests/system/test_cluster_source.py)."""
+    r = http.get("/readyz", params={"sync": "", "timeout": "1s"})
+    assert (r.status_code, r.text) == (200, "[+]node ok\n[+]leader ok\n[+]store ok\n[+]sync ok")
+    assert http.get("/readyz", params={"sync": "", "timeout": "x"}).status_code == 400
