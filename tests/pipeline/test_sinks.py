@@ -1438,6 +1438,29 @@ def test_nats_names_a_row_over_the_servers_max_payload(nats_url: str, opened: li
     with pytest.raises(SinkError, match=r"nats sink: the snapshot row of items with key"):
         sink.write_snapshot(src.chunk(0, 100, 1))
 
+    # review: the limit counts the message with its headers, exactly (a fixed allowance
+    # for headers refused messages the server takes)
+    from litecdc.pipeline.sinks.messages import encode, event_messages, scoped_id
+
+    assert isinstance(sink, NatsSink)
+
+    def size(blob_bytes: int, cid: int) -> int:
+        row = {**sample_row(3), "data": b"y" * blob_bytes}
+        events = SourceSim(SPEC)
+        for _ in range(cid):
+            events.commit(("upsert", row))
+        msg_id, doc = next(iter(event_messages(events.events(cid - 1, cid), SPEC)))
+        scoped = scoped_id(sink.subscription, sink.registration, msg_id)
+        headers = f"Nats-Msg-Id: {scoped}\r\nNats-Expected-Stream: S{tag}\r\n"
+        return len(encode(doc)) + len(f"NATS/1.0\r\n{headers}\r\n")
+
+    blob = 786_000
+    while size(blob + 3, src.cid + 1) <= 1_048_576:
+        blob += 3
+    assert 1_048_576 - 1024 < size(blob, src.cid + 1) <= 1_048_576
+    src.commit(("upsert", {**sample_row(3), "data": b"y" * blob}))
+    assert sink.write_changes(*batch(src, 1, src.cid)) is True  # right under the limit
+
 
 def test_nats_refusals_of_the_server_come_without_the_is_it_up_hint(
     nats_url: str, opened: list[Sink]

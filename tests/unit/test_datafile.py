@@ -111,6 +111,21 @@ def test_a_database_or_directory_the_node_cannot_write_is_named_as_such(tmp_path
     assert path.read_bytes() == content
     open_store(tmp_path).close()  # and it opens once it may write
 
+    # review: a -shm left by another user (a node run once as root), and a db.sqlite that
+    # is a symbolic link (its -wal and -shm files go beside its target)
+    shm = Path(f"{path}-shm")
+    shm.write_bytes(b"")
+    with _immutable(shm), pytest.raises(DataFileError) as refused:
+        open_store(tmp_path)
+    assert f"({shm} cannot be opened for writing: Operation not permitted)" in str(refused.value)
+    shm.unlink()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "db.sqlite").symlink_to(path)
+    with _immutable(tmp_path), pytest.raises(DataFileError) as refused:
+        open_store(linked)
+    assert f"no file can be made in {tmp_path}, where SQLite keeps" in str(refused.value)
+
 
 def _plain_database(path: Path, *statements: str) -> bytes:
     conn = sqlite3.connect(path)

@@ -375,7 +375,9 @@ class MariaDBSink(Sink):
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
             "DATABASE() AND TABLE_NAME = %s AND IS_NULLABLE = 'NO' AND COLUMN_DEFAULT IS NULL "
-            "AND EXTRA NOT LIKE '%%auto_increment%%' AND IS_GENERATED = 'NEVER'",
+            # (GENERATION_EXPRESSION: MariaDB and MySQL both have it, NULL or '' for a
+            # column that is not generated; IS_GENERATED is MariaDB's only — review)
+            "AND EXTRA NOT LIKE '%%auto_increment%%' AND COALESCE(GENERATION_EXPRESSION, '') = ''",
             (self.table_name,),
         )
         required = [str(r[0]) for r in cur.fetchall()]

@@ -68,9 +68,6 @@ from litecdc.pipeline.sinks.registry import (
 )
 from litecdc.pipeline.tables import CID_COLUMN, TableSpec
 
-#: bytes of a message's max_payload left to its headers (the Nats-Msg-Id, NATS/1.0 line)
-PAYLOAD_HEADROOM = 1024
-
 log = logging.getLogger("litecdc.pipeline")
 
 STATE_BUCKET = "litecdc_sinks"
@@ -179,9 +176,15 @@ class NatsSink(Sink):
         limit = self._nc.max_payload if self._nc is not None else 0
         for msg_id, doc in messages:
             payload = encode(doc)
-            if limit and len(payload) > limit - PAYLOAD_HEADROOM:
+            headers = {
+                "Nats-Msg-Id": scoped_id(self.subscription, self.registration, msg_id),
+                # (what nats-py adds for stream=, written here to be counted)
+                "Nats-Expected-Stream": self.options.stream,
+            }
+            size = len(payload) + _header_bytes(headers)
+            if limit and size > limit:
                 await asyncio.gather(*pending, return_exceptions=True)  # none left behind
-                raise self._too_large(doc, len(payload), limit)
+                raise self._too_large(doc, size, limit)
             # tasks start in order, so messages reach the stream in (cid, seq) order
             pending.append(
                 asyncio.ensure_future(
@@ -189,9 +192,7 @@ class NatsSink(Sink):
                         self.subject,
                         payload,
                         stream=self.options.stream,
-                        headers={
-                            "Nats-Msg-Id": scoped_id(self.subscription, self.registration, msg_id)
-                        },
+                        headers=headers,
                     )
                 )
             )
@@ -276,6 +277,13 @@ class NatsSink(Sink):
         self._nc = self._js = self._kv = None
         self._loop.stop()
         self._loop = None
+
+
+def _header_bytes(headers: dict[str, str]) -> int:
+    """Bytes of a message's headers as NATS sends them (HPUB): the server counts them
+    into max_payload with the payload."""
+    lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return len(f"NATS/1.0\r\n{lines}\r\n".encode())
 
 
 async def _quiet(exc: Exception) -> None:
