@@ -57,6 +57,9 @@ partitions      key ranges of a snapshot read, read in parallel (default 2)
 page_rows       rows (or events) asked of the node per request (default 200000)
 ranges          JSON list of ``[after_key, until_key, max_rows]``: read exactly these
                 chunks, one partition each, instead of ``partitions`` (resumable snapshots)
+min_cid         snapshot read: every page read at this cid or later (a node behind it
+                waits, then the next listed node is asked); the pipeline gives the
+                subscription's registration
 after_cid       ``changes`` batch read: events after this cid (default 0)
 until_cid       ``changes`` batch read: up to this cid, greater than after_cid (default:
                 the node's head when the read is planned; no events after after_cid

@@ -192,6 +192,10 @@ class _Running:
     parquet: ParquetLog | None = None
     query: StreamingQuery | None = None
     spec_checked: float = field(default_factory=time.monotonic)
+    #: the head cid of the node the table's description was last read from: a later read
+    #: asks a node at least as far (review: a follower behind it would lack a column the
+    #: mirror already took, as if it were dropped)
+    spec_cid: int = 0
     #: the node's hold for this subscription, as last moved, and when
     hold_cid: int = 0
     hold_moved: float = 0.0
@@ -809,6 +813,7 @@ class PipelineServer:
         info = running.client.table_info(
             sub.table_name, count_rows=True, min_cid=init
         )  # (count: the progress total)
+        running.spec_cid = max(running.spec_cid, info.last_cid)
         self._evolve(running, named_as(info.spec, sub.table_name))
         if running.parquet is not None:
             # a Parquet snapshot is one Spark write (partitions in parallel): one range
@@ -1219,7 +1224,10 @@ class PipelineServer:
         if not force and now - running.spec_checked < SCHEMA_CHECK_INTERVAL:
             return False
         running.spec_checked = now
-        info = running.client.table_info(running.subscription.table_name)
+        info = running.client.table_info(
+            running.subscription.table_name, min_cid=running.spec_cid or None
+        )
+        running.spec_cid = max(running.spec_cid, info.last_cid)
         spec = named_as(info.spec, running.subscription.table_name)
         _check_followable(running.spec, spec)  # running.spec: the description recorded
         reason = _recopy_reason(running.spec, info, running.init_cid)

@@ -440,7 +440,10 @@ class SourceClient:
             if response.status != 503:  # (the next request starts elsewhere then)
                 self._current = index
             if response.status >= 400:
-                raise _error_for(response)
+                error = _error_for(response)
+                if failures and response.status == 503:  # (every node said why: review)
+                    raise SourceError(f"{error}; before it: {'; '.join(failures)}") from error
+                raise error
             return response
         raise SourceError(f"source {', '.join(self.urls)}: unreachable ({'; '.join(failures)})")
 

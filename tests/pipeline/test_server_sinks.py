@@ -289,6 +289,50 @@ def test_new_subscription_reusing_a_name_does_not_skip_changes_to_nats(
     ]
 
 
+def test_a_new_subscription_takes_over_a_kept_mirror_another_source_filled(
+    node: Node, spark: SparkSession, store: MetadataStore, tmp_path: Path
+) -> None:
+    """Sinks QA: a subscription re-created under its name on another source, its Delta,
+    PostgreSQL or MariaDB mirror kept, left the mirror stale, silently: the old rows'
+    cids (the other source's) were above every cid here, so the version guard kept
+    them against the snapshot, and the sweep too. The server has the sink disown them
+    when the new subscription registers (review: the sinks' own test alone would pass
+    with the server's call gone)."""
+    import pyarrow as pa
+
+    table, name = f"kept_{tag()}", f"kept{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2)])
+        spec = SourceClient([node.url]).table_spec(table)
+    url = f"delta:{tmp_path}/kept"
+    old = open_sink(url, spec, name)  # what the other source's subscription left
+    try:
+        far = 10**6
+        old.write_snapshot(
+            pa.Table.from_pylist(
+                [
+                    {"id": 1, "a": "other", "_litecdc_cid": far},
+                    {"id": 3, "a": "x", "_litecdc_cid": far},
+                ],
+                schema=spec.row_schema(),
+            )
+        )
+    finally:
+        old.close()
+
+    control.subscribe(store, name=name, sources=node.url, table=table, sink=url)
+    assert run(store, spark).states[name].last_error is None
+    report = verify(store.get_subscription(name))
+    assert report.ok, report
+    mirrored = open_sink(url, spec, name)
+    try:
+        rows = mirrored.read_rows().sort_by("id").to_pylist()
+    finally:
+        mirrored.close()
+    assert rows == [{"id": 1, "a": "a1"}, {"id": 2, "a": "a2"}]
+
+
 def test_infinity_reads_the_same_in_a_real_and_an_untyped_column(
     node: Node, spark: SparkSession, store: MetadataStore, request: pytest.FixtureRequest
 ) -> None:

@@ -475,6 +475,10 @@ def test_a_node_that_cannot_serve_now_is_passed_over(node: Node, people: str) ->
             )
             with pytest.raises(SourceError, match=r"cannot serve the pull source now.*HTTP 503"):
                 c.table_info(people)
+        with SourceClient([stuck, stuck + "/"]) as c:  # review: each one's reason is named
+            with pytest.raises(SourceError) as info:
+                c.table_info(people)
+            assert str(info.value).count("cannot serve the pull source now") == 2
     finally:
         server.shutdown()
         server.server_close()
