@@ -265,7 +265,8 @@ def serve(
 ) -> None:
     """Run one node serving the HTTP API until interrupted: standalone, or with --etcd a
     member of a cluster."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # (with the level: ops QA could not tell warnings from the rest, docs say which is which)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("httpx", "httpcore"):  # a line per webhook or etcd request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # `kill -USR1 PID` prints every thread's stack on stderr: what a node that does not

@@ -44,6 +44,9 @@ log = logging.getLogger("litecdc.cdc")
 #: how long the reader sleeps between checks when idle or not the leader (also bounds how
 #: long stop() waits for it)
 IDLE_WAIT_SECONDS = 0.1
+#: a batch's first failed attempts each get a warning; later ones one line this often (s)
+RETRIES_LOGGED_EACH = 3
+RETRY_LOG_INTERVAL = 10.0
 
 
 class ChangeFeed(Protocol):
@@ -127,6 +130,9 @@ class CDCService:
         self._persisted_hwm = 0
         self._last_hwm_write = 0.0
         self._last_error: str | None = None
+        #: failed attempts not logged since the last retry warning, and when that was
+        self._retries_unlogged = 0
+        self._retry_logged_at = 0.0
         leadership.add_listener(self._on_leadership)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -382,14 +388,7 @@ class CDCService:
                         self.counters.dropped_events += events
                     return True
                 delay = config.backoff(attempt)
-                log.warning(
-                    "CDC: delivery of cids %d-%d failed (attempt %d): %s; retrying in %.2fs",
-                    first_cid,
-                    last_cid,
-                    attempt,
-                    exc,
-                    delay,
-                )
+                self._log_retry(first_cid, last_cid, attempt, exc, delay)
                 with self._lock:
                     self.counters.retries += 1
                 self._write_hwm()  # earlier progress still gets persisted
@@ -400,6 +399,23 @@ class CDCService:
                 self.counters.sent_events += events
                 self._last_error = None
             return True
+
+    def _log_retry(
+        self, first_cid: int, last_cid: int, attempt: int, exc: Exception, delay: float
+    ) -> None:
+        """A failed attempt's warning: the first few of a batch, then one line every
+        RETRY_LOG_INTERVAL counting the attempts between (ops QA: a line per attempt for
+        as long as the endpoint was down — 86 a second with transmit_min_backoff 0)."""
+        now = time.monotonic()
+        if attempt > RETRIES_LOGGED_EACH and now - self._retry_logged_at < RETRY_LOG_INTERVAL:
+            self._retries_unlogged += 1
+            return
+        unlogged, self._retries_unlogged, self._retry_logged_at = self._retries_unlogged, 0, now
+        log.warning(
+            "CDC: delivery of cids %d-%d failed (attempt %d): %s; retrying in %.2fs%s",
+            first_cid, last_cid, attempt, exc, delay,
+            f" ({unlogged} more failed attempt(s) since the last line)" if unlogged else "",
+        )  # fmt: skip
 
     def _write_hwm(self, *, force: bool = False) -> None:
         """Write the HWM through the log when the interval has passed and it moved."""

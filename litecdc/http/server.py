@@ -196,6 +196,8 @@ def serve(config: NodeConfig) -> None:
                     http=http,
                     access_log=False,
                     log_level="warning",
+                    # (uvicorn's lines through the node's own format: they had no time)
+                    log_config=None,
                     lifespan="off",
                     ssl_certfile=str(config.http_cert) if config.http_cert else None,
                     ssl_keyfile=str(config.http_key) if config.http_key else None,
@@ -212,10 +214,13 @@ def serve(config: NodeConfig) -> None:
             scheme = "https" if config.http_cert else "http"
             log.info("litecdc node %s serving %s://%s", config.node_id, scheme, config.http_addr)
             server.run(sockets=sockets)
+            # (ops QA: a stop said nothing at all)
+            log.info("litecdc node %s stopping: requests ended; closing", config.node_id)
         finally:
             node.close()
             # (a /db/backup cancelled at shutdown leaves its copy: it is no use now)
             remove_backup_copies(config.data_dir)
+        log.info("litecdc node %s stopped", config.node_id)
     finally:
         for sock in sockets:
             sock.close()

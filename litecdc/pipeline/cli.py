@@ -309,7 +309,8 @@ def run(
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # (with the level: ops QA could not tell warnings from the rest, docs say which is which)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("httpx", "urllib3", "py4j"):  # lines per request / connection otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # pika logs its connections at INFO, and a failed one at ERROR in seven lines with a

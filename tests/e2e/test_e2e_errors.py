@@ -453,7 +453,17 @@ def test_a_node_stops_while_a_runaway_read_still_has_its_client(tmp_path: Path) 
             assert answer.startswith(b"HTTP/1.1 504 "), answer
             # (a read: nothing "may have been applied" — reads QA)
             assert b"the node stopped before this request finished; it only reads" in answer
-    assert "Traceback" not in node.log(), node.log()[-3000:]
+    log = node.log()
+    assert "Traceback" not in log, log[-3000:]
+    # ops QA: log lines said no level (warnings looked like the rest), uvicorn's had no
+    # time, and a stop said nothing of its own
+    lines = [line for line in log.splitlines() if line.strip()]
+    stopping = next(line for line in lines if "stopping: requests ended; closing" in line)
+    assert " INFO litecdc.http litecdc node " in stopping, stopping
+    assert " INFO litecdc.http litecdc node " in lines[-1], lines[-3:]
+    assert lines[-1].endswith(" stopped"), lines[-3:]
+    cancelled = [line for line in lines if "running task(s)" in line]
+    assert all(line[:4].isdigit() and " ERROR uvicorn.error " in line for line in cancelled)
 
 
 def test_a_huge_request_head_is_431_on_a_real_node(node: Node) -> None:

@@ -1126,3 +1126,32 @@ def test_a_batch_is_withdrawn_when_the_node_stops_leading_during_the_tls_handsha
         client.close()
         server.close()
     assert server.handshakes == 1 and server.received == b""
+
+
+def test_retries_of_an_endpoint_that_stays_down_are_logged_in_summary(
+    started: Callable[..., Node], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ops QA: every failed attempt was a warning line for as long as the endpoint was
+    down — 86 a second with transmit_min_backoff 0, 46 MB an hour. A batch's first
+    attempts each get a line, then one line per interval (10 s; shortened here) counting
+    the attempts between."""
+    from litecdc.cdc import service as service_module
+
+    monkeypatch.setattr(service_module, "RETRY_LOG_INTERVAL", 0.6)
+    caplog.set_level("WARNING", logger="litecdc.cdc")
+    node = started(f"http://127.0.0.1:{reserve_port()}/hook")  # nothing listens there
+    node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    write_rows(node, 1)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "failed (attempt" in r.getMessage()]
+
+    deadline = time.monotonic() + 30
+    while len(lines()) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = wait_status(node, lambda s: True)
+    logged = lines()
+    assert status["failed_requests"] > len(logged) + 10, (status, logged)
+    assert len(logged) >= 5, logged  # (the first three, then about one per 0.6 s)
+    assert all("more failed attempt(s) since the last line" not in line for line in logged[:3])
+    assert "more failed attempt(s) since the last line)" in logged[3], logged
