@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING
 
@@ -56,9 +57,23 @@ class PipelineMetrics:
 
     def observe(self, state: SubscriptionState) -> None:
         self._lag_cids.labels(state.name).set(state.lag_cids)
-        self._lag_seconds.labels(state.name).set(state.lag_seconds(time.monotonic()))
+        # read when scraped (ops QA: set at each step, it climbed in steps of the retry
+        # back-off while a failing subscription fell behind)
+        self._lag_seconds.labels(state.name).set_function(
+            lambda: state.lag_seconds(time.monotonic())
+        )
         self._applied.labels(state.name).set(state.applied_cid)
         self._failing.labels(state.name).set(1 if state.last_error else 0)
+
+    def forget(self, name: str) -> None:
+        """Subscription ``name`` is gone: its series go too (ops QA: an unsubscribed one's
+        gauges stayed, frozen)."""
+        for metric in (
+            self._lag_cids, self._lag_seconds, self._applied, self._failing,
+            self._snapshot_rows, self._events,
+        ):  # fmt: skip
+            with contextlib.suppress(KeyError):
+                metric.remove(name)
 
     def snapshot_rows(self, name: str, rows: int) -> None:
         self._snapshot_rows.labels(name).inc(rows)

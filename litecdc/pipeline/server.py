@@ -182,6 +182,10 @@ class SubscriptionState:
         return (now if now is not None else time.monotonic()) - self.behind_since
 
 
+#: seconds a failed step's lag probe waits for the source (it runs on the step's thread)
+LAG_PROBE_TIMEOUT = 5.0
+
+
 @dataclass
 class _Running:
     subscription: Subscription
@@ -618,6 +622,7 @@ class PipelineServer:
             self._failed(state, failure)
             self._record_failure(name, state.last_error)
             self._cleared.discard(name)
+            self._lag_of_failing(sub, state)
         self.metrics.observe(state)
         if self.on_progress is not None:
             self.on_progress(state)
@@ -707,6 +712,28 @@ class PipelineServer:
         self._forget_connections(name)
         self.states.pop(name, None)
         self._cleared.discard(name)
+        self.metrics.forget(name)
+
+    def _lag_of_failing(self, sub: Subscription, state: SubscriptionState) -> None:
+        """A failed step's lag figures: the position recorded in the metadata store and
+        the source's head now (ops QA: with the sink down they stayed as they were — all 0
+        after a restart, the step failing before it read anything — while the
+        subscription fell behind, so a lag alert never fired). Best effort: a source or
+        store that does not answer leaves them as they are."""
+        try:
+            progress = self.meta.progress(sub.name)
+            if progress.last_log_index is not None:
+                state.applied_cid = max(state.applied_cid, progress.last_log_index)
+            with SourceClient(
+                list(sub.sources), timeout=LAG_PROBE_TIMEOUT, **_auth(sub.options)
+            ) as client:
+                head = client.table_info(sub.table_name).last_cid
+        except Exception as exc:
+            log.debug("subscription %s: no lag figures: %s", sub.name, exc)
+            return
+        state.source_cid = max(state.source_cid, head)
+        if state.source_cid > state.applied_cid and state.behind_since is None:
+            state.behind_since = time.monotonic()
 
     def _failed(self, state: SubscriptionState, exc: Exception) -> None:
         state.failures += 1

@@ -598,3 +598,42 @@ def test_a_rabbitmq_batch_blocked_by_an_alarm_is_retried_only_after_its_messages
     retry = changes[-300:]
     stale = changes[:-300]
     assert stale == retry[: len(stale)]  # a prefix of the batch, once, then all of it
+
+
+def test_a_subscription_whose_sink_is_down_shows_its_lag(
+    node: Node, spark: SparkSession, store: MetadataStore
+) -> None:
+    """Ops QA: with the sink down the step failed before it read anything, and the lag
+    figures stayed as they were — all 0 for a run started then — while `pipeline status`
+    said the subscription was hundreds of cids behind: a lag alert never fired."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from litecdc.localservers import free_port
+
+    table, name = f"down_{tag()}", f"down{tag()}"
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2, 3)])
+    sink = f"postgresql://u:p@127.0.0.1:{free_port()}/db?table=t&connect_timeout=1"
+    control.subscribe(store, name=name, sources=node.url, table=table, sink=sink)
+    head = SourceClient([node.url]).table_info(table).last_cid
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        server.run_round()  # fails: the sink does not answer
+        state = server.states[name]
+        assert state.last_error is not None
+        assert (state.source_cid, state.applied_cid, state.lag_cids) == (head, 0, head)
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(
+                generate_latest(server.metrics.registry).decode()
+            )
+            for s in family.samples
+            if s.labels.get("subscription") == name
+        }
+        assert samples["litecdc_pipeline_lag_cids"] == head
+        assert samples["litecdc_pipeline_failing"] == 1
+        assert samples["litecdc_pipeline_lag_seconds"] >= 0
+    finally:
+        server.close()

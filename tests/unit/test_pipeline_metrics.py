@@ -45,3 +45,25 @@ def test_metrics_report_lag_and_failures_per_subscription() -> None:
     assert got[("litecdc_pipeline_lag_seconds", "orders-pg")] == 0
     assert got[("litecdc_pipeline_snapshot_rows_total", "orders-lake")] == 1000
     assert got[("litecdc_pipeline_events_applied_total", "orders-lake")] == 250
+
+
+def test_lag_seconds_is_read_when_scraped_and_a_gone_subscription_leaves() -> None:
+    """Ops QA: lag_seconds was set at each step, so a failing subscription's climbed in
+    steps of its retry back-off; an unsubscribed one's series stayed, frozen."""
+    from prometheus_client import generate_latest
+
+    metrics = PipelineMetrics()
+    behind = SubscriptionState(
+        "slow", applied_cid=1, source_cid=9, behind_since=time.monotonic() - 1.0
+    )
+    metrics.observe(behind)
+    first = _samples(generate_latest(metrics.registry).decode())
+    time.sleep(0.3)
+    later = _samples(generate_latest(metrics.registry).decode())
+    key = ("litecdc_pipeline_lag_seconds", "slow")
+    assert later[key] >= first[key] + 0.25  # (no observe in between)
+    metrics.events_applied("slow", 3)
+    metrics.forget("slow")
+    left = _samples(generate_latest(metrics.registry).decode())
+    assert not [k for k in left if k[1] == "slow"], left
+    metrics.forget("never-seen")  # (nothing to remove: no error)
