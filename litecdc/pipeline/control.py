@@ -27,17 +27,25 @@ from litecdc.pipeline.sinks.registry import (
     open_sink,
     parse_sink_url,
 )
-from litecdc.pipeline.source_client import SourceClient, parse_urls
+from litecdc.pipeline.source_client import DEFAULT_TIMEOUT, SourceClient, parse_urls
 
 log = logging.getLogger("litecdc.pipeline")
 
 
-def _client(sub_sources: Any, options: dict[str, Any]) -> SourceClient:
+#: seconds `pipeline status` waits for a source's answer (its requests are small: a frozen
+#: node held it 60 s per subscription, ops QA)
+STATUS_TIMEOUT = 10.0
+
+
+def _client(
+    sub_sources: Any, options: dict[str, Any], *, timeout: float = DEFAULT_TIMEOUT
+) -> SourceClient:
     return SourceClient(
         parse_urls(sub_sources),
         user=options.get("user") or None,
         password=options.get("password") or None,
         ca_cert=options.get("ca_cert") or None,
+        timeout=timeout,
     )
 
 
@@ -329,7 +337,7 @@ def _status(store: MetadataStore, sub: Subscription) -> StatusReport:
     progress = store.progress(sub.name)
     report = StatusReport(sub, progress, None, None, failure=store.failure(sub.name))
     try:
-        with _client(list(sub.sources), sub.options) as client:
+        with _client(list(sub.sources), sub.options, timeout=STATUS_TIMEOUT) as client:
             # a litecdc endpoint that needs no table first: a 404 below is the table's
             holds = client.subscriptions()
             report.source_cid = holds.last_cid

@@ -93,6 +93,31 @@ def test_status_says_when_the_source_is_unreachable(
     assert "source: unreachable" in report.describe()
 
 
+def test_status_does_not_wait_long_for_a_frozen_source(
+    node: Node, store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ops QA: with a source node frozen (SIGSTOP) status waited 60 s per subscription.
+    Here a socket that takes the connection and never answers stands in for the frozen
+    node (freezing this test's own node would stop the fixture's), and the wait is 1 s
+    instead of 10."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(control, "STATUS_TIMEOUT", 1.0)
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    control.subscribe(store, name="f", sources=node.url, table="t", sink=f"delta:{tmp_path}/f")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        sub = store.get_subscription("f")
+        monkeypatch.setattr(store, "get_subscription", lambda name: replace(sub, sources=(url,)))
+        started = time.monotonic()
+        (report,) = control.status(store, "f")
+        assert time.monotonic() - started < 10
+    assert "source: unreachable" in report.describe(), report.describe()
+
+
 def test_subscribe_checks_the_sink_and_the_table_first(
     node: Node, store: MetadataStore, tmp_path: Path
 ) -> None:
