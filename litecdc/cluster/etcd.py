@@ -327,6 +327,8 @@ class _Endpoint:
         self.down_since: float | None = None
         self.logged_at = 0.0
         self.unlogged = 0
+        #: when a request to it last failed (kept when it is chosen again)
+        self.last_failure = 0.0
 
 
 class EtcdClient:
@@ -396,7 +398,12 @@ class EtcdClient:
         node retries it: a dead etcd made ~11 lines a second, cluster QA)."""
         now = time.monotonic()
         with self._lock:
-            if endpoint.down_since is None:
+            # a failure long after the last one is a new outage: the node asked others
+            # meanwhile, and knows nothing of this member (ops QA: "still does not answer
+            # after 200 s" counted from a brief timeout minutes before)
+            new_outage = now - endpoint.last_failure > DOWN_LOG_INTERVAL
+            endpoint.last_failure = now
+            if endpoint.down_since is None or new_outage:
                 endpoint.down_since, endpoint.logged_at, endpoint.unlogged = now, now, 0
                 log.warning("etcd member %s failed: %s", endpoint.address, reason)
             elif now - endpoint.logged_at >= DOWN_LOG_INTERVAL:
