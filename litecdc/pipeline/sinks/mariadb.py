@@ -689,36 +689,31 @@ class MariaDBSink(Sink):
         )
         cur.execute(f"DELETE FROM {stage}")
 
-    def disown_rows(self, init_cid: int) -> int:
+    def _rows_changed(self, statement: str, doing: str) -> int:
+        """Run one statement on the mirror in a transaction of its own; the rows it
+        changed."""
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                disowned = int(
-                    cur.execute(  # no arguments: see _insert_rows
-                        f"UPDATE {_q(self.table_name)} SET {_q(CID_COLUMN)} = 0 WHERE "
-                        f"{_q(CID_COLUMN)} >= {int(init_cid)}"
-                    )
-                )
+                changed = int(cur.execute(statement))  # no arguments: see _insert_rows
             conn.commit()
         except pymysql.err.MySQLError as exc:
             self._rollback()
-            raise self._fail("taking over the rows of an earlier subscription in", exc) from exc
-        return disowned
+            raise self._fail(doing, exc) from exc
+        return changed
+
+    def disown_rows(self, init_cid: int) -> int:
+        cid = _q(CID_COLUMN)
+        return self._rows_changed(
+            f"UPDATE {_q(self.table_name)} SET {cid} = 0 WHERE {cid} >= {int(init_cid)}",
+            "taking over the rows of an earlier subscription in",
+        )
 
     def finish_snapshot(self, init_cid: int) -> int:
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                deleted = int(
-                    cur.execute(  # no arguments: see _insert_rows
-                        f"DELETE FROM {_q(self.table_name)} WHERE {_q(CID_COLUMN)} < "
-                        f"{int(init_cid)}"
-                    )
-                )
-            conn.commit()
-        except pymysql.err.MySQLError as exc:
-            self._rollback()
-            raise self._fail("sweeping", exc) from exc
+        deleted = self._rows_changed(
+            f"DELETE FROM {_q(self.table_name)} WHERE {_q(CID_COLUMN)} < {int(init_cid)}",
+            "sweeping",
+        )
         if deleted:
             log.info("mariadb sink: removed %d rows the snapshot did not see", deleted)
         return deleted

@@ -620,34 +620,32 @@ class PostgresSink(Sink):
             )
         )
 
-    def disown_rows(self, init_cid: int) -> int:
+    def _rows_changed(self, statement: sql.Composed, doing: str) -> int:
+        """Run one statement on the mirror in a transaction of its own; the rows it
+        changed."""
         conn = self._connect()
         try:
             with conn.transaction():
-                cur = conn.execute(
-                    sql.SQL("UPDATE {} SET {cid} = 0 WHERE {cid} >= {init}").format(
-                        self._target(),
-                        cid=self._ident(CID_COLUMN),
-                        init=sql.Literal(int(init_cid)),
-                    )
-                )
-                disowned = cur.rowcount
+                return int(conn.execute(statement).rowcount)
         except psycopg.Error as exc:
-            raise self._fail("taking over the rows of an earlier subscription in", exc) from exc
-        return disowned
+            raise self._fail(doing, exc) from exc
+
+    def disown_rows(self, init_cid: int) -> int:
+        cid, init = self._ident(CID_COLUMN), sql.Literal(int(init_cid))
+        return self._rows_changed(
+            sql.SQL("UPDATE {} SET {cid} = 0 WHERE {cid} >= {init}").format(
+                self._target(), cid=cid, init=init
+            ),
+            "taking over the rows of an earlier subscription in",
+        )
 
     def finish_snapshot(self, init_cid: int) -> int:
-        conn = self._connect()
-        try:
-            with conn.transaction():
-                cur = conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE {} < {}").format(
-                        self._target(), self._ident(CID_COLUMN), sql.Literal(int(init_cid))
-                    )
-                )
-                deleted = cur.rowcount
-        except psycopg.Error as exc:
-            raise self._fail("sweeping", exc) from exc
+        deleted = self._rows_changed(
+            sql.SQL("DELETE FROM {} WHERE {} < {}").format(
+                self._target(), self._ident(CID_COLUMN), sql.Literal(int(init_cid))
+            ),
+            "sweeping",
+        )
         if deleted:
             log.info("postgresql sink: removed %d rows the snapshot did not see", deleted)
         return deleted
