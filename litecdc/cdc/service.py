@@ -44,8 +44,9 @@ log = logging.getLogger("litecdc.cdc")
 #: how long the reader sleeps between checks when idle or not the leader (also bounds how
 #: long stop() waits for it)
 IDLE_WAIT_SECONDS = 0.1
-#: a batch's first failed attempts each get a warning; later ones one line this often (s)
-RETRIES_LOGGED_EACH = 3
+#: failure lines (retries, drops) logged per RETRY_LOG_INTERVAL seconds at most; the
+#: next line counts those left out
+LINES_PER_WINDOW = 3
 RETRY_LOG_INTERVAL = 10.0
 
 
@@ -130,9 +131,10 @@ class CDCService:
         self._persisted_hwm = 0
         self._last_hwm_write = 0.0
         self._last_error: str | None = None
-        #: failed attempts not logged since the last retry warning, and when that was
-        self._retries_unlogged = 0
-        self._retry_logged_at = 0.0
+        #: failure lines left out since the last one logged; the current log window
+        self._failures_unlogged = 0
+        self._log_window_start = 0.0
+        self._log_window_lines = 0
         leadership.add_listener(self._on_leadership)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -375,20 +377,21 @@ class CDCService:
                     self._last_error = str(exc)
                 limit = config.transmit_max_retries
                 if limit is not None and attempt >= limit:
-                    log.error(
-                        "CDC: dropping batch of cids %d-%d (%d events) after %d attempts: %s",
-                        first_cid,
-                        last_cid,
-                        events,
-                        attempt,
-                        exc,
+                    self._log_failure(
+                        logging.ERROR,
+                        f"CDC: dropping batch of cids {first_cid}-{last_cid} ({events} events) "
+                        f"after {attempt} attempts: {exc}",
                     )
                     with self._lock:
                         self.counters.dropped_batches += 1
                         self.counters.dropped_events += events
                     return True
                 delay = config.backoff(attempt)
-                self._log_retry(first_cid, last_cid, attempt, exc, delay)
+                self._log_failure(
+                    logging.WARNING,
+                    f"CDC: delivery of cids {first_cid}-{last_cid} failed (attempt {attempt}): "
+                    f"{exc}; retrying in {delay:.2f}s",
+                )
                 with self._lock:
                     self.counters.retries += 1
                 self._write_hwm()  # earlier progress still gets persisted
@@ -398,24 +401,34 @@ class CDCService:
                 self.counters.sent_batches += 1
                 self.counters.sent_events += events
                 self._last_error = None
+            self._log_recovery(first_cid, last_cid)
             return True
 
-    def _log_retry(
-        self, first_cid: int, last_cid: int, attempt: int, exc: Exception, delay: float
-    ) -> None:
-        """A failed attempt's warning: the first few of a batch, then one line every
-        RETRY_LOG_INTERVAL counting the attempts between (ops QA: a line per attempt for
-        as long as the endpoint was down — 86 a second with transmit_min_backoff 0)."""
+    def _log_failure(self, level: int, line: str) -> None:
+        """A failed attempt's (or dropped batch's) line: at most LINES_PER_WINDOW of them
+        per RETRY_LOG_INTERVAL, the next one counting those left out (ops QA: a line per
+        attempt for as long as the endpoint was down — 86 a second with
+        transmit_min_backoff 0; review: with a small transmit_max_retries, drops too)."""
         now = time.monotonic()
-        if attempt > RETRIES_LOGGED_EACH and now - self._retry_logged_at < RETRY_LOG_INTERVAL:
-            self._retries_unlogged += 1
+        if now - self._log_window_start >= RETRY_LOG_INTERVAL:
+            self._log_window_start, self._log_window_lines = now, 0
+        if self._log_window_lines >= LINES_PER_WINDOW:
+            self._failures_unlogged += 1
             return
-        unlogged, self._retries_unlogged, self._retry_logged_at = self._retries_unlogged, 0, now
-        log.warning(
-            "CDC: delivery of cids %d-%d failed (attempt %d): %s; retrying in %.2fs%s",
-            first_cid, last_cid, attempt, exc, delay,
-            f" ({unlogged} more failed attempt(s) since the last line)" if unlogged else "",
-        )  # fmt: skip
+        self._log_window_lines += 1
+        unlogged, self._failures_unlogged = self._failures_unlogged, 0
+        more = f" ({unlogged} more failure(s) not logged since the last line)" if unlogged else ""
+        log.log(level, "%s%s", line, more)
+
+    def _log_recovery(self, first_cid: int, last_cid: int) -> None:
+        """A batch delivered after failures some of whose lines were left out: say how many
+        (review: the count was carried to the next outage's first line)."""
+        if self._failures_unlogged:
+            unlogged, self._failures_unlogged = self._failures_unlogged, 0
+            log.info(
+                "CDC: delivered cids %d-%d; %d failure(s) before it were not logged",
+                first_cid, last_cid, unlogged,
+            )  # fmt: skip
 
     def _write_hwm(self, *, force: bool = False) -> None:
         """Write the HWM through the log when the interval has passed and it moved."""

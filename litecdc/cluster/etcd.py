@@ -369,6 +369,8 @@ class EtcdClient:
                 channel = grpc.insecure_channel(address, options=options)
             self._endpoints.append(_Endpoint(address, channel))
         self._current: _Endpoint | None = self._endpoints[0]
+        #: when any member last answered a request (time.monotonic())
+        self._last_answer = 0.0
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -401,7 +403,12 @@ class EtcdClient:
             # a failure long after the last one is a new outage: the node asked others
             # meanwhile, and knows nothing of this member (ops QA: "still does not answer
             # after 200 s" counted from a brief timeout minutes before)
-            new_outage = now - endpoint.last_failure > DOWN_LOG_INTERVAL
+            # (and another member answered since: a member down all along, asked only
+            # now and then, keeps its outage's start — review)
+            new_outage = (
+                now - endpoint.last_failure > DOWN_LOG_INTERVAL
+                and self._last_answer > endpoint.last_failure
+            )
             endpoint.last_failure = now
             if endpoint.down_since is None or new_outage:
                 endpoint.down_since, endpoint.logged_at, endpoint.unlogged = now, now, 0
@@ -421,6 +428,7 @@ class EtcdClient:
 
     def _answered(self, endpoint: _Endpoint) -> None:
         """``endpoint`` answered a request: it is up (again)."""
+        self._last_answer = time.monotonic()
         if endpoint.down_since is None:
             return
         with self._lock:

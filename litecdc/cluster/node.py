@@ -416,13 +416,10 @@ class ClusterNode:
 
     def log_head_cid(self) -> int:
         """The cid of the last entry appended to the cluster's log (read from etcd now),
-        or what this node has applied when the log holds none (compacted away, new)."""
-        result = self.client.range(
-            log_prefix(self.cluster), prefix=True, limit=1, descending=True, keys_only=True
-        )
-        if not result.kvs:
-            return self.journal.last_cid()
-        return int(result.kvs[0].key.rsplit("/", 1)[1])
+        or what this node has applied when the log holds none (new). ClusterError when
+        etcd does not answer."""
+        last = self._log_tail()
+        return self.journal.last_cid() if last is None else last
 
     def leader(self) -> tuple[str, str] | None:
         """(node id, address) of the current leader as last seen, or None."""

@@ -114,7 +114,10 @@ def _access_problem(path: Path) -> str | None:
     ``-wal`` and ``-shm`` files there), found by trying; None when it can. Trying, not
     permission bits: root passes those, and an immutable file or a read-only mount
     refuses root too."""
-    for where, what in ((path, "it"), (Path(f"{path}-wal"), None), (Path(f"{path}-shm"), None)):
+    # (where the file really is: a db.sqlite that is a symbolic link has its -wal and
+    # -shm files beside its target, review)
+    real = Path(os.path.realpath(path))
+    for where, what in ((path, "it"), (Path(f"{real}-wal"), None), (Path(f"{real}-shm"), None)):
         # (review: a -wal or -shm left by another user — a node run once as root — made
         # "it is read-only; restore it from a backup", the database being fine)
         if where.exists():
@@ -122,9 +125,7 @@ def _access_problem(path: Path) -> str | None:
                 os.close(os.open(where, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY))
             except OSError as exc:
                 return f"{what or where} cannot be opened for writing: {exc.strerror or exc}"
-    # (where the file really is: a db.sqlite that is a symbolic link has its -wal and
-    # -shm files beside its target, review)
-    directory = Path(os.path.realpath(path)).parent
+    directory = real.parent
     try:
         fd, probe = tempfile.mkstemp(prefix=".litecdc-probe-", dir=directory)
     except OSError as exc:

@@ -87,6 +87,8 @@ log = logging.getLogger("litecdc.http")
 JOURNAL_PAGE_DEFAULT = 1000
 #: how long ``/readyz?sync`` waits for the node to apply the log's head by default (s)
 READYZ_SYNC_TIMEOUT = 5.0
+#: the longest wait ``/readyz?sync`` takes (s): a larger timeout is cut to it
+READYZ_SYNC_MAX_TIMEOUT = 60.0
 #: longest a read with min_cid waits for this node to apply that cid, in seconds
 MIN_CID_WAIT = 10.0
 
@@ -829,9 +831,18 @@ class _Api:
         assert self.cluster is not None
         cluster = self.cluster
         timeout = rqlite.duration_param(request.query_params, "timeout", READYZ_SYNC_TIMEOUT)
-        target = await to_thread.run_sync(cluster.log_head_cid)
+        timeout = min(max(timeout, 0.0), READYZ_SYNC_MAX_TIMEOUT)  # (it holds a thread)
+        try:
+            target = await to_thread.run_sync(cluster.log_head_cid)
+        except LitecdcError as exc:  # (ClusterError: etcd did not answer)
+            return Response(
+                "[+]node ok\n[+]leader ok\n[+]store ok\n[-]sync not ok: cannot read the "
+                f"log's head: {exc}",
+                status_code=503,
+                media_type=_TEXT,
+            )
         if await to_thread.run_sync(
-            lambda: self.store.wait_for_cid(target, max(timeout, 0.0), _client_gone(request))
+            lambda: self.store.wait_for_cid(target, timeout, _client_gone(request))
         ):
             return Response("[+]node ok\n[+]leader ok\n[+]store ok\n[+]sync ok", media_type=_TEXT)
         applied = self.store.journal.available_snapshot()

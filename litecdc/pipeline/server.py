@@ -177,9 +177,10 @@ class SubscriptionState:
         return max(self.source_cid - self.applied_cid, 0)
 
     def lag_seconds(self, now: float | None = None) -> float:
-        if self.behind_since is None:
+        since = self.behind_since  # (read once: a scrape reads it while steps set it)
+        if since is None:
             return 0.0
-        return (now if now is not None else time.monotonic()) - self.behind_since
+        return (now if now is not None else time.monotonic()) - since
 
 
 #: seconds a failed step's lag probe waits for the source (it runs on the step's thread)
@@ -622,7 +623,9 @@ class PipelineServer:
             self._failed(state, failure)
             self._record_failure(name, state.last_error)
             self._cleared.discard(name)
-            self._lag_of_failing(sub, state)
+            if not isinstance(failure, SourceError) and not self._stop.is_set():
+                # (the source failed it: no use asking it again — review)
+                self._lag_of_failing(sub, state)
         self.metrics.observe(state)
         if self.on_progress is not None:
             self.on_progress(state)

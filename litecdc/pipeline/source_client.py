@@ -433,7 +433,7 @@ class SourceClient:
                 # a node that cannot serve now (behind min_cid, out of touch with its
                 # cluster, no leader to forward to): the next may (pipeline QA: a node cut
                 # off from etcd was asked again and again, another listed one never)
-                failures.append(f"{self.urls[index]}: {_error_for(response)}")
+                failures.append(str(_error_for(response)))  # (it names the address)
                 log.debug("source %s cannot serve now, trying the next address",
                           self.urls[index])  # fmt: skip
                 continue

@@ -1132,9 +1132,9 @@ def test_retries_of_an_endpoint_that_stays_down_are_logged_in_summary(
     started: Callable[..., Node], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ops QA: every failed attempt was a warning line for as long as the endpoint was
-    down — 86 a second with transmit_min_backoff 0, 46 MB an hour. A batch's first
-    attempts each get a line, then one line per interval (10 s; shortened here) counting
-    the attempts between."""
+    down — 86 a second with transmit_min_backoff 0, 46 MB an hour. Three failure lines
+    per interval (10 s; shortened here) at most, the next counting those left out; drops
+    (a small transmit_max_retries) alike, and a delivery says how many were left out."""
     from litecdc.cdc import service as service_module
 
     monkeypatch.setattr(service_module, "RETRY_LOG_INTERVAL", 0.6)
@@ -1152,6 +1152,19 @@ def test_retries_of_an_endpoint_that_stays_down_are_logged_in_summary(
     status = wait_status(node, lambda s: True)
     logged = lines()
     assert status["failed_requests"] > len(logged) + 10, (status, logged)
-    assert len(logged) >= 5, logged  # (the first three, then about one per 0.6 s)
-    assert all("more failed attempt(s) since the last line" not in line for line in logged[:3])
-    assert "more failed attempt(s) since the last line)" in logged[3], logged
+    assert len(logged) >= 5, logged  # (three, then three per 0.6 s)
+    assert all("not logged since the last line" not in line for line in logged[:3])
+    assert "more failure(s) not logged since the last line)" in logged[3], logged
+    node.close()
+
+    caplog.clear()  # review: drops, with a small transmit_max_retries, flooded the same way
+    dropping = started(f"http://127.0.0.1:{reserve_port()}/hook", transmit_max_retries=1)
+    dropping.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+    for _ in range(12):  # batches of their own (each waits for the one before to drop)
+        write_rows(dropping, 1)
+        wait_status(dropping, lambda s: s["dropped_events"] >= 1)
+        time.sleep(0.05)
+    status = wait_status(dropping, lambda s: s["dropped_events"] >= 12)
+    drops = [r.getMessage() for r in caplog.records if "dropping batch" in r.getMessage()]
+    assert status["dropped_batches"] >= 6, status
+    assert 1 <= len(drops) < status["dropped_batches"], drops

@@ -125,6 +125,11 @@ def test_a_database_or_directory_the_node_cannot_write_is_named_as_such(tmp_path
     with _immutable(tmp_path), pytest.raises(DataFileError) as refused:
         open_store(linked)
     assert f"no file can be made in {tmp_path}, where SQLite keeps" in str(refused.value)
+    shm.write_bytes(b"")  # beside the link's target, where SQLite looks for it
+    with _immutable(shm), pytest.raises(DataFileError) as refused:
+        open_store(linked)
+    assert f"({shm} cannot be opened for writing: Operation not permitted)" in str(refused.value)
+    shm.unlink()
 
 
 def _plain_database(path: Path, *statements: str) -> bytes:

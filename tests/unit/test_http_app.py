@@ -786,3 +786,28 @@ def test_readyz_sync_on_a_standalone_node_is_always_in_sync(http: TestClient) ->
     r = http.get("/readyz", params={"sync": "", "timeout": "1s"})
     assert (r.status_code, r.text) == (200, "[+]node ok\n[+]leader ok\n[+]store ok\n[+]sync ok")
     assert http.get("/readyz", params={"sync": "", "timeout": "x"}).status_code == 400
+
+
+class _EtcdSilentLeader(_FollowerView):
+    """A leader whose read of the log's head fails (etcd not answering it): a real one
+    takes a three-member etcd and a SIGSTOP (tests/system)."""
+
+    def is_leader(self) -> bool:
+        return True
+
+    def log_head_cid(self) -> int:
+        from litecdc.cluster.etcd import EtcdUnavailableError
+
+        raise EtcdUnavailableError("etcd at 127.0.0.1:2379 has not answered for 6 s")
+
+
+def test_readyz_sync_says_when_the_logs_head_cannot_be_read(store: Store) -> None:
+    """Review: the etcd error escaped as a bare 503, logged at ERROR on every probe."""
+    view = _EtcdSilentLeader({}, (store.config.node_id, "http://127.0.0.1:4001"))
+    with TestClient(create_app(store, store.config, cluster=view)) as c:  # type: ignore[arg-type]
+        r = c.get("/readyz", params={"sync": "", "timeout": "1h"})
+    assert (r.status_code, r.text) == (
+        503,
+        "[+]node ok\n[+]leader ok\n[+]store ok\n[-]sync not ok: cannot read the log's head: "
+        "etcd at 127.0.0.1:2379 has not answered for 6 s",
+    )
