@@ -198,3 +198,31 @@ def test_a_subscription_removed_while_its_step_ran_stops_without_a_retry(
     state = server.states["big"]
     assert state.last_error is None and state.failures == 0
     assert "removed while a step ran" in caplog.text and "retrying" not in caplog.text
+
+
+def test_schema_reads_ask_a_node_as_far_as_the_last_description_read() -> None:
+    """Review: a table's description read from a follower behind the one the mirror's
+    came from lacks a column the mirror already took — as if dropped (the run then
+    failed, saying to rebuild the mirror). Each schema read asks for at least the head
+    cid of the last one (min_cid): a node behind it waits, or the next is asked. A fake
+    client records what is asked (the source API's min_cid: tests/unit/test_http_app.py,
+    a real lagging follower: tests/system/test_cluster_source.py)."""
+    from litecdc.pipeline.source_client import TableInfo
+    from litecdc.pipeline.tables import Column, TableSpec
+
+    spec = TableSpec("t", (Column("id", "INTEGER", "int64", not_null=True),), ("id",))
+    asked: list[int | None] = []
+    heads = iter([40, 35, 52])  # (the second answer from a node behind the first)
+
+    class Client:
+        def table_info(self, table: str, *, min_cid: int | None = None) -> TableInfo:
+            asked.append(min_cid)
+            return TableInfo(spec, None, next(heads))
+
+    server = PipelineServer(None, None)  # type: ignore[arg-type]
+    sub: Any = SimpleNamespace(name="s", table_name="t")
+    running = _Running(sub, Client(), spec, None, SubscriptionState("s"))  # type: ignore[arg-type]
+    for _ in range(3):
+        assert server._check_schema(running) is False
+    assert asked == [None, 40, 40]  # never less than the furthest head seen
+    assert running.spec_cid == 52
