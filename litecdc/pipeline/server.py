@@ -661,6 +661,7 @@ class PipelineServer:
                 sink = open_sink(sub.sink, spec, sub.name, prepare=False)
             running = _Running(sub, client, spec, sink, state)
         self._running[sub.name] = running  # from here on, a failure closes it
+        running.spec_cid = max(running.spec_cid, info.last_cid)  # (see _check_schema)
         if running.sink is not None:
             running.sink.prepare()  # once running: a server that hangs in it is watched
         progress = self.meta.progress(sub.name)
