@@ -589,6 +589,14 @@ class ApplyLoop:
         with self._changed:
             return self._revision
 
+    def forget_revision(self) -> None:
+        """This directory joins a cluster anew (it belongs to none): a revision it applied
+        is another etcd's, from a cluster it was detached from (config QA: founding a new
+        cluster on a new etcd, the node took the lower revision there for etcd having lost
+        data, and never led)."""
+        with self._changed:
+            self._revision = 0
+
     # -- waiting for entries --------------------------------------------------------------------
 
     def expect(self, entry: LogEntry) -> None:

@@ -76,7 +76,7 @@ from litecdc.errors import (
     OutcomeUnknownError,
     RequestError,
 )
-from litecdc.journal.journal import Mode
+from litecdc.journal.journal import APPLIED_REVISION, Mode
 from litecdc.results import LogEntry, ReadLevel, Statement
 from litecdc.store import Store
 
@@ -720,6 +720,11 @@ class ClusterNode:
         # cluster kept that cluster's identity, and could then found no other)
         if self.store.engine.node_state(CLUSTER_IDENTITY) != identity:
             self.store.engine.set_node_state(CLUSTER_IDENTITY, identity)
+        if new_member and self.journal.applied_revision():
+            # (so is the etcd revision it applied: a detached directory's is its old
+            # cluster's etcd's — config QA)
+            self.store.engine.set_node_state(APPLIED_REVISION, 0)
+            self.apply_loop.forget_revision()
         if self.journal.last_cid() < self.apply_loop.base_cid:
             # not ready, and no candidate to lead, until a snapshot brings the founding data
             # (or the apply loop finds the entries after this journal still in the log)

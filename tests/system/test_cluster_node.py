@@ -460,6 +460,37 @@ def test_a_standalone_directory_refused_by_one_cluster_or_detached_founds_anothe
     Node(config("founder")).close()  # standalone now
     Node(config("founder", cluster_name + "-next")).close()  # and founds another
 
+    # config QA: on a new etcd — its revision below the one the directory applied on the
+    # old one — the node took that for etcd having lost data, and never led
+    from litecdc.journal.journal import APPLIED_REVISION
+
+    old = Node(config("moving", cluster_name + "-old"))
+    try:
+        assert old.cluster is not None
+        wait_for(old.cluster.is_leader, 30)
+        old.store.execute([S("CREATE TABLE m(v)")])
+        for i in range(30):  # (the old etcd's revision well past a new one's)
+            old.store.execute([S("INSERT INTO m VALUES(?)", (i,))])
+        assert (old.store.engine.node_state(APPLIED_REVISION) or 0) > 30
+    finally:
+        old.close()
+    (tmp_path / "moving" / CLUSTER_FILE).unlink()
+    with EtcdCluster(tmp_path / "new-etcd", size=1) as fresh:
+        moved = Node(
+            NodeConfig(
+                data_dir=tmp_path / "moving",
+                etcd_endpoints=tuple(fresh.endpoints),
+                cluster=cluster_name + "-new",
+                node_id="n1",
+            )
+        )
+        try:
+            assert moved.cluster is not None
+            wait_for(moved.cluster.is_leader, 30)
+            assert moved.cluster.apply_problem() is None
+        finally:
+            moved.close()
+
 
 def test_a_crashed_nodes_record_does_not_keep_its_id_from_restarting_elsewhere(
     cluster: Cluster, tmp_path: Path, client: EtcdClient
