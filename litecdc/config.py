@@ -24,7 +24,8 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 SYNCHRONOUS_LEVELS = ("off", "normal", "full", "extra")
 #: etcd's own limit on a lease's TTL (MaxLeaseTTL, seconds)
 ETCD_MAX_LEASE_TTL = 9_000_000_000
-#: the longest --compact-interval (a week, seconds)
+#: the shortest and longest --compact-interval (seconds; 0 is "never")
+MIN_COMPACT_INTERVAL = 0.1
 MAX_COMPACT_INTERVAL = 7 * 24 * 3600
 
 
@@ -150,15 +151,15 @@ class NodeConfig:
                 f"--cluster: a cluster name may hold letters, digits, '.', '_' and '-', got "
                 f"{self.cluster!r}"
             )
-        if (
-            not math.isfinite(self.compact_interval)
-            or not 0 <= self.compact_interval <= MAX_COMPACT_INTERVAL
+        interval = self.compact_interval
+        if not math.isfinite(interval) or not (
+            interval == 0 or MIN_COMPACT_INTERVAL <= interval <= MAX_COMPACT_INTERVAL
         ):
             # (config QA: 1e10 and more ended the compactor thread, a wait too long for
-            # the platform's clock)
+            # the platform's clock; 0.001 kept the node and etcd busy at ~30 % CPU)
             raise ConfigError(
-                "--compact-interval must be a number of seconds from 0 (never compact) to "
-                f"{MAX_COMPACT_INTERVAL} (a week), got {self.compact_interval}"
+                "--compact-interval must be a number of seconds: 0 (never compact) or from "
+                f"{MIN_COMPACT_INTERVAL:g} to {MAX_COMPACT_INTERVAL} (a week), got {interval:g}"
             )
         if self.retention_cids < 1:
             raise ConfigError(
@@ -278,7 +279,9 @@ def split_host_port(address: str, option: str = "") -> tuple[str, int]:
     if ":" in host and not bracketed:
         # (config QA: "::1:4001" was taken, and advertised as http://::1:4001, a URL the
         # other nodes could not forward to; Go, so rqlite, refuses it too)
-        raise ConfigError(f"{what}an IPv6 address goes in brackets, as [::1]:4001; got {address!r}")
+        raise ConfigError(
+            f"{what}an IPv6 address goes in brackets, as [{host}]:{port}; got {address!r}"
+        )
     if bracketed != (host.startswith("[") or host.endswith("]")) or host == "[]":
         raise ConfigError(f"{what}address must look like host:port, got {address!r}")
     return host[1:-1] if bracketed else host, port

@@ -98,7 +98,16 @@ def _lock_data_dir(data_dir: Path) -> int:
     """Take the data directory for this process, or refuse: two nodes writing one
     database would both number commits from the same journal and break each other."""
     path = data_dir / DATA_DIR_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        # (config QA: an immutable directory or lock file ended the start with "cannot
+        # start: [Errno 1] …", exit status 1)
+        raise ConfigError(
+            f"cannot use the data directory {data_dir}: {path} cannot be opened for writing "
+            f"({exc.strerror or exc}); let the node's user write there, or start the node on "
+            "another --data-dir"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -214,7 +214,11 @@ def unsubscribe(store: MetadataStore, name: str, *, force: bool = False) -> str 
     store.request_cancel(name)
     try:
         # NotFoundError: never registered, or released already
-        with _client(list(sub.sources), sub.options) as client, contextlib.suppress(NotFoundError):
+        with (
+            # (ops QA: 60 s on a frozen node; `pipeline run` releases it later anyway)
+            _client(list(sub.sources), sub.options, timeout=STATUS_TIMEOUT) as client,
+            contextlib.suppress(NotFoundError),
+        ):
             client.unsubscribe(name)
     except SourceError as exc:
         log.warning("subscription %s: could not release its hold now: %s", name, exc)
@@ -330,12 +334,21 @@ def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
     subs = (
         [store.get_subscription(name)] if name else store.list_subscriptions(include_cancelled=True)
     )
-    return [_status(store, sub) for sub in subs]
+    unreachable: dict[tuple[str, ...], str] = {}
+    return [_status(store, sub, unreachable) for sub in subs]
 
 
-def _status(store: MetadataStore, sub: Subscription) -> StatusReport:
+def _status(
+    store: MetadataStore, sub: Subscription, unreachable: dict[tuple[str, ...], str]
+) -> StatusReport:
+    """``unreachable``: the sources found unreachable so far, by their addresses — each
+    is asked once per status (ops QA: a frozen node cost 10 s per subscription on it)."""
     progress = store.progress(sub.name)
     report = StatusReport(sub, progress, None, None, failure=store.failure(sub.name))
+    sources = tuple(sub.sources)
+    if sources in unreachable:
+        report.source_error = unreachable[sources]
+        return report
     try:
         with _client(list(sub.sources), sub.options, timeout=STATUS_TIMEOUT) as client:
             # a litecdc endpoint that needs no table first: a 404 below is the table's
@@ -366,4 +379,6 @@ def _status(store: MetadataStore, sub: Subscription) -> StatusReport:
                     report.position_expired = str(exc)
     except LitecdcError as exc:  # unreachable, refusing: said in this report only
         report.source_error = str(exc)
+        if ": unreachable (" in report.source_error:
+            unreachable[sources] = report.source_error
     return report

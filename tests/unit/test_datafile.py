@@ -131,6 +131,18 @@ def test_a_database_or_directory_the_node_cannot_write_is_named_as_such(tmp_path
     assert f"({shm} cannot be opened for writing: Operation not permitted)" in str(refused.value)
     shm.unlink()
 
+    # config QA re-test: a new, immutable data directory ("cannot start: [Errno 1] …",
+    # exit status 1: the lock file could not be made)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with _immutable(empty), pytest.raises(ConfigError) as refused:
+        open_store(empty)
+    assert str(refused.value) == (
+        f"cannot use the data directory {empty}: {empty}/litecdc.lock cannot be opened for "
+        "writing (Operation not permitted); let the node's user write there, or start the "
+        "node on another --data-dir"
+    )
+
 
 def _plain_database(path: Path, *statements: str) -> bytes:
     conn = sqlite3.connect(path)
