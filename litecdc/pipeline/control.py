@@ -367,7 +367,11 @@ def _status(
                     f"{holds.pruned_cid}"
                 )
             try:
-                report.source_cid = client.table_info(sub.table_name).last_cid
+                # at least as far as the sink applied (pipeline QA: a follower restarted
+                # behind it showed a head below the applied cid, as "lag 0")
+                report.source_cid = client.table_info(
+                    sub.table_name, min_cid=progress.last_log_index or None
+                ).last_cid
             except NotFoundError as exc:
                 report.table_missing = str(exc)
                 return report

@@ -882,3 +882,31 @@ def test_a_run_that_loses_its_owner_claim_stops(
         with pytest.raises(MetadataError, match="injected"):
             server.run()
         assert len(checks) == 3
+
+
+def test_verify_reads_the_source_at_least_as_far_as_the_mirror_applied(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """Pipeline QA: verify read a follower restarted behind the mirror and reported
+    50,517 false differences. The source is read with min_cid = the cid the mirror
+    applied through: here the mirror says it applied past the node's head (as a mirror
+    fed by the leader, against a lagging follower), so the node waits its 10 s and
+    answers 503 instead of rows older than the mirror's."""
+    from litecdc.errors import SourceError
+    from litecdc.pipeline.sinks.base import ChangeBatch
+    from litecdc.pipeline.sinks.registry import open_sink
+    from litecdc.pipeline.verify import verify
+
+    with node.client() as c:
+        execute(c, ["CREATE TABLE vt(id INTEGER PRIMARY KEY, v TEXT)"])
+    url = f"delta:{tmp_path}/vt"
+    control.subscribe(store, name="vt", sources=node.url, table="vt", sink=url)
+    spec = SourceClient([node.url]).table_spec("vt")
+    head = SourceClient([node.url]).table_info("vt").last_cid
+    sink = open_sink(url, spec, "vt")
+    try:
+        sink.write_changes(spec.change_schema().empty_table(), ChangeBatch("vt", 0, head + 5))
+    finally:
+        sink.close()
+    with pytest.raises(SourceError, match=rf"has not applied cid {head + 5} within 10 s"):
+        verify(store.get_subscription("vt"))
