@@ -414,11 +414,11 @@ class ClusterNode:
             return False
         return current is not None and current.create_revision == fence
 
-    def log_head_cid(self) -> int:
-        """The cid of the last entry appended to the cluster's log (read from etcd now),
-        or what this node has applied when the log holds none (new). ClusterError when
-        etcd does not answer."""
-        last = self._log_tail()
+    def log_head_cid(self, timeout: float | None = None) -> int:
+        """The cid of the last entry appended to the cluster's log (read from etcd now,
+        waiting ``timeout`` seconds at most), or what this node has applied when the log
+        holds none (new). ClusterError when etcd does not answer."""
+        last = self._log_tail(timeout)
         return self.journal.last_cid() if last is None else last
 
     def leader(self) -> tuple[str, str] | None:
@@ -559,10 +559,12 @@ class ClusterNode:
         log.info("%s accepts writes as leader of %s from cid %d", self.node_id, self.cluster,
                  self.journal.last_cid() + 1)  # fmt: skip
 
-    def _log_tail(self) -> int | None:
+    def _log_tail(self, timeout: float | None = None) -> int | None:
         """The log's last cid (None while it has no entry)."""
         prefix = log_prefix(self.cluster)
-        last = self.client.range(prefix, prefix=True, limit=1, keys_only=True, descending=True).kvs
+        last = self.client.range(
+            prefix, prefix=True, limit=1, keys_only=True, descending=True, timeout=timeout
+        ).kvs
         return int(last[0].key[len(prefix) :]) if last else None
 
     def _behind_compaction(self) -> bool:

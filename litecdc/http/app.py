@@ -234,7 +234,7 @@ class ClusterView(Protocol):
     def is_leader(self) -> bool: ...
     def leader(self) -> tuple[str, str] | None: ...
     def status(self) -> dict[str, object]: ...
-    def log_head_cid(self) -> int: ...
+    def log_head_cid(self, timeout: float | None = None) -> int: ...
     def known_members(self) -> Sequence[KnownClusterMember]: ...
     def remove_member(self, node_id: str) -> None: ...
 
@@ -832,8 +832,10 @@ class _Api:
         cluster = self.cluster
         timeout = rqlite.duration_param(request.query_params, "timeout", READYZ_SYNC_TIMEOUT)
         timeout = min(max(timeout, 0.0), READYZ_SYNC_MAX_TIMEOUT)  # (it holds a thread)
+        started = time.monotonic()
         try:
-            target = await to_thread.run_sync(cluster.log_head_cid)
+            # (within the timeout too: etcd's own deadline is 10 s — pipeline QA re-test)
+            target = await to_thread.run_sync(lambda: cluster.log_head_cid(max(timeout, 0.1)))
         except LitecdcError as exc:  # (ClusterError: etcd did not answer)
             return Response(
                 "[+]node ok\n[+]leader ok\n[+]store ok\n[-]sync not ok: cannot read the "
@@ -841,8 +843,9 @@ class _Api:
                 status_code=503,
                 media_type=_TEXT,
             )
+        left = max(timeout - (time.monotonic() - started), 0.0)
         if await to_thread.run_sync(
-            lambda: self.store.wait_for_cid(target, timeout, _client_gone(request))
+            lambda: self.store.wait_for_cid(target, left, _client_gone(request))
         ):
             return Response("[+]node ok\n[+]leader ok\n[+]store ok\n[+]sync ok", media_type=_TEXT)
         applied = self.store.journal.available_snapshot()

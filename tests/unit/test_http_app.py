@@ -795,7 +795,8 @@ class _EtcdSilentLeader(_FollowerView):
     def is_leader(self) -> bool:
         return True
 
-    def log_head_cid(self) -> int:
+    def log_head_cid(self, timeout: float | None = None) -> int:
+        assert timeout is not None and timeout <= 60  # (bounded by the request's timeout)
         from litecdc.cluster.etcd import EtcdUnavailableError
 
         raise EtcdUnavailableError("etcd at 127.0.0.1:2379 has not answered for 6 s")
