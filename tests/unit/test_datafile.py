@@ -113,23 +113,21 @@ def test_a_database_or_directory_the_node_cannot_write_is_named_as_such(tmp_path
 
     # review: a -shm left by another user (a node run once as root), and a db.sqlite that
     # is a symbolic link (its -wal and -shm files go beside its target)
-    shm = Path(f"{path}-shm")
-    shm.write_bytes(b"")
-    with _immutable(shm), pytest.raises(DataFileError) as refused:
-        open_store(tmp_path)
-    assert f"({shm} cannot be opened for writing: Operation not permitted)" in str(refused.value)
-    shm.unlink()
+    shm = Path(f"{path}-shm")  # (for the link too: beside its target, where SQLite looks)
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "db.sqlite").symlink_to(path)
+    for data_dir in (tmp_path, linked):
+        shm.write_bytes(b"")
+        with _immutable(shm), pytest.raises(DataFileError) as refused:
+            open_store(data_dir)
+        assert f"({shm} cannot be opened for writing: Operation not permitted)" in str(
+            refused.value
+        )
+        shm.unlink()
     with _immutable(tmp_path), pytest.raises(DataFileError) as refused:
         open_store(linked)
     assert f"no file can be made in {tmp_path}, where SQLite keeps" in str(refused.value)
-    shm.write_bytes(b"")  # beside the link's target, where SQLite looks for it
-    with _immutable(shm), pytest.raises(DataFileError) as refused:
-        open_store(linked)
-    assert f"({shm} cannot be opened for writing: Operation not permitted)" in str(refused.value)
-    shm.unlink()
 
     # config QA re-test: a new, immutable data directory ("cannot start: [Errno 1] …",
     # exit status 1: the lock file could not be made)
