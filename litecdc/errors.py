@@ -18,6 +18,8 @@ LitecdcError
 │   ├── DuplicateCidError       follower_commit of a cid the journal already has
 │   └── TruncateError           truncation that would break cid order or empty the journal
 ├── NotReadyError               the node cannot answer yet (e.g. min_cid not applied): 503
+├── OtherHistoryError           a min_cid beyond a standalone node's whole history: the cid
+│                               came from another history (a restored backup): 409
 ├── OutcomeUnknownError         a write may or may not have been committed (do not blindly
 │                               retry: check with min_cid / the journal): 504
 ├── NotLeaderError              a write reached a node that does not lead (the HTTP layer
@@ -129,6 +131,13 @@ class LoadError(RequestError):
 
 class NotReadyError(LitecdcError):
     http_status = 503
+
+
+class OtherHistoryError(LitecdcError):
+    """A cid the caller read elsewhere is beyond this standalone node's whole history:
+    waiting cannot bring it (the node is its history's only writer)."""
+
+    http_status = 409
 
 
 class StorageFullError(LitecdcError):

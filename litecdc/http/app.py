@@ -66,6 +66,7 @@ from litecdc.errors import (
     LoadError,
     NotLeaderError,
     NotReadyError,
+    OtherHistoryError,
     RequestError,
     StatementError,
     StorageFullError,
@@ -91,6 +92,9 @@ READYZ_SYNC_TIMEOUT = 5.0
 READYZ_SYNC_MAX_TIMEOUT = 60.0
 #: longest a read with min_cid waits for this node to apply that cid, in seconds
 MIN_CID_WAIT = 10.0
+#: ... on a standalone node, which writes its history alone: a cid beyond its head is
+#: another history's, unless its commit is being published right now
+STANDALONE_CID_WAIT = 1.0
 
 _encoder = msgspec.json.Encoder()
 _JSON = "application/json; charset=utf-8"
@@ -990,14 +994,23 @@ class _Api:
     ) -> Response | None:
         """Wait (up to MIN_CID_WAIT) until this node has applied ``min_cid``: None once it
         has, a 499 when the client left meanwhile; NotReadyError, with ``advice``, when it
-        did not in time."""
-        if await to_thread.run_sync(
-            lambda: self.store.wait_for_cid(min_cid, MIN_CID_WAIT, client_gone)
-        ):
+        did not in time. A standalone node answers OtherHistoryError at once instead: no
+        wait brings a cid it never wrote (QA: a source restored from an older backup
+        under a running pipeline held each read 10 s and answered "retry")."""
+        standalone = self.cluster is None
+        wait = STANDALONE_CID_WAIT if standalone else MIN_CID_WAIT
+        if await to_thread.run_sync(lambda: self.store.wait_for_cid(min_cid, wait, client_gone)):
             return None
         if client_gone is not None and client_gone():
             # nobody reads the answer; the wait held one of the read threads
             return Response(status_code=499)
+        if standalone:
+            raise OtherHistoryError(
+                f"min_cid {min_cid} is beyond this node's history, which ends at cid "
+                f"{self.store.journal.available_snapshot()}: the node writes its history "
+                "alone, so that cid was read from another history of the database (before "
+                "a restore of an older backup, from another data directory or node)"
+            )
         raise NotReadyError(
             f"this node has not applied cid {min_cid} within {MIN_CID_WAIT:g} s (it has "
             f"{self.store.journal.available_snapshot()}); {advice}"

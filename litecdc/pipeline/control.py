@@ -33,8 +33,10 @@ log = logging.getLogger("litecdc.pipeline")
 
 
 #: seconds `pipeline status` waits for a source's answer (its requests are small: a frozen
-#: node held it 60 s per subscription, ops QA)
-STATUS_TIMEOUT = 10.0
+#: node held it 60 s per subscription, ops QA) — beyond a node's 10 s wait for a min_cid
+#: (http/app.py MIN_CID_WAIT), so that a follower behind answers its 503 before status
+#: calls it unreachable (and says so for every subscription on it)
+STATUS_TIMEOUT = 15.0
 
 
 def _client(

@@ -142,6 +142,16 @@ def test_status_does_not_wait_long_for_a_frozen_source(
         assert "read timeout=1.0" in report.describe()
 
 
+def test_status_outwaits_a_nodes_wait_for_min_cid() -> None:
+    """Status reads the source's head with min_cid = the cid the sink applied; a cluster
+    follower behind it waits 10 s, then answers 503 saying so. Status gave up at 10 s
+    too, called the follower 'unreachable' and said so, unasked, for every other
+    subscription on it (review). Its wait outlasts the node's."""
+    from litecdc.http import app
+
+    assert control.STATUS_TIMEOUT > app.MIN_CID_WAIT + 2
+
+
 def test_subscribe_checks_the_sink_and_the_table_first(
     node: Node, store: MetadataStore, tmp_path: Path
 ) -> None:
@@ -889,9 +899,10 @@ def test_verify_reads_the_source_at_least_as_far_as_the_mirror_applied(
 ) -> None:
     """Pipeline QA: verify read a follower restarted behind the mirror and reported
     50,517 false differences. The source is read with min_cid = the cid the mirror
-    applied through: here the mirror says it applied past the node's head (as a mirror
-    fed by the leader, against a lagging follower), so the node waits its 10 s and
-    answers 503 instead of rows older than the mirror's."""
+    applied through: here the mirror says it applied past the node's head, so the node
+    refuses instead of answering rows older than the mirror's (this standalone node at
+    once, 409: no wait brings a cid it never wrote; a cluster follower behind waits its
+    10 s, then 503 — tests/system/test_cluster_source.py)."""
     from litecdc.errors import SourceError
     from litecdc.pipeline.sinks.base import ChangeBatch
     from litecdc.pipeline.sinks.registry import open_sink
@@ -908,5 +919,7 @@ def test_verify_reads_the_source_at_least_as_far_as_the_mirror_applied(
         sink.write_changes(spec.change_schema().empty_table(), ChangeBatch("vt", 0, head + 5))
     finally:
         sink.close()
-    with pytest.raises(SourceError, match=rf"has not applied cid {head + 5} within 10 s"):
+    with pytest.raises(
+        SourceError, match=rf"min_cid {head + 5} is beyond this node's history.*HTTP 409"
+    ):
         verify(store.get_subscription("vt"))

@@ -764,7 +764,8 @@ def test_pull_source_reads_wait_for_min_cid(store: Store, monkeypatch: pytest.Mo
     store.execute([S("INSERT INTO src VALUES(1, 'a')")])
     head = store.journal.last_cid()
     monkeypatch.setattr(app_module, "MIN_CID_WAIT", 0.2)
-    with TestClient(create_app(store, store.config)) as c:
+    follower = _FollowerView({}, ("n1", "http://127.0.0.1:4001"))  # (behind: it waits)
+    with TestClient(create_app(store, store.config, cluster=follower)) as c:  # type: ignore[arg-type]
         for path in SOURCE_READS:
             r = c.get(path, params={"min_cid": head})
             assert r.status_code == 200, (path, r.text)
@@ -778,6 +779,31 @@ def test_pull_source_reads_wait_for_min_cid(store: Store, monkeypatch: pytest.Mo
             assert r.status_code == 400, path
         r = c.get("/cdc/tables/src/rows", params={"min_cid": head, "format": "json"})
         assert r.json()["cid"] >= head and r.json()["rows"] == [[1, "a", 3]]  # (_litecdc_cid)
+
+
+def test_a_min_cid_beyond_a_standalone_nodes_history_is_another_historys(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA: a standalone source restored from an older backup under a running pipeline
+    held every read 10 s and answered 503 "retry". A standalone node writes its history
+    alone: a cid beyond its head was read from another history, and no wait brings it —
+    409 at once (after a short grace for a commit being published), saying so."""
+    store.execute([S("CREATE TABLE src(id INTEGER PRIMARY KEY, v)")])
+    head = store.journal.last_cid()
+    monkeypatch.setattr(app_module, "MIN_CID_WAIT", 2.0)  # (a standalone node never uses it)
+    with TestClient(create_app(store, store.config)) as c:
+        for path in (*SOURCE_READS, "/db/query"):
+            q = {"q": "SELECT 1"} if path == "/db/query" else {}
+            assert c.get(path, params={**q, "min_cid": head}).status_code == 200, path
+            r = c.get(path, params={**q, "min_cid": head + 1})
+            said = r.text.strip() if q else r.json()["error"]  # (rqlite's endpoints: text)
+            assert (r.status_code, said) == (
+                409,
+                f"min_cid {head + 1} is beyond this node's history, which ends at cid {head}: "
+                "the node writes its history alone, so that cid was read from another "
+                "history of the database (before a restore of an older backup, from "
+                "another data directory or node)",
+            ), path
 
 
 def test_readyz_sync_on_a_standalone_node_is_always_in_sync(http: TestClient) -> None:
