@@ -7,8 +7,10 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -165,6 +167,22 @@ def with_bound_port(config: NodeConfig, port: int) -> NodeConfig:
     )
 
 
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM, like SIGINT, interrupts what runs meanwhile (uvicorn handles both once it
+    serves); the handlers before are restored after."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def interrupt(sig: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def serve(config: NodeConfig) -> None:
     """Open the node in ``config.data_dir`` and serve it until SIGINT/SIGTERM.
 
@@ -183,7 +201,14 @@ def serve(config: NodeConfig) -> None:
     if config.http_port == 0 and sockets:
         config = with_bound_port(config, sockets[0].getsockname()[1])
     try:
-        node = Node(config)
+        try:
+            with _stop_signals_interrupt():
+                node = Node(config)
+        except KeyboardInterrupt:
+            # (a cluster node waits for etcd here, as long as it takes: a SIGTERM killed
+            # it without a word — config QA)
+            log.info("litecdc node %s stopped while starting: it served nothing", config.node_id)
+            return
         try:
             app = create_app(node.store, config, cdc=node.cdc, cluster=node.cluster)
             loop, http = _loop_and_http()

@@ -130,6 +130,28 @@ def test_a_first_start_while_etcd_is_down_waits_for_the_checks(
         member.stop()
 
 
+def test_a_node_waiting_for_etcd_at_start_stops_on_sigterm(tmp_path: Path) -> None:
+    """A node waits for etcd at start as long as it takes; a SIGTERM meanwhile killed it
+    without a word, its WAL left behind (config QA). It stops as a serving node does:
+    says so, closes its store and exits 0 — and starts again from that directory."""
+    process = _Process(
+        tmp_path / "n.log", "--data-dir", str(tmp_path / "n"),
+        "--http-addr", f"127.0.0.1:{free_port()}",
+        "--etcd", f"127.0.0.1:{free_port()}", "--node-id", "n",  # (no etcd there)
+    )  # fmt: skip
+    try:
+        _wait(lambda: WAITING in process.log(), "the node to wait for etcd")
+        process.proc.terminate()
+        assert process.wait() == 0, process.log()
+    finally:
+        process.stop()
+    assert "litecdc node n stopped while starting: it served nothing" in process.log()
+    assert "Traceback" not in process.log()
+    assert sorted(p.name for p in (tmp_path / "n").iterdir()) == ["db.sqlite", "litecdc.lock"]
+    restarted = Node(tmp_path / "n").start()  # (it never joined: standalone takes it)
+    assert restarted.stop() == 0
+
+
 def test_a_cluster_members_directory_is_not_run_standalone_by_accident(
     tmp_path: Path, own_etcd: EtcdCluster
 ) -> None:
