@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -151,6 +152,25 @@ def _lock_database(db_path: Path) -> int | None:
     return fd
 
 
+def _check_files_can_be_made(data_dir: Path) -> None:
+    """ConfigError unless a file can be made in ``data_dir``, found by trying (root
+    passes permission bits; an immutable directory or a read-only mount refuses root
+    too). Config QA: an immutable directory holding a -wal and -shm left by a crash
+    opened, and every /db/backup was then a 500 (its copy is made there), the close a
+    "disk I/O error" (SQLite could not end the WAL)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".litecdc-probe-", dir=data_dir)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use the data directory {data_dir}: no file can be made there "
+            f"({exc.strerror or exc}), where the node makes its backups' copies and SQLite "
+            "the database's -wal and -shm files; let the node's user write there, or start "
+            "the node on another --data-dir"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 class Store:
     """One node's replicated-SQLite state: data, journal and captured changes."""
 
@@ -171,6 +191,7 @@ class Store:
         self._db_lock: int | None = None
         engine: Engine | None = None
         try:
+            _check_files_can_be_made(data_dir)
             self._db_lock = _lock_database(Path(config.db_path))
             engine = Engine(
                 config.db_path,

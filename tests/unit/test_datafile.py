@@ -101,14 +101,20 @@ def test_a_database_or_directory_the_node_cannot_write_is_named_as_such(tmp_path
     assert path.read_bytes() == content
     for left in tmp_path.glob("db.sqlite-*"):
         left.unlink()  # (closed cleanly: none stay; a crash would leave them)
-    with _immutable(tmp_path), pytest.raises(DataFileError) as refused:
-        open_store(tmp_path)
-    assert str(refused.value) == (
-        f"cannot use the node's database {path}: it cannot be opened (no file can be made in "
-        f"{tmp_path}, where SQLite keeps the database's -wal and -shm files: Operation not "
-        "permitted); let the node's user write there, or start the node on another --data-dir"
-    )
-    assert path.read_bytes() == content
+    # an immutable data directory, with the -wal and -shm a crash leaves or without: the
+    # node opened the first, then answered every /db/backup 500 (its copy is made there)
+    for crash_left in ((), ("-wal", "-shm")):
+        for suffix in crash_left:
+            Path(f"{path}{suffix}").write_bytes(b"")
+        with _immutable(tmp_path), pytest.raises(ConfigError) as refused:
+            open_store(tmp_path)
+        assert str(refused.value) == (
+            f"cannot use the data directory {tmp_path}: no file can be made there (Operation "
+            "not permitted), where the node makes its backups' copies and SQLite the "
+            "database's -wal and -shm files; let the node's user write there, or start the "
+            "node on another --data-dir"
+        )
+        assert path.read_bytes() == content
     open_store(tmp_path).close()  # and it opens once it may write
 
     # review: a -shm left by another user (a node run once as root), and a db.sqlite that
