@@ -253,7 +253,7 @@ class _Api:
         self.config = config
         self.cdc = cdc
         self.cluster = cluster
-        self.node_metrics = NodeMetrics(store, cdc)
+        self.node_metrics = NodeMetrics(store, cdc, cluster.status if cluster else None)
         self.credentials = (
             CredentialStore.from_file(config.auth_file) if config.auth_file is not None else None
         )

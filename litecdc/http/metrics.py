@@ -6,7 +6,7 @@ there is no second set of counters to keep in step. Each app has its own registr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -33,10 +33,46 @@ _CDC_COUNTERS = {
 }
 
 
+#: cluster status "log" counter key -> (metric name without _total, help)
+_CLUSTER_COUNTERS = {
+    "entries_applied": ("litecdc_cluster_entries_applied", "Log entries applied here"),
+    "entries_skipped": (
+        "litecdc_cluster_entries_skipped",
+        "Log entries skipped: the journal already had them",
+    ),
+    "append_txns": ("litecdc_cluster_append_txns", "etcd transactions appending to the log"),
+    "entries_appended": ("litecdc_cluster_entries_appended", "Log entries this node appended"),
+    "appends_fenced": (
+        "litecdc_cluster_appends_fenced",
+        "Appends refused because this node no longer led",
+    ),
+    "catch_up_log_reads": (
+        "litecdc_cluster_catch_up_log_reads",
+        "Catch-ups by reading the log's keys (a compaction passed the watch)",
+    ),
+    "snapshots_installed": (
+        "litecdc_cluster_snapshots_installed",
+        "Snapshots of the cluster's data installed here",
+    ),
+    "compactions": ("litecdc_cluster_compactions", "etcd log compactions run by this node"),
+    "keys_compacted": ("litecdc_cluster_keys_compacted", "Log keys deleted by compactions"),
+    "etcd_defragmentations": (
+        "litecdc_cluster_etcd_defragmentations",
+        "etcd defragmentations run by this node",
+    ),
+}
+
+
 class _NodeCollector(Collector):
-    def __init__(self, store: Store, cdc: CDCService | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        cdc: CDCService | None,
+        cluster_status: Callable[[], dict[str, object]] | None,
+    ) -> None:
         self._store = store
         self._cdc = cdc
+        self._cluster_status = cluster_status
 
     def collect(self) -> Iterator[Metric]:
         status = self._store.status()
@@ -54,6 +90,8 @@ class _NodeCollector(Collector):
         yield GaugeMetricFamily(
             "litecdc_db_size_bytes", "SQLite file and WAL size", value=status.db_size_bytes
         )
+        if self._cluster_status is not None:
+            yield from _cluster_metrics(self._cluster_status())
         if self._cdc is None:
             return
         cdc = self._cdc.status()
@@ -74,14 +112,68 @@ class _NodeCollector(Collector):
             yield CounterMetricFamily(name, help_text, value=_number(cdc[key]))
 
 
+def _cluster_metrics(status: dict[str, object]) -> Iterator[Metric]:
+    """A cluster node's health and log figures (its /status "cluster" section), read in
+    memory: what to alert on — no leader, etcd silent, the apply loop stopped."""
+
+    def flag(name: str, help_text: str, on: bool) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_text, value=1 if on else 0)
+
+    yield flag(
+        "litecdc_cluster_is_leader",
+        "1 while this node leads the cluster and accepts writes",
+        bool(status.get("is_leader")),
+    )
+    yield flag(
+        "litecdc_cluster_leader_known",
+        "1 while this node knows a leader (itself or another node)",
+        status.get("leader") is not None,
+    )
+    yield flag(
+        "litecdc_cluster_etcd_reachable",
+        "0 once no listed etcd member has answered this node's latest requests",
+        not status.get("etcd_error"),
+    )
+    yield flag(
+        "litecdc_cluster_applying",
+        "0 when the apply loop cannot keep this node's data the cluster's (diverged, "
+        "stopped on an entry): /status cluster.apply_error says why",
+        not status.get("apply_error"),
+    )
+    yield flag(
+        "litecdc_cluster_needs_snapshot",
+        "1 while this node waits for a snapshot of the cluster's data",
+        bool(status.get("needs_snapshot")),
+    )
+    yield GaugeMetricFamily(
+        "litecdc_cluster_applied_revision",
+        "etcd revision of the last log entry applied here",
+        value=_number(status.get("applied_revision")),
+    )
+    log_figures = status.get("log")
+    figures = log_figures if isinstance(log_figures, dict) else {}
+    yield GaugeMetricFamily(
+        "litecdc_cluster_compacted_revision",
+        "etcd revision this node's last log compaction reached",
+        value=_number(figures.get("compacted_revision")),
+    )
+    for key, (name, help_text) in _CLUSTER_COUNTERS.items():
+        yield CounterMetricFamily(name, help_text, value=_number(figures.get(key)))
+
+
 def _number(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 class NodeMetrics:
-    def __init__(self, store: Store, cdc: CDCService | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        cdc: CDCService | None,
+        cluster_status: Callable[[], dict[str, object]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_NodeCollector(store, cdc))
+        self.registry.register(_NodeCollector(store, cdc, cluster_status))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

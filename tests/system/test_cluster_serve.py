@@ -80,6 +80,30 @@ def test_three_nodes_one_database(nodes: list[Node]) -> None:
         with node.client() as c:
             journals.append(c.get("/journal", params={"after": 1}).json()["entries"])
     assert journals[0] == journals[1] == journals[2]
+    # what to alert on, for Prometheus (ops QA: /metrics had no cluster figures at all)
+    for node in nodes:
+        with node.client() as c:
+            metrics = _metric_values(c.get("/metrics").text)
+        leads = node is leader
+        assert metrics["litecdc_cluster_is_leader"] == (1 if leads else 0)
+        for healthy in ("leader_known", "etcd_reachable", "applying"):
+            assert metrics[f"litecdc_cluster_{healthy}"] == 1, node.url
+        assert metrics["litecdc_cluster_needs_snapshot"] == 0
+        assert metrics["litecdc_cluster_applied_revision"] >= r.json()["log_revision"]
+        assert metrics["litecdc_cluster_entries_applied_total"] >= 4  # (those above)
+        assert metrics["litecdc_last_cid"] >= cid
+        if leads:
+            assert metrics["litecdc_cluster_entries_appended_total"] >= 4
+
+
+def _metric_values(text: str) -> dict[str, float]:
+    """The unlabelled samples of a Prometheus text exposition, by name."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
 
 
 def test_a_statement_sqlite_calls_a_full_disk_fails_alone_and_the_cluster_goes_on(

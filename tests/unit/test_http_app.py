@@ -755,6 +755,44 @@ def test_the_pull_source_is_refused_by_a_node_out_of_touch_with_its_cluster(
             assert c.get(path).status_code == 200, path
 
 
+def test_metrics_show_a_cluster_nodes_health(store: Store) -> None:
+    """Ops QA: /metrics had no cluster figures — nothing to alert on for a node without
+    a leader, cut off from etcd, or whose apply loop stopped. (A healthy 3-node cluster's
+    figures: tests/system/test_cluster_serve.py.)"""
+    status = {
+        "is_leader": False,
+        "etcd_error": "etcd at 127.0.0.1:2379 has not answered for 13 s",
+        "apply_error": "diverged at cid 7",
+        "needs_snapshot": True,
+        "applied_revision": 41,
+        "log": {"entries_applied": 5, "snapshots_installed": 2, "compacted_revision": None},
+    }
+    with TestClient(create_app(store, store.config, cluster=_FollowerView(status, None))) as c:  # type: ignore[arg-type]
+        text = c.get("/metrics").text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
+    assert {k: float(v) for k, v in samples.items() if k.startswith("litecdc_cluster_")} == {
+        "litecdc_cluster_is_leader": 0,
+        "litecdc_cluster_leader_known": 0,
+        "litecdc_cluster_etcd_reachable": 0,
+        "litecdc_cluster_applying": 0,
+        "litecdc_cluster_needs_snapshot": 1,
+        "litecdc_cluster_applied_revision": 41,
+        "litecdc_cluster_compacted_revision": 0,
+        "litecdc_cluster_entries_applied_total": 5,
+        "litecdc_cluster_entries_skipped_total": 0,
+        "litecdc_cluster_append_txns_total": 0,
+        "litecdc_cluster_entries_appended_total": 0,
+        "litecdc_cluster_appends_fenced_total": 0,
+        "litecdc_cluster_catch_up_log_reads_total": 0,
+        "litecdc_cluster_snapshots_installed_total": 2,
+        "litecdc_cluster_compactions_total": 0,
+        "litecdc_cluster_keys_compacted_total": 0,
+        "litecdc_cluster_etcd_defragmentations_total": 0,
+    }
+    with TestClient(create_app(store, store.config)) as c:  # (standalone: none of these)
+        assert "litecdc_cluster_" not in c.get("/metrics").text
+
+
 def test_pull_source_reads_wait_for_min_cid(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pipeline QA: a snapshot page read on a cluster node behind the subscription's
     registration was older than it, and the finished snapshot swept its rows away
