@@ -7,6 +7,7 @@ write lost; the killed node restarts and catches up.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,36 @@ def _metric_values(text: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             values[name] = float(value)
     return values
+
+
+def test_reads_that_wait_long_do_not_hold_up_writes(nodes: list[Node]) -> None:
+    """HTTP QA: 45 reads waiting for a cid that never comes (min_cid, 10 s each) held all
+    of anyio's 40 threads, and a plain write waited for them. Writes have threads of their
+    own: this write is answered while every one of those reads is still waiting. (On a
+    cluster's leader: a standalone node answers such a cid at once, 409 — it writes its
+    history alone.)"""
+    node = _leader(nodes)
+
+    answered: list[int] = []
+
+    def wait_for_a_cid_never_written() -> None:
+        with node.client() as c:
+            r = c.get("/db/query", params={"q": "SELECT 1", "min_cid": "999999999"})
+            answered.append(r.status_code)
+
+    with node.client() as c:
+        before = int(c.get("/debug/vars").json()["http"]["queries"])
+        waiters = [threading.Thread(target=wait_for_a_cid_never_written) for _ in range(45)]
+        for t in waiters:
+            t.start()
+        while int(c.get("/debug/vars").json()["http"]["queries"]) < before + 45:
+            threading.Event().wait(0.05)  # every read has reached the node
+        r = c.post("/db/execute", json=["CREATE TABLE not_held_up(x)"])
+        assert r.status_code == 200, r.text
+        assert answered == []  # none of the reads has come back yet
+    for t in waiters:
+        t.join(60)
+    assert answered == [503] * 45
 
 
 def test_a_statement_sqlite_calls_a_full_disk_fails_alone_and_the_cluster_goes_on(
