@@ -171,6 +171,12 @@ def _parse_user(entry: Any, index: int, source: str) -> tuple[str, _User]:
     username = entry.get("username")
     if not isinstance(username, str) or not username:
         raise ConfigError(f"{where} needs a non-empty string username")
+    if ":" in username:
+        # (authz QA: accepted, and such a user could never log in)
+        raise ConfigError(
+            f"{where} ({username}): a user name cannot hold ':' — HTTP basic auth sends "
+            "'user:password' and the name ends at the first ':'"
+        )
     password = entry.get("password")
     if password is not None and not isinstance(password, str):
         raise ConfigError(f"{where} ({username}): password must be a string")
@@ -224,7 +230,10 @@ def parse_basic_auth(header: str | None) -> tuple[str | None, str | None]:
         return None, None
     try:
         decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except (binascii.Error, ValueError):
+        # (ValueError: a non-ASCII character in the header, which b64decode refuses so —
+        # it was a 500 with two tracebacks on every endpoint, authz QA; UnicodeDecodeError
+        # is one too)
         return None, None
     username, sep, password = decoded.partition(":")
     if not sep:

@@ -119,8 +119,18 @@ def test_parse_basic_auth() -> None:
     assert parse_basic_auth(_basic("u:p:with:colons")) == ("u", "p:with:colons")
     assert parse_basic_auth(_basic("u:")) == ("u", "")
     assert parse_basic_auth("basic " + base64.b64encode(b"a:b").decode()) == ("a", "b")
-    for header in (None, "", "Bearer x", "Basic !!!", _basic("nocolon")):
+    # (authz QA: a non-ASCII character — the header's bytes as Latin-1 — was a 500 with
+    # two tracebacks on every endpoint, even where anonymous users may read)
+    for header in (None, "", "Bearer x", "Basic !!!", _basic("nocolon"), "Basic \xe9", "Basic é="):
         assert parse_basic_auth(header) == (None, None)
+
+
+def test_a_user_name_with_a_colon_is_refused() -> None:
+    """Authz QA: accepted, and such a user could never log in (basic auth's name ends at
+    the first ':')."""
+    entry = [{"username": "a:b", "password": "x", "perms": ["all"]}]
+    with pytest.raises(ConfigError, match="a user name cannot hold ':'"):
+        CredentialStore.from_json(json.dumps(entry).encode())
 
 
 @pytest.mark.parametrize(
