@@ -46,6 +46,8 @@ IDLE_PEER_CONNECTION_S = KEEP_ALIVE_S / 2
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
 _HOSTNAME_MISMATCH = 62
+#: OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID, X509_V_ERR_CERT_HAS_EXPIRED
+_CERT_NOT_YET_VALID, _CERT_HAS_EXPIRED = 9, 10
 
 
 class LeaderForwarder:
@@ -221,6 +223,11 @@ class LeaderForwarder:
             return f"{who} does not answer ({_named(exc)})"
         if cause.verify_code == _HOSTNAME_MISMATCH:
             fix = "its certificate must name the host of the node's --advertise-url"
+        elif cause.verify_code == _CERT_HAS_EXPIRED:
+            # (authz QA: "--node-ca-cert … must be the CA that signed …", the CA being right)
+            fix = "renew that node's certificate (--http-cert) and restart it"
+        elif cause.verify_code == _CERT_NOT_YET_VALID:
+            fix = "that node's certificate starts later: check its dates and both clocks"
         elif self._ca_cert is None:
             fix = "pass --node-ca-cert with the CA that signed the nodes' certificates"
         else:

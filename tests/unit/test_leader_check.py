@@ -8,10 +8,14 @@ unreachable — load balancers would drop followers exactly when they are busy.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
+import trustme
 
 from litecdc.http.forward import IDLE_PEER_CONNECTION_S, KEEP_ALIVE_S, LeaderForwarder
 
@@ -178,3 +182,43 @@ async def test_a_forwarded_request_without_an_answer_says_whether_to_retry(
     text = bytes(answer.body).decode()
     assert answer.status_code == status and says in text, text
     assert ("retry-after" in answer.headers) == (status == 503), answer.headers
+
+
+@pytest.mark.parametrize(
+    ("valid", "fix"),
+    [
+        ((-30, -1), "renew that node's certificate (--http-cert) and restart it"),
+        ((1, 30), "that node's certificate starts later: check its dates and both clocks"),
+    ],
+    ids=["expired", "not-yet-valid"],
+)
+async def test_a_leader_certificate_out_of_its_dates_is_named_so(
+    tmp_path: Path, valid: tuple[int, int], fix: str
+) -> None:
+    """Authz QA: a leader serving an expired certificate, signed by the right CA, was
+    said to need another --node-ca-cert ('must be the CA that signed the nodes'
+    certificates'): the CA was right, the certificate was to renew."""
+    ca = trustme.CA()
+    now = datetime.now(UTC)
+    leaf = ca.issue_cert(
+        "127.0.0.1",
+        not_before=now + timedelta(days=valid[0]),
+        not_after=now + timedelta(days=valid[1]),
+    )
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    leaf.configure_cert(context)
+    slow = SlowLeader()
+    server = await asyncio.start_server(slow.handle, "127.0.0.1", 0, ssl=context)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    forwarder = LeaderForwarder("n1", ca_cert=str(ca_file))
+    try:
+        async with server:
+            problem = await forwarder.leader_problem("n0", url)
+    finally:
+        await forwarder.close()
+    assert problem is not None and problem.startswith(
+        f"the HTTPS certificate of the leader n0 at {url} cannot be verified ("
+    ), problem
+    assert problem.endswith(f"): {fix}"), problem
