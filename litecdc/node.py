@@ -78,13 +78,15 @@ class Node:
                 )
             self.store.route_internal_writes(leadership.write_internal)
             self.retention = RetentionKeeper(self.store, leadership, config.retention_interval)
-        except BaseException as exc:
+        except BaseException:
             if self.cluster is not None:
                 self.cluster.close()
             self.store.close()
-            if fresh and isinstance(exc, ConfigError):
-                # refused by the cluster (a taken node id, other settings): what the store
-                # just made goes, so a refused start leaves no empty database behind
+            if fresh and not (data_dir / CLUSTER_FILE).exists():
+                # refused by the cluster (a taken node id, other settings, etcd refusing
+                # the credentials — authz QA), or stopped while waiting for etcd: what the
+                # store just made goes, so a start that did not happen leaves no empty
+                # database behind. (Once admitted the directory is the cluster's: kept.)
                 _remove_made(data_dir, keep_dir=existed)
             raise
 

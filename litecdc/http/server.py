@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -183,6 +184,26 @@ def _stop_signals_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def advertise_scheme_problem(config: NodeConfig) -> str | None:
+    """Why other nodes may get no answer at a cluster node's --advertise-url: its scheme
+    is not what the node serves (authz QA: an HTTPS node advertising http:// took every
+    forwarded write's plain request for garbage, and the follower answered 504 "may have
+    been applied", sending the client's credentials in clear). A warning, not an error: a
+    proxy in between may speak the other scheme to the node."""
+    if not config.clustered:
+        return None
+    advertised = urllib.parse.urlsplit(config.advertise_url).scheme
+    served = "https" if config.http_cert is not None else "http"
+    if advertised == served:
+        return None
+    return (
+        f"--advertise-url {config.advertise_url} is {advertised}://, but this node serves "
+        f"{served.upper()}{' (--http-cert)' if config.http_cert else ''}: other nodes forward "
+        "writes and fetch snapshots there, and get no answer unless a proxy in between "
+        f"speaks {served} to this node"
+    )
+
+
 def serve(config: NodeConfig) -> None:
     """Open the node in ``config.data_dir`` and serve it until SIGINT/SIGTERM.
 
@@ -197,6 +218,8 @@ def serve(config: NodeConfig) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     if config.http_cert is not None and config.http_key is not None:
         check_cert_and_key(Path(config.http_cert), Path(config.http_key))
+    if problem := advertise_scheme_problem(config):
+        log.warning("%s", problem)
     sockets = listen(config.http_host, config.http_port)
     if config.http_port == 0 and sockets:
         config = with_bound_port(config, sockets[0].getsockname()[1])

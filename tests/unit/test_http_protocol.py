@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +132,33 @@ def test_a_body_that_stops_arriving_is_408(monkeypatch: pytest.MonkeyPatch, tmp_
         thread.join(10)
         sock.close()
         store.close()
+
+
+def test_an_advertised_scheme_unlike_the_served_one_is_warned_of(tmp_path: Path) -> None:
+    """Authz QA: an HTTPS node advertising http:// started without a word; a follower's
+    forwarded write then got no answer (504 "may have been applied", nothing could
+    have been) and went out with the client's credentials in clear."""
+    from litecdc.config import NodeConfig
+    from litecdc.http.server import advertise_scheme_problem
+
+    cert = tmp_path / "cert.pem"
+    cert.write_text("")
+    cluster = {"data_dir": tmp_path, "http_addr": "127.0.0.1:4001", "etcd_endpoints": ("e:2379",)}
+    https = {"http_cert": cert, "http_key": cert}
+    assert advertise_scheme_problem(
+        NodeConfig(**cluster, **https, advertise_url="http://127.0.0.1:4001")  # type: ignore[arg-type]
+    ) == (
+        "--advertise-url http://127.0.0.1:4001 is http://, but this node serves HTTPS "
+        "(--http-cert): other nodes forward writes and fetch snapshots there, and get no "
+        "answer unless a proxy in between speaks https to this node"
+    )
+    assert "serves HTTP: other nodes" in str(
+        advertise_scheme_problem(NodeConfig(**cluster, advertise_url="https://n1:4001"))  # type: ignore[arg-type]
+    )
+    for fine in (
+        NodeConfig(**cluster, **https),  # type: ignore[arg-type]
+        NodeConfig(**cluster, **https, advertise_url="https://n1:4001"),  # type: ignore[arg-type]
+        NodeConfig(**cluster),  # type: ignore[arg-type]
+        NodeConfig(data_dir=tmp_path, advertise_url="https://n1:4001"),  # (standalone)
+    ):
+        assert advertise_scheme_problem(fine) is None
