@@ -238,7 +238,10 @@ class LogAppender:
                     empty.encode(),
                     refused=RequestError(
                         f"the write is too large for the cluster's log ({len(data)} bytes "
-                        f"encoded; etcd takes at most {self.max_bytes} per request): split it"
+                        f"encoded; etcd takes at most {self.max_bytes} per request): split it "
+                        "into smaller writes (a SQLite file's /db/load cannot be split: start "
+                        "a node on a data directory holding the file as db.sqlite, and it "
+                        "founds a new cluster with that data — docs/cluster.md)"
                     ),
                 )
             self._next_cid += 1
