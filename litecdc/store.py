@@ -22,7 +22,7 @@ from typing import Any
 from litecdc.config import NodeConfig
 from litecdc.db import source
 from litecdc.db.datafile import SQLITE_HEADER
-from litecdc.db.engine import Engine
+from litecdc.db.engine import LOAD_RACED, Engine
 from litecdc.db.page_workers import PageWorkers
 from litecdc.db.read_limit import ReadLimit
 from litecdc.db.schema import (
@@ -171,6 +171,10 @@ def _check_files_can_be_made(data_dir: Path) -> None:
     os.unlink(probe)
 
 
+#: runs of a SQLite file's load whose statements another write outdated (LOAD_RACED)
+LOAD_ATTEMPTS = 5
+
+
 class Store:
     """One node's replicated-SQLite state: data, journal and captured changes."""
 
@@ -277,13 +281,22 @@ class Store:
         deletes of every existing row, then the file's rows as inserts); LoadError when
         it fails, and then nothing changed.
         """
-        statements = self.engine.load_statements(data)
-        outcome = self.execute(statements, transaction=True)
-        failed = [r.error for r in outcome.results if r.error]
-        if failed:
-            what = "the SQLite file" if data.startswith(SQLITE_HEADER) else "the SQL text"
-            raise LoadError(f"load: {what} failed: {failed[0]}")
-        return outcome
+        for _ in range(LOAD_ATTEMPTS):
+            statements = self.engine.load_statements(data)
+            outcome = self.execute(statements, transaction=True)
+            failed = [r.error for r in outcome.results if r.error]
+            if not failed:
+                return outcome
+            if LOAD_RACED not in failed[0]:
+                what = "the SQLite file" if data.startswith(SQLITE_HEADER) else "the SQL text"
+                raise LoadError(f"load: {what} failed: {failed[0]}")
+            # another write changed the tables between the making of the statements
+            # (which list them) and their run: nothing changed; made again
+        raise LoadError(
+            f"load: the database's tables changed while each of {LOAD_ATTEMPTS} attempts was "
+            "prepared (other schema changes or loads ran meanwhile); nothing changed: load "
+            "it again"
+        )
 
     # -- reads ----------------------------------------------------------------
     def query(

@@ -109,6 +109,10 @@ _NOT_RUN = {
     _TRANSACTION_CONTROL: "not run: this request has a transaction control statement",
 }
 
+#: the error a SQLite file's load meets (in "bad JSON path: '…'") when the database's
+#: objects changed between the making of its statements and their run (Store.load retries)
+LOAD_RACED = "litecdc: the tables of the database changed while this load was prepared"
+
 
 @dataclass(slots=True)
 class Decision:
@@ -2163,6 +2167,21 @@ class Engine:
         """
         objects = self._read(f"SELECT type, name FROM sqlite_schema WHERE {USER_OBJECTS}")
         tables = [str(name) for kind, name in objects if kind == "table"]
+        # what the list below was made from, checked where it runs: a write committed in
+        # between (another load, a CREATE or DROP; on a cluster any entry appended
+        # before this one) made a table survive the replacement, or the load fail with
+        # "no such table" (backup QA) — Store.load makes the list again
+        listed = "\n".join(sorted(f"{kind} {name}" for kind, name in objects)) or None
+        now = (
+            "(SELECT group_concat(type || ' ' || name, char(10) ORDER BY type || ' ' || name) "
+            f"FROM sqlite_schema WHERE {USER_OBJECTS})"
+        )
+        expected = "NULL" if listed is None else "'" + listed.replace("'", "''") + "'"
+        # (json_extract: core SQL that fails with a message of ours, on every node alike)
+        guard = Statement(
+            f"SELECT json_extract('{{}}', CASE WHEN {now} IS {expected} THEN '$' "
+            f"ELSE '{LOAD_RACED}' END)"
+        )
         references = {
             table: {
                 str(parent)
@@ -2173,6 +2192,7 @@ class Engine:
             for table in tables
         }
         out = [Statement("PRAGMA defer_foreign_keys=ON")] if self._foreign_keys else []
+        out.append(guard)
         out += [
             Statement(f"DROP TRIGGER IF EXISTS {_quote(n)}") for k, n in objects if k == "trigger"
         ]

@@ -916,3 +916,54 @@ def test_before_images_of_rows_older_than_a_real_default_hold_the_float(store: S
         assert image is not None
         assert type(image["price"]) is float and image["price"] == 3.0
         assert type(image["n"]) is int and image["n"] == 3  # as SQLite reads it
+
+
+def _user_objects(store: Store) -> list[tuple[str, str]]:
+    rows = store.query(
+        [S("SELECT type, name FROM sqlite_schema WHERE name NOT LIKE '\\_litecdc\\_%' ESCAPE '\\' "
+           "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY 1, 2")]
+    )[0].rows  # fmt: skip
+    return [(str(kind), str(name)) for kind, name in rows]
+
+
+def test_a_load_that_other_writes_overtake_replaces_the_tables_they_left(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backup QA: a SQLite file's load lists the tables it deletes and drops before it
+    runs; a table created in between survived the "replacement", and one dropped in
+    between failed the load with "no such table" (a table the client never named; two
+    loads at once did the same). The load checks, where it runs, that the tables are
+    those it listed, and is made again when they are not; nothing of a raced attempt
+    stays."""
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY)"), S("CREATE TABLE nopk(x)")])
+    data = _sqlite_file(tmp_path / "file.db", "CREATE TABLE f(id INTEGER PRIMARY KEY, v)")
+    making = store.engine.load_statements
+    meanwhile = ["CREATE TABLE late(a)", "DROP TABLE nopk"]  # one after each of two makings
+
+    def overtaken(data: bytes) -> list[Statement]:
+        statements = making(data)
+        if meanwhile:
+            store.execute([S(meanwhile.pop(0))])
+        return statements
+
+    monkeypatch.setattr(store.engine, "load_statements", overtaken)
+    assert store.load(data).cid is not None
+    assert meanwhile == []
+    assert _user_objects(store) == [("table", "f")]
+
+    # overtaken every time: refused, nothing of the file there, what the others did kept
+    created = iter(range(100))
+
+    def always_overtaken(data: bytes) -> list[Statement]:
+        statements = making(data)
+        store.execute([S(f"CREATE TABLE late{next(created)}(a)")])
+        return statements
+
+    monkeypatch.setattr(store.engine, "load_statements", always_overtaken)
+    with pytest.raises(LoadError) as refused:
+        store.load(_sqlite_file(tmp_path / "other.db", "CREATE TABLE g(x)"))
+    assert str(refused.value) == (
+        "load: the database's tables changed while each of 5 attempts was prepared (other "
+        "schema changes or loads ran meanwhile); nothing changed: load it again"
+    )
+    assert _user_objects(store) == [("table", "f")] + [("table", f"late{i}") for i in range(5)]
