@@ -576,11 +576,8 @@ class Store:
             )
         )
 
-    def source_position(
-        self, table: str, after: int, max_events: int
-    ) -> tuple[int, int, int, int | None]:
-        """(end cid, events, head, first event's cid or None) of the next batch of at most
-        ``max_events`` events."""
+    def source_position(self, table: str, after: int, max_events: int) -> source.ChangePosition:
+        """The next batch of at most ``max_events`` events after cid ``after``."""
         self._check_cid_range(after, None, max_events)
         return self.engine.read_consistent(
             lambda conn: source.change_position(

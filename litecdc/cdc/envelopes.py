@@ -19,7 +19,9 @@
      "transaction": {"id": "<cid>", "total_order": n, "data_collection_order": m}}
 
 Blob values are base64 strings in both (as rqlite sends them); every event carries its
-cid, so consumers can drop the duplicates that at-least-once delivery allows.
+cid and commit time, so consumers can drop the duplicates that at-least-once delivery
+allows (by both: a database restored from an older backup numbers new commits with the
+same cids again, at later times — docs/cdc.md).
 """
 
 from __future__ import annotations

@@ -674,13 +674,39 @@ def _walk_changes(
     return rows, events, stop, head
 
 
+@dataclass(frozen=True)
+class ChangePosition:
+    end_cid: int  # where the next batch of at most max_events events ends
+    events: int
+    last_cid: int  # the head
+    first_cid: int | None  # the cid of the batch's first event (None: no events)
+    after_mark: str | None  # commit_mark of ``after`` and of end_cid (None: not journaled)
+    end_mark: str | None
+
+
 def change_position(
     conn: apsw.Connection, table: SourceTable, after: int, max_events: int
-) -> tuple[int, int, int, int | None]:
-    """(end cid, events, head, cid of the first event or None) of the next batch of at
-    most ``max_events`` events."""
+) -> ChangePosition:
+    """The next batch of at most ``max_events`` events after ``after``, and the marks of
+    the commits it starts after and ends at."""
     rows, events, end, head = _walk_changes(conn, table, after, None, max_events)
-    return end, events, head, (rows[0][0] if rows else None)
+    return ChangePosition(
+        end,
+        events,
+        head,
+        rows[0][0] if rows else None,
+        commit_mark(conn, after),
+        commit_mark(conn, end),
+    )
+
+
+def commit_mark(conn: apsw.Connection, cid: int) -> str | None:
+    """What tells commit ``cid`` of this history from the commit ``cid`` of another (a
+    database restored from an older backup numbers its new commits from the backup's
+    head again): the leader's clock and the random seed the commit was made with. None
+    when the journal no longer (or never) holds it."""
+    found = conn.execute(f"SELECT ts, seed FROM {JOURNAL_TABLE} WHERE cid = ?", (cid,)).fetchall()
+    return f"{found[0][0]}:{found[0][1]}" if found else None
 
 
 def read_table_changes(

@@ -1165,11 +1165,18 @@ class _Api:
         name = request.path_params["table"]
         after = _int_param(params, "after", 0, minimum=0, maximum=MAX_CID)
         max_events = _int_param(params, "max_events", SOURCE_PAGE_DEFAULT, minimum=1)
-        end, events, head, first = await to_thread.run_sync(
+        position = await to_thread.run_sync(
             lambda: self.store.source_position(name, after, max_events)
         )
         return _json(
-            {"end_cid": end, "events": events, "last_cid": head, "first_cid": first},
+            {
+                "end_cid": position.end_cid,
+                "events": position.events,
+                "last_cid": position.last_cid,
+                "first_cid": position.first_cid,
+                "after_mark": position.after_mark,
+                "end_mark": position.end_mark,
+            },
             pretty="pretty" in params,
         )
 

@@ -133,6 +133,16 @@ _SCHEMA = (
         error_at TEXT,
         updated_at TEXT NOT NULL
     )""",
+    # the source commit the change log was applied through, as the source marks it: a
+    # source restored from an older backup numbers new commits with those cids again
+    # (backup QA: the mirror then silently followed the other history). A table of its
+    # own, so that a store made by an earlier version gains it as it opens.
+    """CREATE TABLE IF NOT EXISTS litecdc_source_marks (
+        subscription TEXT PRIMARY KEY,
+        cid BIGINT NOT NULL,
+        mark TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    )""",
 )
 
 _SUBSCRIPTION_COLUMNS = (
@@ -801,6 +811,9 @@ class MetadataStore:
                     now,
                 ],
             )
+            if inserted:
+                # (one an earlier version's remove_subscription left: another history's)
+                tx.execute("DELETE FROM litecdc_source_marks WHERE subscription = ?", [name])
             existing = self._subscription(tx, name, for_update=False)
         if not existing.same_definition(wanted) or existing.cancel:
             raise MetadataError(
@@ -852,6 +865,7 @@ class MetadataStore:
                 return False
             tx.execute("DELETE FROM litecdc_progress WHERE subscription = ?", [name])
             tx.execute("DELETE FROM litecdc_subscription_state WHERE subscription = ?", [name])
+            tx.execute("DELETE FROM litecdc_source_marks WHERE subscription = ?", [name])
             tx.execute("DELETE FROM litecdc_subscriptions WHERE name = ?", [name])
         log.info("subscription %s removed", name)
         return True
@@ -1112,9 +1126,32 @@ class MetadataStore:
                 log.info("subscription %s: snapshot done, incremental from cid %s", name, init_cid)
         return self.progress(name)
 
-    def record_log_position(self, name: str, cid: int) -> int:
-        """The change log is applied through ``cid``. Only moves forward: a smaller cid (a
-        late or replayed batch) is ignored. Returns the recorded position."""
+    def source_mark(self, name: str) -> tuple[int, str] | None:
+        """(cid, the source's mark of that commit) last recorded, or None."""
+        with self._tx(write=False) as tx:
+            rows = tx.execute(
+                "SELECT cid, mark FROM litecdc_source_marks WHERE subscription = ?", [name]
+            )
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
+    def record_source_mark(self, name: str, cid: int, mark: str) -> None:
+        with self._tx() as tx:
+            self._subscription(tx, name, for_update=True)
+            self._set_source_mark(tx, name, cid, mark)
+
+    def _set_source_mark(self, tx: _Tx, name: str, cid: int, mark: str) -> None:
+        now = _now()
+        tx.execute(
+            "INSERT INTO litecdc_source_marks (subscription, cid, mark, updated_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (subscription) DO UPDATE SET cid = excluded.cid, "
+            "mark = excluded.mark, updated_at = excluded.updated_at",
+            [name, cid, mark, now],
+        )
+
+    def record_log_position(self, name: str, cid: int, mark: str | None = None) -> int:
+        """The change log is applied through ``cid`` (the source's commit ``mark``, when
+        known: see source_mark). Only moves forward: a smaller cid (a late or replayed
+        batch) is ignored. Returns the recorded position."""
         _check_cid(cid, "cid")
         with self._tx() as tx:
             self._subscription(tx, name, for_update=True)
@@ -1132,7 +1169,9 @@ class MetadataStore:
                 [cid, _now(), name, SUBSCRIPTION_RANGE, cid],
             )
             head = self._head(tx, name)
-        assert head is not None and head[2] is not None
+            assert head is not None and head[2] is not None
+            if mark is not None and head[2] == cid:
+                self._set_source_mark(tx, name, cid, mark)
         return head[2]
 
     def _set_stage(self, tx: _Tx, name: str, stage: str, now: str) -> None:

@@ -86,7 +86,7 @@ from litecdc.pipeline.sinks.base import (
     registration_id,
 )
 from litecdc.pipeline.sinks.registry import open_sink, sink_server
-from litecdc.pipeline.source_client import KeyRange, SourceClient, TableInfo
+from litecdc.pipeline.source_client import KeyRange, Position, SourceClient, TableInfo
 from litecdc.pipeline.tables import (
     CID_COLUMN,
     OP_COLUMN,
@@ -974,6 +974,7 @@ class PipelineServer:
         position = running.client.position(sub.table_name, after=after, max_events=max_events)
         state.source_cid = position.last_cid
         _check_not_behind(sub.name, position.last_cid, after)
+        self._check_same_history(running, after, position)
         now = time.monotonic()
         if position.end_cid <= after:
             state.behind_since = None
@@ -1005,12 +1006,37 @@ class PipelineServer:
                 running.sink.write_changes(events, batch)
             state.key_scan = None
             self.metrics.events_applied(sub.name, events.num_rows)
-        self.meta.record_log_position(sub.name, position.end_cid)
+        self.meta.record_log_position(sub.name, position.end_cid, position.end_mark)
         state.applied_cid = position.end_cid
         self._move_hold(running, position.end_cid, applied=bool(position.events))
         if position.end_cid >= position.last_cid:
             state.behind_since = None
         return position.end_cid < position.last_cid
+
+    def _check_same_history(self, running: _Running, applied: int, position: Position) -> None:
+        """_history_replaced unless the source's commit ``applied`` (what the sink applied
+        through) is the one the sink saw. Backup QA: a node restored from a backup taken
+        after the subscription registered still had its hold, and once new writes moved
+        its head past the applied cid the mirror followed the other history silently
+        (status lag 1, verify: rows wrong, missing, extra). Its new commits reuse the cids,
+        not the marks (the leader's clock and random seed). Unknown marks (the journal
+        trimmed that far, an older node) are not checked."""
+        mark = position.after_mark
+        if mark is None or applied == 0:
+            return
+        name = running.subscription.name
+        seen = self.meta.source_mark(name)
+        if seen is not None and seen[0] == applied:
+            if seen[1] != mark:
+                raise _history_replaced(
+                    name,
+                    f"the source's commit {applied} is not the one the sink applied through "
+                    f"(another commit has that cid now: mark {mark}, not {seen[1]})",
+                )
+            return
+        # (the first round after a snapshot, a store of an earlier version, a parquet log's
+        # position: what the source says now is what it is checked against next)
+        self.meta.record_source_mark(name, applied, mark)
 
     def _null_key_changes(self, running: _Running, events: pa.Table) -> pa.Table | None:
         """The batch's events a mirror can apply, as to rows with NULL in their key (a
@@ -1095,6 +1121,12 @@ class PipelineServer:
         if self._check_schema(running, force=running.query is None):
             return True  # a column with a default: the log starts over
         if running.query is None:
+            # the source's commit the log was written through, checked before the query
+            # reads what follows it (review: after the query, the mark of its new position
+            # was all there was to compare — a restored older history's changes were in)
+            position = running.client.position(sub.table_name, after=after, max_events=1)
+            _check_not_behind(sub.name, position.last_cid, after)
+            self._check_same_history(running, after, position)
             options = self._source_options(sub) | {
                 "starting_cid": str(after),
                 "subscription": sub.name,
@@ -1138,6 +1170,7 @@ class PipelineServer:
         position = running.client.position(sub.table_name, after=state.applied_cid, max_events=1)
         state.source_cid = position.last_cid
         _check_not_behind(sub.name, position.last_cid, state.applied_cid)
+        self._check_same_history(running, state.applied_cid, position)
         if position.events == 0:
             state.behind_since = None
         elif state.behind_since is None:

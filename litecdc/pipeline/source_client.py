@@ -129,6 +129,10 @@ class Position:
     events: int
     last_cid: int
     first_cid: int | None = None  # the cid of the batch's first event (None: no events)
+    #: what tells the commit ``after`` (and end_cid) of this history from another's with
+    #: that cid (None: the journal no longer holds it, or an older node)
+    after_mark: str | None = None
+    end_mark: str | None = None
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -343,11 +347,13 @@ class SourceClient:
         params: dict[str, Any] = {"after": after, "max_events": max_events}
         doc = self._json("GET", f"/cdc/tables/{_seg(table)}/position", params=params)
         first = doc.get("first_cid")
+        marks = [doc.get(k) for k in ("after_mark", "end_mark")]
         return Position(
             int(doc["end_cid"]),
             int(doc["events"]),
             int(doc["last_cid"]),
             int(first) if first is not None else None,
+            *(str(m) if m is not None else None for m in marks),
         )
 
     def commit_time_ms(self, after: int) -> int | None:

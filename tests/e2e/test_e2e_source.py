@@ -901,7 +901,14 @@ def test_changes_keep_transactions_whole_and_respect_until_and_table(
             1000 + i for i in (5, 8, 10, 14)
         }
 
-        # position agrees with changes
+        # position agrees with changes, and marks the commits it starts after and ends at
+        # with the leader's clock and seed (a restored older history's commits of those
+        # cids have others: pipeline.server._check_same_history)
+        def mark(cid: int) -> str | None:
+            entries = c.get("/journal", params={"after": cid - 1, "limit": 1}).json()["entries"]
+            found = [e for e in entries if e["cid"] == cid]
+            return f"{found[0]['timestamp_ms']}:{found[0]['seed']}" if found else None
+
         for start in (after, cids[0], cids[1], cids[3], last):
             for max_events in (1, 2, 6, 100):
                 r = c.get(
@@ -909,11 +916,14 @@ def test_changes_keep_transactions_whole_and_respect_until_and_table(
                 )
                 assert r.status_code == 200, r.text
                 p = page(start, limit=max_events)
+                end = int(meta(p)["litecdc.end_cid"])
                 assert r.json() == {
-                    "end_cid": int(meta(p)["litecdc.end_cid"]),
+                    "end_cid": end,
                     "events": p.num_rows,
                     "last_cid": last,
                     "first_cid": p.column("_litecdc_cid")[0].as_py() if p.num_rows else None,
+                    "after_mark": mark(start),
+                    "end_mark": mark(end),
                 }, (start, max_events)
 
 
