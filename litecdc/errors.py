@@ -26,6 +26,7 @@ LitecdcError
 │                               forwards it to the leader, or redirects); the cluster's
 │                               errors (litecdc.cluster) are LitecdcErrors too
 ├── NotFoundError               a named table or subscription does not exist: 404
+├── TableReshapedError          a table's changes read from before its last reshape: 409
 ├── DataTypeError               a stored value does not fit its column's mirrored type, or
 │                               text that is not UTF-8 in a dump: 422
 ├── PositionUnavailableError    changes after the asked cid were pruned (retention cap):
@@ -165,6 +166,13 @@ class NotLeaderError(LitecdcError):
         super().__init__(message)
         self.leader_id = leader_id
         self.leader_address = leader_address
+
+
+class TableReshapedError(LitecdcError):
+    """A table's changes asked for reach back before its last reshape: their images have
+    another shape than its description."""
+
+    http_status = 409
 
 
 class NotFoundError(LitecdcError):

@@ -49,7 +49,13 @@ from litecdc.db.schema import (
     SEQ_BITS,
     last_change_id,
 )
-from litecdc.errors import DataTypeError, NotFoundError, PositionUnavailableError, RequestError
+from litecdc.errors import (
+    DataTypeError,
+    NotFoundError,
+    PositionUnavailableError,
+    RequestError,
+    TableReshapedError,
+)
 from litecdc.wire import (
     ARROW_TYPES,
     CID_COLUMN,
@@ -714,6 +720,17 @@ def read_table_changes(
 ) -> ChangesPage:
     """The table's events with ``after < cid <= until`` (whole transactions)."""
     rows, _, end, head = _walk_changes(conn, table, after, until, max_events)
+    if rows and rows[0][0] < table.reshaped_cid:
+        # (schema QA: images of before the reshape were served under today's columns by
+        # name — a renamed column NULL, a dropped and re-added one holding the old values,
+        # a re-created table's rows as the new one's)
+        raise TableReshapedError(
+            f"table {table.name} was reshaped at cid {table.reshaped_cid} (created again, "
+            "renamed to its name, or changed other than by adding a column): its changes "
+            f"before that, from cid {rows[0][0]} on, have another shape than its "
+            f"description; read its changes after cid {table.reshaped_cid - 1}, from a copy "
+            "of the table made since"
+        )
     names = table.stored_columns
     cids: list[int] = []
     seqs: list[int] = []

@@ -468,6 +468,37 @@ def test_description_says_when_the_table_was_last_reshaped(
     assert "internal to litecdc" in refused["error"]
 
 
+def test_changes_from_before_a_reshape_are_refused_not_shown_in_todays_columns(
+    node: Node, client: httpx.Client
+) -> None:
+    """Schema QA: a table's changes were served under its columns of today, by name: after
+    a RENAME COLUMN the renamed column came back NULL in older events, after a DROP and ADD
+    of a column the old values stood in the new one, a re-created table's events were the
+    old table's. Changes that reach back before the table's last reshape are refused,
+    saying from where they can be read."""
+    c = client
+    node.execute(c, ["CREATE TABLE q7r(id INTEGER PRIMARY KEY, a TEXT, b INTEGER)"])
+    start = head(c)
+    node.execute(c, ["INSERT INTO q7r VALUES(1, 'x', 1)", "UPDATE q7r SET a = 'y'"])
+    node.execute(c, ["ALTER TABLE q7r RENAME COLUMN a TO aa"])
+    reshaped = head(c)
+    node.execute(c, ["UPDATE q7r SET aa = 'z'"])
+    r = c.get("/cdc/tables/q7r/changes", params={"after": start, "format": "json"})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"] == (
+        f"table q7r was reshaped at cid {reshaped} (created again, renamed to its name, or "
+        f"changed other than by adding a column): its changes before that, from cid "
+        f"{start + 1} on, have another shape than its description; read its changes after "
+        f"cid {reshaped - 1}, from a copy of the table made since"
+    )
+    r = c.get("/cdc/tables/q7r/changes", params={"after": reshaped - 1, "format": "json"})
+    assert r.status_code == 200, r.text
+    assert [row[3:] for row in r.json()["rows"]] == [[1, "z", 1]]
+    # the events before it, as they were, stay in the raw change log
+    raw = c.get("/cdc/changes", params={"after": start, "limit": 2}).json()["changes"]
+    assert [ch["after"] for ch in raw] == [{"id": 1, "a": "x", "b": 1}, {"id": 1, "a": "y", "b": 1}]
+
+
 # -- snapshot rows ---------------------------------------------------------------------
 SUBNORMAL = 5e-324
 VALUES: list[list[Any]] = [
