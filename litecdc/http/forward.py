@@ -108,8 +108,14 @@ class LeaderForwarder:
             target += "?" + request.url.query
         if "redirect" in request.query_params:
             return RedirectResponse(target, status_code=301)
-        headers = {k: v for k in _KEPT_HEADERS if (v := request.headers.get(k)) is not None}
-        headers[FORWARDED_HEADER] = self._node_id
+        # (a header that is not ASCII — Basic credentials this node took as none — goes
+        # as the bytes it came as: httpx refuses such a str, and the request was a 500)
+        headers = {
+            k.encode(): v.encode("latin-1")
+            for k in _KEPT_HEADERS
+            if (v := request.headers.get(k)) is not None
+        }
+        headers[FORWARDED_HEADER.encode()] = self._node_id.encode()
         body = getattr(request.state, "body", None)  # the handler read it already
         if body is None:
             # a handler that refuses before reading takes no body (a GET): none is sent —
@@ -224,8 +230,12 @@ class LeaderForwarder:
         if cause.verify_code == _HOSTNAME_MISMATCH:
             fix = "its certificate must name the host of the node's --advertise-url"
         elif cause.verify_code == _CERT_HAS_EXPIRED:
-            # (authz QA: "--node-ca-cert … must be the CA that signed …", the CA being right)
-            fix = "renew that node's certificate (--http-cert) and restart it"
+            # (authz QA: "--node-ca-cert … must be the CA that signed …", the CA being right;
+            # OpenSSL says so of any certificate of the chain, the CA's too — review)
+            fix = (
+                "that node's certificate (--http-cert), or the CA that signed it "
+                "(--node-ca-cert), has expired: renew it and restart"
+            )
         elif cause.verify_code == _CERT_NOT_YET_VALID:
             fix = "that node's certificate starts later: check its dates and both clocks"
         elif self._ca_cert is None:

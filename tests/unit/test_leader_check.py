@@ -187,7 +187,11 @@ async def test_a_forwarded_request_without_an_answer_says_whether_to_retry(
 @pytest.mark.parametrize(
     ("valid", "fix"),
     [
-        ((-30, -1), "renew that node's certificate (--http-cert) and restart it"),
+        (
+            (-30, -1),
+            "that node's certificate (--http-cert), or the CA that signed it (--node-ca-cert), "
+            "has expired: renew it and restart",
+        ),
         ((1, 30), "that node's certificate starts later: check its dates and both clocks"),
     ],
     ids=["expired", "not-yet-valid"],
@@ -222,3 +226,38 @@ async def test_a_leader_certificate_out_of_its_dates_is_named_so(
         f"the HTTPS certificate of the leader n0 at {url} cannot be verified ("
     ), problem
     assert problem.endswith(f"): {fix}"), problem
+
+
+async def test_a_header_that_is_not_ascii_is_forwarded_as_it_came(
+    leader: tuple[SlowLeader, str],
+) -> None:
+    """Review: Basic credentials holding a non-ASCII byte count as none (anonymous), and a
+    follower where anonymous users may write forwarded the request — httpx refused the
+    header's str, and the client got a 500. It goes as the bytes it came as (the leader
+    decides on it)."""
+    from starlette.requests import Request
+
+    from litecdc.errors import NotLeaderError
+
+    slow, url = leader
+    slow.release.set()
+    forwarder = LeaderForwarder("n1")
+
+    async def receive() -> dict[str, object]:
+        await asyncio.Event().wait()  # the client stays
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/db/execute", "raw_path": b"/db/execute",
+        "query_string": b"", "headers": [(b"host", b"follower"), (b"authorization", b"Basic \xe9")],
+    }  # fmt: skip
+    request = Request(scope, receive)
+    request.state.body = b"[]"
+    try:
+        answer = await forwarder.answer(
+            request, NotLeaderError("not the leader", leader_id="n0", leader_address=url)
+        )
+    finally:
+        await forwarder.close()
+    assert answer.status_code == 200 and bytes(answer.body) == b"ok", answer.body
+    assert slow.held == 1
