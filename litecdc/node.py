@@ -18,7 +18,7 @@ from litecdc.cdc.service import CDCService, Leadership
 from litecdc.config import NodeConfig
 from litecdc.errors import ConfigError
 from litecdc.leadership import StandaloneLeadership
-from litecdc.store import Store
+from litecdc.store import PROBE_FILE_PREFIX, Store
 
 if TYPE_CHECKING:
     from litecdc.cluster import ClusterNode
@@ -118,7 +118,8 @@ def _empty_dir(path: Path) -> bool:
     """Whether ``path`` is a directory with nothing in it (not a file, not unreadable:
     the store says what is wrong with those)."""
     try:
-        return path.is_dir() and not any(path.iterdir())
+        # (a probe file of the store's start left by a kill: not data — review)
+        return path.is_dir() and all(p.name.startswith(PROBE_FILE_PREFIX) for p in path.iterdir())
     except OSError:
         return False
 

@@ -8,6 +8,7 @@ async code run them in a thread (``anyio.to_thread.run_sync``).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -152,6 +153,10 @@ def _lock_database(db_path: Path) -> int | None:
     return fd
 
 
+#: the name of the file a starting node makes and removes in its data directory
+PROBE_FILE_PREFIX = ".litecdc-probe-"
+
+
 def _check_files_can_be_made(data_dir: Path) -> None:
     """ConfigError unless a file can be made in ``data_dir``, found by trying (root
     passes permission bits; an immutable directory or a read-only mount refuses root
@@ -159,8 +164,13 @@ def _check_files_can_be_made(data_dir: Path) -> None:
     opened, and every /db/backup was then a 500 (its copy is made there), the close a
     "disk I/O error" (SQLite could not end the WAL)."""
     try:
-        fd, probe = tempfile.mkstemp(prefix=".litecdc-probe-", dir=data_dir)
+        fd, probe = tempfile.mkstemp(prefix=PROBE_FILE_PREFIX, dir=data_dir)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(
+                f"cannot use the data directory {data_dir}: the disk it is on is full "
+                f"({exc.strerror}); free space there and start the node again"
+            ) from None
         raise ConfigError(
             f"cannot use the data directory {data_dir}: no file can be made there "
             f"({exc.strerror or exc}), where the node makes its backups' copies and SQLite "
@@ -287,7 +297,7 @@ class Store:
             failed = [r.error for r in outcome.results if r.error]
             if not failed:
                 return outcome
-            if LOAD_RACED not in failed[0]:
+            if not data.startswith(SQLITE_HEADER) or LOAD_RACED not in failed[0]:
                 what = "the SQLite file" if data.startswith(SQLITE_HEADER) else "the SQL text"
                 raise LoadError(f"load: {what} failed: {failed[0]}")
             # another write changed the tables between the making of the statements

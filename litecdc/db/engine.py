@@ -2165,18 +2165,21 @@ class Engine:
         With --fk, the other checks wait for the end of the load (``defer_foreign_keys``),
         so neither the order of the deletes nor that of the file's rows can fail it.
         """
-        objects = self._read(f"SELECT type, name FROM sqlite_schema WHERE {USER_OBJECTS}")
+        now = (
+            "(SELECT group_concat(type || ' ' || name, char(10) ORDER BY type || ' ' || name) "
+            f"FROM sqlite_schema WHERE {USER_OBJECTS})"
+        )
+        # (the listing by the same SQL the check runs, in the same read as the objects:
+        # sorted here, a UTF-16 database's names would order otherwise — review)
+        found = self._read(f"SELECT type, name, {now} FROM sqlite_schema WHERE {USER_OBJECTS}")
+        objects = [(kind, name) for kind, name, _ in found]
+        listed = found[0][2] if found else None
         tables = [str(name) for kind, name in objects if kind == "table"]
         # what the list below was made from, checked where it runs: a write committed in
         # between (another load, a CREATE or DROP; on a cluster any entry appended
         # before this one) made a table survive the replacement, or the load fail with
         # "no such table" (backup QA) — Store.load makes the list again
-        listed = "\n".join(sorted(f"{kind} {name}" for kind, name in objects)) or None
-        now = (
-            "(SELECT group_concat(type || ' ' || name, char(10) ORDER BY type || ' ' || name) "
-            f"FROM sqlite_schema WHERE {USER_OBJECTS})"
-        )
-        expected = "NULL" if listed is None else "'" + listed.replace("'", "''") + "'"
+        expected = "NULL" if listed is None else "'" + str(listed).replace("'", "''") + "'"
         # (json_extract: core SQL that fails with a message of ours, on every node alike)
         guard = Statement(
             f"SELECT json_extract('{{}}', CASE WHEN {now} IS {expected} THEN '$' "

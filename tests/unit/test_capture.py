@@ -8,7 +8,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from litecdc import Statement, Store
+from litecdc import NodeConfig, Statement, Store
 from litecdc.errors import LoadError
 
 S = Statement
@@ -967,3 +967,21 @@ def test_a_load_that_other_writes_overtake_replaces_the_tables_they_left(
         "schema changes or loads ran meanwhile); nothing changed: load it again"
     )
     assert _user_objects(store) == [("table", "f")] + [("table", f"late{i}") for i in range(5)]
+
+
+def test_a_utf16_database_loads_a_file(tmp_path: Path) -> None:
+    """Review: the load's check listed the tables sorted by Python, the run by SQLite —
+    which orders a UTF-16 database's names otherwise (`a` and `ā`): every load of a
+    SQLite file was refused as raced."""
+    data_dir = tmp_path / "node"
+    data_dir.mkdir()
+    made = apsw.Connection(str(data_dir / "db.sqlite"))
+    made.execute("PRAGMA encoding='UTF-16le'; CREATE TABLE a(x); CREATE TABLE \"ā\"(x)")
+    made.close()
+    store = Store(NodeConfig(data_dir=data_dir, source_workers=0))
+    try:
+        data = _sqlite_file(tmp_path / "file.db", "CREATE TABLE f(id INTEGER PRIMARY KEY)")
+        assert store.load(data).cid is not None
+        assert _user_objects(store) == [("table", "f")]
+    finally:
+        store.close()

@@ -320,3 +320,34 @@ def test_a_data_dir_or_database_reached_through_a_symbolic_link_opens(tmp_path: 
     assert store.query([Statement("SELECT x FROM t ORDER BY x")])[0].rows == [(1,), (2,)]
     assert (elsewhere / "db.sqlite-wal").exists()  # next to the real file, as SQLite does
     store.close()
+
+
+def test_a_data_directory_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
+    """Review: a disk with no room for one more file was told to 'let the node's user
+    write there'. A real tmpfs out of inodes (mounting it needs root, as CI runs)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        data_dir = disk / "node"
+        data_dir.mkdir()
+        (data_dir / "litecdc.lock").touch()  # (opened, not made: the probe meets the limit)
+        with contextlib.suppress(OSError):
+            for i in range(100):
+                (disk / f"filler{i}").touch()
+        with pytest.raises(ConfigError) as refused:
+            open_store(data_dir)
+        assert str(refused.value) == (
+            f"cannot use the data directory {data_dir}: the disk it is on is full (No space "
+            "left on device); free space there and start the node again"
+        )
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
