@@ -207,7 +207,19 @@ class SnapshotInstaller:
         ):
             if response.status_code != 200:
                 body = response.read()[:200].decode("utf-8", "replace").strip()
-                raise SnapshotError(f"GET {url} answered {response.status_code}: {body}")
+                fix = ""
+                if response.status_code == 401:
+                    # (authz QA: which of this node's options to fix was not said)
+                    who = (
+                        f"--node-user {self.settings.user}"
+                        if self.settings.user is not None
+                        else "no --node-user"
+                    )
+                    fix = (
+                        f" (this node asks with {who}: give it --node-user and "
+                        "--node-password of a user with the 'backup' permission there)"
+                    )
+                raise SnapshotError(f"GET {url} answered {response.status_code}: {body}{fix}")
             with open(self._download, "wb") as file:
                 for chunk in response.iter_bytes(1024 * 1024):
                     if self._stopped():
