@@ -1032,6 +1032,7 @@ class PipelineServer:
                     name,
                     f"the source's commit {applied} is not the one the sink applied through "
                     f"(another commit has that cid now: mark {mark}, not {seen[1]})",
+                    may_catch_up=False,
                 )
             return
         # (the first round after a snapshot, a store of an earlier version, a parquet log's
@@ -1375,18 +1376,23 @@ class PipelineServer:
         )  # fmt: skip
 
 
-def _history_replaced(name: str, what: str) -> SourceError:
+def _history_replaced(name: str, what: str, *, may_catch_up: bool = True) -> SourceError:
     """The source no longer continues the history the mirror follows (QA: a node rebuilt
     from an older backup had no hold and its head behind the applied cid; its changes were
     taken for the old history's and the mirror stayed wrong, `status` saying lag 0). A new
     copy cannot fix it either: the mirror's versions are the old history's cids, and the
-    version guard would keep them. The subscription fails until rebuilt."""
+    version guard would keep them. The subscription fails until rebuilt. (No "subscription
+    NAME:" in front: every place that shows it says whose it is — it was there twice.)"""
+    maybe = (
+        " — unless it is a cluster node still catching up, for a moment (the run retries) —"
+        if may_catch_up
+        else ","
+    )
     return SourceError(
-        f"subscription {name}: {what}: the source's database was replaced (a restored "
-        "backup, a new data directory) or the subscription's hold deleted there — unless "
-        "it is a cluster node still catching up, for a moment (the run retries) — so its "
-        "changes may not follow what the mirror holds; rebuild the mirror: `litecdc "
-        f"pipeline unsubscribe {name}`, empty or drop the mirror, and subscribe again"
+        f"{what}: the source's database was replaced (a restored backup, a new data "
+        f"directory) or the subscription's hold deleted there{maybe} so its changes may not "
+        "follow what the mirror holds; rebuild the mirror: `litecdc pipeline unsubscribe "
+        f"{name}`, empty or drop the mirror, and subscribe again"
     )
 
 
