@@ -272,6 +272,7 @@ def serve(
     # `kill -USR1 PID` prints every thread's stack on stderr: what a node that does not
     # stop, or does not answer, is waiting on
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.enable(all_threads=True)  # (and on a crash in native code, before dying)
     try:
         if not data_dir:
             raise ConfigError("--data-dir is required (or set LITECDC_DATA_DIR)")

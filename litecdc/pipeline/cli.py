@@ -13,6 +13,7 @@ Errors print one line, ``error: …``: status 2 for bad options, 1 for everythin
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import signal
 import socket
@@ -270,6 +271,9 @@ def run(
             store.close()
             raise
         _configure_logging()  # (once the options passed: refused runs leave it as it was)
+        # a crash in native code (a SIGSEGV: CI saw one as a stopped run exited, once,
+        # without a word) prints every thread's Python stack on stderr
+        faulthandler.enable(all_threads=True)
         display = _ProgressDisplay(enabled=not quiet)
         try:
             spark = spark_session(master)
