@@ -1144,7 +1144,10 @@ class MetadataStore:
         tx.execute(
             "INSERT INTO litecdc_source_marks (subscription, cid, mark, updated_at) "
             "VALUES (?, ?, ?, ?) ON CONFLICT (subscription) DO UPDATE SET cid = excluded.cid, "
-            "mark = excluded.mark, updated_at = excluded.updated_at",
+            "mark = excluded.mark, updated_at = excluded.updated_at "
+            # only forward: the mark of a snapshot's newest copied row stays until the
+            # change log passes it
+            "WHERE litecdc_source_marks.cid <= excluded.cid",
             [name, cid, mark, now],
         )
 

@@ -894,6 +894,7 @@ class PipelineServer:
         state.snapshot_rows = sum(r.rows_copied for r in progress.ranges)
         if not pending:
             init_cid = progress.init_snapshot_version or 0
+            self._mark_copied_rows(running, progress.ranges)
             swept = running.sink.finish_snapshot(init_cid) if running.sink is not None else 0
             self.meta.finish_snapshot(sub.name)
             state.stage = "incremental"
@@ -1014,30 +1015,65 @@ class PipelineServer:
         return position.end_cid < position.last_cid
 
     def _check_same_history(self, running: _Running, applied: int, position: Position) -> None:
-        """_history_replaced unless the source's commit ``applied`` (what the sink applied
-        through) is the one the sink saw. Backup QA: a node restored from a backup taken
-        after the subscription registered still had its hold, and once new writes moved
-        its head past the applied cid the mirror followed the other history silently
-        (status lag 1, verify: rows wrong, missing, extra). Its new commits reuse the cids,
-        not the marks (the leader's clock and random seed). Unknown marks (the journal
-        trimmed that far, an older node) are not checked."""
-        mark = position.after_mark
-        if mark is None or applied == 0:
-            return
+        """_history_replaced unless the source's commit the sink's data was last marked at
+        (see source_mark) is still that commit. Backup QA: a node restored from a backup
+        taken after the subscription registered still had its hold, and once new writes
+        moved its head past the applied cid the mirror followed the other history
+        silently (status lag 1, verify: rows wrong, missing, extra). Its new commits reuse
+        the cids, not the marks (the leader's clock and random seed). A mark the source
+        cannot tell (the journal trimmed that far, a cid beyond its head, an older node)
+        is checked once it can; the mark moves to ``applied`` when that one is known.
+
+        ``position``: the source's position after ``applied`` (its after_mark is the
+        mark of ``applied``)."""
         name = running.subscription.name
         seen = self.meta.source_mark(name)
-        if seen is not None and seen[0] == applied:
-            if seen[1] != mark:
+        if seen is not None:
+            cid, mark = seen
+            if cid == applied:
+                now = position.after_mark
+            else:  # (marked at the end of a snapshot, or behind a parquet log's position)
+                found = self._mark_position(running, cid)
+                now = found.after_mark if found is not None else None
+            if now is not None and now != mark:
                 raise _history_replaced(
                     name,
-                    f"the source's commit {applied} is not the one the sink applied through "
-                    f"(another commit has that cid now: mark {mark}, not {seen[1]})",
+                    f"the source's commit {cid} is not the one the sink's data came from "
+                    f"(another commit has that cid now: mark {now}, not {mark})",
                     may_catch_up=False,
                 )
+            if now is None or cid >= applied:
+                return  # (kept until it can be checked, or until the sink passes it)
+        if position.after_mark is not None and applied > 0:
+            self.meta.record_source_mark(name, applied, position.after_mark)
+
+    def _mark_copied_rows(self, running: _Running, ranges: Sequence[RangeProgress]) -> None:
+        """At the end of a snapshot, mark the newest commit whose rows it copied (retest
+        QA: restored from a backup taken while the table was being copied, a source's new
+        commits reused the cids of rows already copied, whose versions then made the
+        change log's be skipped; the registration's commit, in both histories, told
+        nothing)."""
+        newest = max((r.current_snapshot_version or 0 for r in ranges), default=0)
+        if newest <= 0:
             return
-        # (the first round after a snapshot, a store of an earlier version, a parquet log's
-        # position: what the source says now is what it is checked against next)
-        self.meta.record_source_mark(name, applied, mark)
+        # (min_cid: a cluster follower behind waits or passes to the next node; a
+        # standalone node answers 409 at once, the cid being another history's)
+        position = self._mark_position(running, newest, min_cid=newest)
+        if position is not None and position.after_mark is not None:
+            self.meta.record_source_mark(running.subscription.name, newest, position.after_mark)
+
+    @staticmethod
+    def _mark_position(
+        running: _Running, cid: int, *, min_cid: int | None = None
+    ) -> Position | None:
+        """The source's position after ``cid``, for the mark of that commit; None once the
+        change log was pruned past it (the mark cannot be asked then: whatever needs those
+        changes finds out and copies the table again, as before marks)."""
+        table = running.subscription.table_name
+        try:
+            return running.client.position(table, after=cid, max_events=1, min_cid=min_cid)
+        except PositionUnavailableError:
+            return None
 
     def _null_key_changes(self, running: _Running, events: pa.Table) -> pa.Table | None:
         """The batch's events a mirror can apply, as to rows with NULL in their key (a
@@ -1125,9 +1161,10 @@ class PipelineServer:
             # the source's commit the log was written through, checked before the query
             # reads what follows it (review: after the query, the mark of its new position
             # was all there was to compare — a restored older history's changes were in)
-            position = running.client.position(sub.table_name, after=after, max_events=1)
-            _check_not_behind(sub.name, position.last_cid, after)
-            self._check_same_history(running, after, position)
+            position = self._mark_position(running, after)
+            if position is not None:
+                _check_not_behind(sub.name, position.last_cid, after)
+                self._check_same_history(running, after, position)
             options = self._source_options(sub) | {
                 "starting_cid": str(after),
                 "subscription": sub.name,

@@ -341,10 +341,14 @@ class SourceClient:
         data, meta = self._arrow(f"/cdc/tables/{_seg(table)}/changes", params)
         return ChangesPage(data, int(meta[b"litecdc.end_cid"]), int(meta[b"litecdc.last_cid"]))
 
-    def position(self, table: str, *, after: int, max_events: int) -> Position:
-        # (no min_cid: a head behind ``after`` is how a replaced source shows, see
-        # pipeline.server._check_not_behind)
+    def position(
+        self, table: str, *, after: int, max_events: int, min_cid: int | None = None
+    ) -> Position:
+        # (no min_cid by default: a head behind ``after`` is how a replaced source shows,
+        # see pipeline.server._check_not_behind)
         params: dict[str, Any] = {"after": after, "max_events": max_events}
+        if min_cid is not None:
+            params["min_cid"] = min_cid
         doc = self._json("GET", f"/cdc/tables/{_seg(table)}/position", params=params)
         first = doc.get("first_cid")
         marks = [doc.get(k) for k in ("after_mark", "end_mark")]
