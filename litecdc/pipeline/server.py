@@ -1021,8 +1021,9 @@ class PipelineServer:
         moved its head past the applied cid the mirror followed the other history
         silently (status lag 1, verify: rows wrong, missing, extra). Its new commits reuse
         the cids, not the marks (the leader's clock and random seed). A mark the source
-        cannot tell (the journal trimmed that far, a cid beyond its head, an older node)
-        is checked once it can; the mark moves to ``applied`` when that one is known.
+        cannot tell (the journal trimmed that far, a cid beyond a follower's head, an
+        older node) is not checked; one ahead of the sink (a snapshot's) stays until the
+        sink passes it, then the mark moves to ``applied`` when that one is known.
 
         ``position``: the source's position after ``applied`` (its after_mark is the
         mark of ``applied``)."""
@@ -1042,8 +1043,9 @@ class PipelineServer:
                     f"(another commit has that cid now: mark {now}, not {mark})",
                     may_catch_up=False,
                 )
-            if now is None or cid >= applied:
-                return  # (kept until it can be checked, or until the sink passes it)
+            if cid >= applied:
+                return  # (kept until the sink passes it: checked again meanwhile)
+            # (behind the sink: checked if it could be — one trimmed or pruned never can)
         if position.after_mark is not None and applied > 0:
             self.meta.record_source_mark(name, applied, position.after_mark)
 
