@@ -994,9 +994,10 @@ class _Api:
     ) -> Response | None:
         """Wait (up to MIN_CID_WAIT) until this node has applied ``min_cid``: None once it
         has, a 499 when the client left meanwhile; NotReadyError, with ``advice``, when it
-        did not in time. A standalone node answers OtherHistoryError at once instead: no
-        wait brings a cid it never wrote (QA: a source restored from an older backup
-        under a running pipeline held each read 10 s and answered "retry")."""
+        did not in time. A standalone node answers OtherHistoryError within a second
+        (STANDALONE_CID_WAIT) instead: no wait brings a cid it never wrote (QA: a source
+        restored from an older backup under a running pipeline held each read 10 s and
+        answered "retry")."""
         standalone = self.cluster is None
         wait = STANDALONE_CID_WAIT if standalone else MIN_CID_WAIT
         if await to_thread.run_sync(lambda: self.store.wait_for_cid(min_cid, wait, client_gone)):
