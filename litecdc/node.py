@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 from litecdc.cdc.retention import RetentionKeeper
 from litecdc.cdc.service import CDCService, Leadership
 from litecdc.config import NodeConfig
+from litecdc.db.datafile import PROBE_FILE_PREFIX
 from litecdc.errors import ConfigError
 from litecdc.leadership import StandaloneLeadership
-from litecdc.store import PROBE_FILE_PREFIX, Store
+from litecdc.store import Store
 
 if TYPE_CHECKING:
     from litecdc.cluster import ClusterNode

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 
 from litecdc.config import NodeConfig
 from litecdc.db import source
-from litecdc.db.datafile import SQLITE_HEADER
+from litecdc.db.datafile import SQLITE_HEADER, file_creation_error
 from litecdc.db.engine import LOAD_RACED, Engine
 from litecdc.db.page_workers import PageWorkers
 from litecdc.db.read_limit import ReadLimit
@@ -153,32 +152,25 @@ def _lock_database(db_path: Path) -> int | None:
     return fd
 
 
-#: the name of the file a starting node makes and removes in its data directory
-PROBE_FILE_PREFIX = ".litecdc-probe-"
-
-
 def _check_files_can_be_made(data_dir: Path) -> None:
-    """ConfigError unless a file can be made in ``data_dir``, found by trying (root
-    passes permission bits; an immutable directory or a read-only mount refuses root
-    too). Config QA: an immutable directory holding a -wal and -shm left by a crash
-    opened, and every /db/backup was then a 500 (its copy is made there), the close a
-    "disk I/O error" (SQLite could not end the WAL)."""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=PROBE_FILE_PREFIX, dir=data_dir)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ConfigError(
-                f"cannot use the data directory {data_dir}: the disk it is on is full "
-                f"({exc.strerror}); free space there and start the node again"
-            ) from None
+    """ConfigError unless a file can be made in ``data_dir``. Config QA: an immutable
+    directory holding a -wal and -shm left by a crash opened, and every /db/backup was
+    then a 500 (its copy is made there), the close a "disk I/O error" (SQLite could not
+    end the WAL)."""
+    exc = file_creation_error(data_dir)
+    if exc is None:
+        return
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         raise ConfigError(
-            f"cannot use the data directory {data_dir}: no file can be made there "
-            f"({exc.strerror or exc}), where the node makes its backups' copies and SQLite "
-            "the database's -wal and -shm files; let the node's user write there, or start "
-            "the node on another --data-dir"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
+            f"cannot use the data directory {data_dir}: the disk it is on is full "
+            f"({exc.strerror}); free space there and start the node again"
+        )
+    raise ConfigError(
+        f"cannot use the data directory {data_dir}: no file can be made there "
+        f"({exc.strerror or exc}), where the node makes its backups' copies and SQLite "
+        "the database's -wal and -shm files; let the node's user write there, or start "
+        "the node on another --data-dir"
+    )
 
 
 #: runs of a SQLite file's load whose statements another write outdated (LOAD_RACED)

@@ -126,13 +126,26 @@ def _access_problem(path: Path) -> str | None:
             except OSError as exc:
                 return f"{what or where} cannot be opened for writing: {exc.strerror or exc}"
     directory = real.parent
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".litecdc-probe-", dir=directory)
-    except OSError as exc:
+    if (refused := file_creation_error(directory)) is not None:
         return (
             f"no file can be made in {directory}, where SQLite keeps the database's -wal "
-            f"and -shm files: {exc.strerror or exc}"
+            f"and -shm files: {refused.strerror or refused}"
         )
+    return None
+
+
+#: the name of the file made (and removed at once) to find out whether one can be
+PROBE_FILE_PREFIX = ".litecdc-probe-"
+
+
+def file_creation_error(directory: Path) -> OSError | None:
+    """The error making a file in ``directory`` meets, found by trying (root passes
+    permission bits; an immutable directory or a read-only mount refuses root too), or
+    None when a file can be made there."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=PROBE_FILE_PREFIX, dir=directory)
+    except OSError as exc:
+        return exc
     os.close(fd)
     os.unlink(probe)
     return None
