@@ -29,6 +29,30 @@ ROWID_COLUMN = "_litecdc_rowid"
 OP_UPSERT = "upsert"
 OP_DELETE = "delete"
 
+
+def name_folds(name: str) -> frozenset[str]:
+    """The forms a server that takes names regardless of letter case may take ``name`` as:
+    Unicode's lowercase (Spark, delta-rs) and MariaDB's, letter by letter (measured on
+    MariaDB 10.11: İ is i there, not Unicode's i + dot; K, Ω, ǅ fold as in Unicode).
+    Where SQLite (ASCII only) keeps two names apart, these may not (idents QA: columns
+    é and É, k and the Kelvin sign)."""
+    by_letter = "".join("i" if ch == "\u0130" else ch.lower() for ch in name)
+    return frozenset({name.lower(), by_letter})
+
+
+def same_name_to_case_blind(names: Sequence[str]) -> tuple[str, str] | None:
+    """The first two of ``names`` that a server taking names regardless of letter case
+    (``name_folds``) would take as one, or None."""
+    seen: dict[str, str] = {}
+    for name in names:
+        folds = name_folds(name)
+        other = next((seen[f] for f in folds if f in seen), None)
+        if other is not None:
+            return other, name
+        seen.update(dict.fromkeys(folds, name))
+    return None
+
+
 #: A subscriber's name is one segment of /cdc/subscriptions/{name}/…: a "/" (or "..")
 #: could never be addressed there again, so its hold could not be moved or released.
 SUBSCRIBER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")

@@ -64,6 +64,7 @@ from litecdc.wire import (
     SEQ_COLUMN,
     encode_key,
     jsonable,
+    name_folds,
 )
 
 _decode_image = msgspec.msgpack.Decoder(dict[str, Any]).decode
@@ -310,7 +311,7 @@ def _refuse_our_column_names(table: str, columns: Sequence[str], *, rowid_key: b
     MariaDB and the sinks' own checks take names regardless of case."""
     ours = [CID_COLUMN, SEQ_COLUMN, OP_COLUMN, *([ROWID_COLUMN] if rowid_key else [])]
     for column in columns:
-        if column.lower() in ours:
+        if any(form in ours for form in name_folds(column)):  # (_LITECDC_CİD too: idents QA)
             raise DataTypeError(
                 f"table {table} has a column named {column!r}, a name the pull source gives "
                 f"a column of its own ({', '.join(ours)}): rename the column to subscribe "

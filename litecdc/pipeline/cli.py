@@ -420,15 +420,14 @@ def unsubscribe(meta: str | None, name: str, force: bool) -> None:
 @click.option("--limit", default=20, show_default=True, help="Differences to print at most.")
 def verify(meta: str | None, name: str, limit: int) -> None:
     """Compare NAME's source table with its sink row by row; exit 1 on any difference."""
-    from litecdc.pipeline.verify import verify as compare
+    from litecdc.pipeline.verify import verify_subscription
 
     with _errors():
         store = _open(meta)
         try:
-            sub = store.get_subscription(name)
+            report = verify_subscription(store, name, limit=limit)
         finally:
             store.close()
-        report = compare(sub, limit=limit)
         for difference in report.differences:
             click.echo(difference.describe())
         if report.total_differences > len(report.differences):

@@ -18,7 +18,8 @@ from litecdc.errors import (
     SourceError,
 )
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
-from litecdc.pipeline.parquet_log import is_parquet_url, parse_parquet_url
+from litecdc.pipeline.parquet_log import ParquetLog, is_parquet_url, parse_parquet_url
+from litecdc.pipeline.parquet_log import check_names as parquet_check_names
 from litecdc.pipeline.sinks.registry import (
     AmqpOptions,
     DeltaOptions,
@@ -97,9 +98,12 @@ def subscribe(
     # a SQL sink's table defaults to the source table's name, as the node spells it
     others = [s for s in existing if s.name != name]
     _check_own_destination(sink, info.spec.name, others)
-    if isinstance(parsed, SqlOptions | AmqpOptions):
+    if isinstance(parsed, ParquetLog):
+        parquet_check_names(parsed, info.spec)
+    elif isinstance(parsed, SqlOptions | AmqpOptions | DeltaOptions):
         # names the server cannot hold (a SQL table's, a queue's or routing key's over
-        # AMQP's 255 bytes), refused now rather than at every run (types QA, pipeline QA)
+        # AMQP's 255 bytes, columns one name to it), refused now rather than at every run
+        # (types QA, pipeline QA, idents QA)
         mirror = open_sink(sink, info.spec, name, prepare=False)  # (connects to nothing)
         try:
             mirror.check_names()

@@ -21,7 +21,7 @@ from litecdc.pipeline.control import subscribe
 from litecdc.pipeline.metadata import MetadataStore, sqlite_url
 from litecdc.pipeline.server import PipelineServer, SubscriptionState
 from litecdc.pipeline.spark import spark_session
-from litecdc.pipeline.verify import verify
+from litecdc.pipeline.verify import verify_subscription
 
 Echo = Callable[[str], None]
 
@@ -92,7 +92,7 @@ def run_pipeline_demo(echo: Echo, base: str, work_dir: Path) -> tuple[int, int]:
 
         differences = 0
         for name in ("orders-lake", "orders-pg"):
-            report = verify(store.get_subscription(name))
+            report = verify_subscription(store, name)
             echo(
                 f"$ litecdc pipeline verify {name}: source {report.source_rows} rows, sink "
                 f"{report.sink_rows} rows, {report.total_differences} difference(s)"

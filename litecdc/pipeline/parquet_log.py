@@ -46,11 +46,14 @@ from litecdc.pipeline.datasource import (
     LitecdcOptions,
     StreamReader,
 )
+from litecdc.pipeline.sinks.base import check_case_blind_names
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
+
+    from litecdc.pipeline.tables import TableSpec
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -72,6 +75,13 @@ class ParquetLog:
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / "_checkpoint"
+
+
+def check_names(log: ParquetLog, spec: TableSpec) -> None:
+    """SchemaMismatchError when two of the log's columns are one name to Spark, which
+    takes names regardless of letter case (idents QA: `run` failed on every retry with
+    Spark's COLUMN_ALREADY_EXISTS, naming neither the table nor what to do)."""
+    check_case_blind_names("parquet", "Spark", str(log.path), spec.change_schema().names)
 
 
 def is_parquet_url(url: str) -> bool:

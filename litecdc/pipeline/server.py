@@ -83,7 +83,7 @@ from litecdc.pipeline.sinks.base import (
     Sink,
     UnstorableKeyError,
     probe_sink,
-    registration_id,
+    registration_of,
 )
 from litecdc.pipeline.sinks.registry import open_sink, sink_server
 from litecdc.pipeline.source_client import KeyRange, Position, SourceClient, TableInfo
@@ -93,6 +93,7 @@ from litecdc.pipeline.tables import (
     OP_DELETE,
     Column,
     TableSpec,
+    check_followable,
     named_as,
 )
 from litecdc.wire import encode_key
@@ -123,6 +124,8 @@ SCHEMA_CHECK_INTERVAL = 5.0
 STALL_PROBE_AFTER = 30.0
 #: how long a stopping `run` waits for the steps in progress to end
 STOP_WAIT = 10.0
+#: how often a stop cancels the Spark jobs of the steps still in flight, meanwhile
+CANCEL_EVERY = 0.5
 #: subscriptions `run` steps at once, by default (each step holds a batch in memory)
 DEFAULT_PARALLEL = 4
 #: how often `run` looks for added, changed and removed subscriptions, and for stalls
@@ -468,6 +471,14 @@ class PipelineServer:
             state = self.states.setdefault(sub.name, SubscriptionState(sub.name))
             scheduled.step_started = time.monotonic()
             was_unreachable = state.unreachable
+            if self.spark is not None:
+                # the step's Spark jobs in a group a stop can cancel (per thread: PySpark
+                # pins each Python thread to a JVM thread of its own)
+                self.spark.sparkContext.setJobGroup(
+                    _job_group(sub.name),
+                    f"litecdc: subscription {sub.name}",
+                    interruptOnCancel=True,
+                )
             try:
                 busy = self._step_one(sub, state, targets)
             except Exception:  # _step_one records every failure: this is a bug of ours
@@ -493,7 +504,11 @@ class PipelineServer:
             self._queue.put(None)
         deadline = time.monotonic() + STOP_WAIT
         for thread in threads:
-            thread.join(max(deadline - time.monotonic(), 0))
+            while thread.is_alive() and time.monotonic() < deadline:
+                if self._stop.is_set():  # (not when caught up: those steps end as they are)
+                    # again and again: a job a step submits after a cancel is not in it
+                    self._cancel_reads()
+                thread.join(min(CANCEL_EVERY, max(deadline - time.monotonic(), 0)))
         for name, scheduled in self._scheduled.items():
             running = self._running.get(name)
             if scheduled.in_flight and running is not None and running.sink is not None:
@@ -502,6 +517,20 @@ class PipelineServer:
             thread.join(1.0)
             if thread.is_alive():
                 log.warning("a step did not end when the server stopped; left behind")
+
+    def _cancel_reads(self) -> None:
+        """On a stop, cancel the Spark jobs of the steps in flight (what a step has read it
+        has not written: the next run reads it again), so that only writes to sinks have
+        STOP_WAIT to end (CI: a step's read at a busy start took longer, and its write
+        was then cut). A write waits for no Spark job: it goes on."""
+        if self.spark is None:
+            return
+        for name, scheduled in list(self._scheduled.items()):
+            if scheduled.in_flight:
+                try:
+                    self.spark.sparkContext.cancelJobGroup(_job_group(name))
+                except Exception as exc:  # (Spark's JVM gone: nothing runs there)
+                    log.debug("subscription %s: cancelling its Spark jobs: %s", name, exc)
 
     def _watch_stalls(self) -> None:
         """Ask the server of every sink a step has waited on for stall_probe_after (and
@@ -611,6 +640,10 @@ class PipelineServer:
                 log.info("subscription %s: removed while a step ran; it stops here", name)
                 self._forget_connections(name)
                 return None
+            if self._stopping and _cancelled_read(exc):
+                log.info("subscription %s: stopped while reading; the next run reads it", name)
+                self._forget_connections(name)
+                return False
             if self._stopping:  # cut short by `run` stopping (its connection broken)
                 log.info("subscription %s: stopped mid-step (%s); it goes on next run", name, exc)
                 self._forget_connections(name)
@@ -640,11 +673,11 @@ class PipelineServer:
         mirrored = self.meta.mirrored_spec(sub.name)
         stored = TableSpec.from_json(mirrored) if mirrored is not None else None
         if stored is not None:
-            _check_followable(stored, spec)
+            check_followable(stored, spec)
         if parquet_log.is_parquet_url(sub.sink):
-            running = _Running(
-                sub, client, spec, None, state, parquet=parquet_log.parse_parquet_url(sub.sink)
-            )
+            log_dir = parquet_log.parse_parquet_url(sub.sink)
+            parquet_log.check_names(log_dir, spec)
+            running = _Running(sub, client, spec, None, state, parquet=log_dir)
         else:
             kept = self._kept_sinks.pop(sub.name, None)
             sink = None
@@ -695,9 +728,7 @@ class PipelineServer:
         running.init_cid = init_cid
         if running.sink is None or init_cid is None:
             return
-        sub = running.subscription
-        created = sub.created_at.isoformat(timespec="microseconds") if sub.created_at else ""
-        running.sink.registration = registration_id(sub.name, created, init_cid)
+        running.sink.registration = registration_of(running.subscription, init_cid)
 
     def _record_failure(self, name: str, error: str | None) -> None:
         """Keep the error in the metadata store for `pipeline status` (best effort: the
@@ -1333,7 +1364,7 @@ class PipelineServer:
         )
         running.spec_cid = max(running.spec_cid, info.last_cid)
         spec = named_as(info.spec, running.subscription.table_name)
-        _check_followable(running.spec, spec)  # running.spec: the description recorded
+        check_followable(running.spec, spec)  # running.spec: the description recorded
         reason = _recopy_reason(running.spec, info, running.init_cid)
         if reason is not None:
             # rows changed without any row change: copy them again. The re-snapshot is
@@ -1400,7 +1431,9 @@ class PipelineServer:
         ] and spec.key == running.spec.key:
             running.spec = spec
             return
-        _check_followable(running.spec, spec)
+        check_followable(running.spec, spec)
+        if running.parquet is not None:
+            parquet_log.check_names(running.parquet, spec)
         added = spec.added_columns(running.spec)
         if running.sink is not None:
             running.sink.evolve(spec)
@@ -1413,6 +1446,22 @@ class PipelineServer:
             "subscription %s: source added column(s) %s; the sink follows",
             running.subscription.name, ", ".join(c.name for c in added),
         )  # fmt: skip
+
+
+def _job_group(subscription: str) -> str:
+    """The Spark job group of ``subscription``'s steps."""
+    return f"litecdc-step-{subscription}"
+
+
+def _cancelled_read(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is Spark's word that a step's job was cancelled
+    with its group (``_cancel_reads``)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if "cancelled part of cancelled job group litecdc-step-" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _history_replaced(name: str, what: str, *, may_catch_up: bool = True) -> SourceError:
@@ -1449,41 +1498,9 @@ def _same_subscription(a: Subscription, b: Subscription) -> bool:
     return a.created_at == b.created_at and a.same_definition(b)
 
 
-def _check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
-    """SchemaMismatchError unless the source table ``spec`` only adds columns to the one
-    the sink mirrors (a dropped or renamed column, a changed type or key cannot be
-    followed: the mirror would keep stale columns or lose values)."""
-    old = {c.name: c.arrow for c in mirrored.columns}
-    changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
-    dropped = [n for n in old if n not in spec.column_names]
-    # SQLite adds a column at the end only: the mirrored columns stay a prefix, in order.
-    # A name out of its place was dropped or renamed and added again (the mirror would
-    # keep the old values under it)
-    prefix = spec.column_names[: len(mirrored.columns)]
-    moved = [n for n, was in zip(prefix, mirrored.column_names, strict=False) if n != was]
-    if not dropped:
-        dropped = [n for n in mirrored.column_names if n in moved or n not in prefix]
-    if changed or dropped or spec.key != mirrored.key:
-        found = [
-            *([f"changed type: {changed}"] if changed else []),
-            *([f"dropped or renamed: {dropped}"] if dropped else []),
-            # (only when it changed: QA read "key ['id'] -> ['id']" as a key change)
-            *(
-                [f"key {list(mirrored.key)} -> {list(spec.key)}"]
-                if spec.key != mirrored.key
-                else []
-            ),
-        ]
-        raise SchemaMismatchError(
-            f"table {spec.name} changed at the source in a way the sink cannot follow "
-            f"({', '.join(found)}); to rebuild the mirror, unsubscribe, delete it (or choose "
-            "a new path or table) and subscribe again"
-        )
-
-
 def _recopy_reason(mirrored: TableSpec | None, info: TableInfo, init_cid: int | None) -> str | None:
     """Why the sink's copy of the table is stale although the table can be followed
-    (``_check_followable``), or None: DDL changed its rows without any row change. A
+    (``check_followable``), or None: DDL changed its rows without any row change. A
     column with a DEFAULT was added to the description the sink mirrors (``mirrored``),
     or the table was *reshaped* after the copy began at ``init_cid`` (the registration):
     dropped and created again (the copy keeps rows the new table does not have), a column

@@ -15,6 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from litecdc.errors import SchemaMismatchError
+
 # the names both ends agree on (litecdc.wire), re-exported for the pipeline's modules
 from litecdc.wire import (
     ARROW_TYPES,
@@ -36,6 +38,7 @@ __all__ = [
     "SEQ_COLUMN",
     "Column",
     "TableSpec",
+    "check_followable",
 ]
 
 
@@ -137,3 +140,35 @@ class TableSpec:
         """Columns of this description that ``previous`` did not have (source ALTER TABLE)."""
         known = set(previous.column_names)
         return [c for c in self.columns if c.name not in known]
+
+
+def check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
+    """SchemaMismatchError unless the source table ``spec`` only adds columns to the one
+    the sink mirrors (a dropped or renamed column, a changed type or key cannot be
+    followed: the mirror would keep stale columns or lose values)."""
+    old = {c.name: c.arrow for c in mirrored.columns}
+    changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
+    dropped = [n for n in old if n not in spec.column_names]
+    # SQLite adds a column at the end only: the mirrored columns stay a prefix, in order.
+    # A name out of its place was dropped or renamed and added again (the mirror would
+    # keep the old values under it)
+    prefix = spec.column_names[: len(mirrored.columns)]
+    moved = [n for n, was in zip(prefix, mirrored.column_names, strict=False) if n != was]
+    if not dropped:
+        dropped = [n for n in mirrored.column_names if n in moved or n not in prefix]
+    if changed or dropped or spec.key != mirrored.key:
+        found = [
+            *([f"changed type: {changed}"] if changed else []),
+            *([f"dropped or renamed: {dropped}"] if dropped else []),
+            # (only when it changed: QA read "key ['id'] -> ['id']" as a key change)
+            *(
+                [f"key {list(mirrored.key)} -> {list(spec.key)}"]
+                if spec.key != mirrored.key
+                else []
+            ),
+        ]
+        raise SchemaMismatchError(
+            f"table {spec.name} changed at the source in a way the sink cannot follow "
+            f"({', '.join(found)}); to rebuild the mirror, unsubscribe, delete it (or choose "
+            "a new path or table) and subscribe again"
+        )

@@ -15,12 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from litecdc.errors import ConfigError, PipelineError
-from litecdc.pipeline.metadata import Subscription
+from litecdc.errors import ConfigError, PipelineError, SchemaMismatchError
+from litecdc.pipeline.metadata import MetadataStore, Subscription
 from litecdc.pipeline.parquet_log import is_parquet_url
+from litecdc.pipeline.sinks.base import registration_of
 from litecdc.pipeline.sinks.registry import open_sink
 from litecdc.pipeline.source_client import SourceClient
-from litecdc.pipeline.tables import CID_COLUMN, TableSpec, named_as
+from litecdc.pipeline.tables import CID_COLUMN, TableSpec, check_followable, named_as
 
 PAGE_ROWS = 100_000
 
@@ -133,8 +134,36 @@ def compare(
     return found, total
 
 
-def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
-    """Compare ``sub``'s source table with its sink's mirror."""
+def verify_subscription(store: MetadataStore, name: str, *, limit: int = 20) -> VerifyReport:
+    """``verify`` of the subscription ``name`` with what `pipeline run` recorded of it in
+    ``store``: the columns its mirror holds, and the registration its sink's writes are
+    recorded under (upgrade QA: without it a Delta mirror's applied cid read 0, so the
+    source was read without min_cid — a cluster follower behind it compared as it was)."""
+    sub = store.get_subscription(name)
+    mirrored = store.mirrored_spec(name)
+    return verify(
+        sub,
+        mirrored=TableSpec.from_json(mirrored) if mirrored is not None else None,
+        init_cid=store.progress(name).init_snapshot_version,
+        limit=limit,
+    )
+
+
+def verify(
+    sub: Subscription,
+    *,
+    mirrored: TableSpec | None = None,
+    init_cid: int | None = None,
+    limit: int = 20,
+) -> VerifyReport:
+    """Compare ``sub``'s source table with its sink's mirror.
+
+    ``mirrored``: the table description the mirror holds (as `pipeline run` recorded it),
+    None when unknown. A source table changed since in a way the mirror cannot follow,
+    or with columns the mirror has not taken yet, is refused with what changed: compared
+    in the source's columns of today, PostgreSQL answered "column … does not exist" and
+    a Delta mirror read the new columns as NULLs, every row a difference (schema QA).
+    ``init_cid``: the cid the subscription registered at (its sink's registration)."""
     if is_parquet_url(sub.sink):  # not comparable: exit 2, not "differences" (1)
         raise ConfigError(
             f"subscription {sub.name}: its sink is a Parquet change log, which keeps no rows "
@@ -147,7 +176,11 @@ def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
         ca_cert=sub.options.get("ca_cert") or None,
     ) as client:
         spec = named_as(client.table_spec(sub.table_name), sub.table_name)
+        if mirrored is not None:
+            _check_comparable(sub.name, mirrored, spec)
         sink = open_sink(sub.sink, spec, sub.name, prepare=False)
+        if init_cid is not None:
+            sink.registration = registration_of(sub, init_cid)
         try:
             if sink.kind != "mirror":
                 raise ConfigError(
@@ -164,6 +197,20 @@ def verify(sub: Subscription, *, limit: int = 20) -> VerifyReport:
     return VerifyReport(
         sub.name, spec.name, source.num_rows, mirror.num_rows, cid, differences, total
     )
+
+
+def _check_comparable(name: str, mirrored: TableSpec, spec: TableSpec) -> None:
+    try:
+        check_followable(mirrored, spec)
+    except SchemaMismatchError as exc:
+        raise SchemaMismatchError(f"subscription {name}: nothing to compare: {exc}") from None
+    added = spec.added_columns(mirrored)
+    if added:
+        raise SchemaMismatchError(
+            f"subscription {name}: the source table has column(s) "
+            f"{', '.join(c.name for c in added)} the mirror has not taken yet: `litecdc "
+            "pipeline run` adds them to it; verify once it has caught up"
+        )
 
 
 def _by_key(

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,8 @@ def test_subscribe_refuses_a_table_with_a_column_named_as_the_pipelines_own(
                 "CREATE TABLE nullable(k TEXT PRIMARY KEY, rowid, Oid, _ROWID_)",
                 "CREATE TABLE reachable(rowid INTEGER, oid TEXT, v)",  # _rowid_ still reads it
                 "CREATE TABLE strict_key(k TEXT NOT NULL PRIMARY KEY, rowid, oid, _rowid_)",
+                # (idents QA) SQLite tells İ from I, MariaDB takes it as i
+                'CREATE TABLE dotted(id INTEGER PRIMARY KEY, "_LITECDC_C\u0130D")',
             ],
         )
     ours = "has a column named '{}', a name the pull source gives"
@@ -197,6 +200,7 @@ def test_subscribe_refuses_a_table_with_a_column_named_as_the_pipelines_own(
     for table, says in [
         ("ours", ours.format("_litecdc_cid")),
         ("nokey", ours.format("_LITECDC_ROWID")),
+        ("dotted", ours.format("_LITECDC_C\u0130D")),
         ("hidden", hidden),
         ("nullable", hidden),
     ]:
@@ -256,6 +260,67 @@ def test_subscribe_refuses_names_a_sql_sink_cannot_hold_without_contacting_it(
         table="tablé 🚀",
         sink=f"{amqp}?queue={'q' * 255}",
     )
+
+
+def test_subscribe_refuses_columns_a_case_blind_sink_takes_as_one_and_its_own_tables(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """Idents QA: SQLite folds ASCII letters only, so é and É (or k and the Kelvin sign)
+    are two columns; MariaDB, Delta and Spark take them as one. Subscribed, every run
+    failed with "Duplicate column name 'É'" or delta-rs's or Spark's words. And a MariaDB
+    mirror named as the sink's staging table was hidden by it: every change was lost.
+    Judged without a connection (nothing listens at these ports)."""
+    with node.client() as c:
+        execute(
+            c,
+            [
+                'CREATE TABLE uni(id INTEGER PRIMARY KEY, "é" TEXT, "É" TEXT)',
+                'CREATE TABLE kelvin(id INTEGER PRIMARY KEY, k TEXT, "\u212a" TEXT)',
+                "CREATE TABLE litecdc_stage_deletes(id INTEGER PRIMARY KEY)",
+                'CREATE TABLE fine(id INTEGER PRIMARY KEY, e, "é", "\u0131", i)',
+            ],
+        )
+    maria = "mysql://u@127.0.0.1:9/db"
+    one_name = "columns {!r} and {!r} are one name to {}, which takes names regardless"
+    refused = [
+        ("uni", f"delta:{tmp_path}/uni", one_name.format("é", "É", "Delta")),
+        ("uni", f"parquet:{tmp_path}/uni-log", one_name.format("é", "É", "Spark")),
+        ("kelvin", maria, one_name.format("k", "\u212a", "MariaDB")),
+        ("fine", f"{maria}?table=litecdc_stage_deletes", "table name 'litecdc_stage_deletes' is"),
+        ("fine", f"{maria}?table=LITECDC_SINK_STATE", "is the sink's own"),
+        ("litecdc_stage_deletes", maria, "is the sink's own .*: choose another"),
+        (
+            "fine",
+            "postgresql://u@127.0.0.1:9/db?table=litecdc_sink_state",
+            "table name 'litecdc_sink_state' is the sink's own",
+        ),
+    ]
+    for table, sink, says in refused:
+        with pytest.raises(SchemaMismatchError, match=says):
+            control.subscribe(store, name="x", sources=node.url, table=table, sink=sink)
+    assert store.list_subscriptions(include_cancelled=True) == []
+    assert not (tmp_path / "uni").exists() and not (tmp_path / "uni-log").exists()
+    taken = [
+        ("uni", "postgresql://u@127.0.0.1:9/db?table=uni"),  # PostgreSQL tells them apart
+        ("fine", maria),  # é is not e to MariaDB, nor dotless i (U+0131) i
+        ("fine", f"delta:{tmp_path}/fine"),
+        ("litecdc_stage_deletes", "postgresql://u@127.0.0.1:9/db?table=stage"),
+    ]
+    for n, (table, sink) in enumerate(taken):
+        control.subscribe(store, name=f"ok{n}", sources=node.url, table=table, sink=sink)
+
+    # a column added later, one name with another to the sink: said as such, not delta-rs's
+    from litecdc.pipeline.sinks.registry import open_sink
+    from litecdc.pipeline.tables import Column
+
+    spec = SourceClient([node.url]).table_spec("fine")
+    sink = open_sink(f"delta:{tmp_path}/fine", spec, "ok2")
+    try:
+        wider = replace(spec, columns=(*spec.columns, Column("E", "TEXT", "string")))
+        with pytest.raises(SchemaMismatchError, match=one_name.format("e", "E", "Delta")):
+            sink.evolve(wider)
+    finally:
+        sink.close()
 
 
 def test_unsubscribe_releases_the_hold_or_leaves_it_to_the_server(
@@ -546,6 +611,9 @@ def test_a_table_name_with_a_slash_is_read_and_subscribed(
             [
                 f'CREATE TABLE "{odd}"(id INTEGER PRIMARY KEY, "v/%2F" TEXT)',
                 f'CREATE TABLE "{plain}"(k TEXT PRIMARY KEY)',
+                # (idents QA: the client sent these as dot segments: /cdc/tables/, /cdc/)
+                'CREATE TABLE "."(dot INTEGER PRIMARY KEY)',
+                'CREATE TABLE ".."(dots INTEGER PRIMARY KEY)',
                 *[[f'INSERT INTO "{odd}" VALUES (?, ?)', i, f"v{i}"] for i in range(1, 6)],
                 [f'INSERT INTO "{plain}" VALUES (?)', "other table"],
             ],
@@ -555,6 +623,9 @@ def test_a_table_name_with_a_slash_is_read_and_subscribed(
         info = client.table_info(odd, count_rows=True)
         assert (info.spec.name, info.spec.column_names, info.rows) == (odd, ["id", "v/%2F"], 5)
         assert client.table_info(plain).spec.column_names == ["k"]
+        assert client.table_info(".").spec.column_names == ["dot"]
+        assert client.table_info("..").spec.column_names == ["dots"]
+        assert client.rows("..", limit=10).table.num_rows == 0
         assert client.splits(odd, 2).ranges()
         page = client.rows(odd, limit=10)
         assert page.table.column("v/%2F").to_pylist() == [f"v{i}" for i in range(1, 6)]
@@ -923,3 +994,38 @@ def test_verify_reads_the_source_at_least_as_far_as_the_mirror_applied(
         SourceError, match=rf"min_cid {head + 5} is beyond this node's history.*HTTP 409"
     ):
         verify(store.get_subscription("vt"))
+
+
+def test_verify_reads_a_registered_delta_mirrors_applied_cid_and_creates_nothing(
+    node: Node, store: MetadataStore, tmp_path: Path
+) -> None:
+    """Upgrade QA: verify opened the sink without its registration, so a Delta mirror's
+    applied cid (recorded under the registration's app id) read 0 and the source was read
+    without min_cid; and reading it prepared the table — verify made a Delta table where
+    none was."""
+    from litecdc.errors import SinkError, SourceError
+    from litecdc.pipeline.sinks.base import ChangeBatch, registration_of
+    from litecdc.pipeline.sinks.registry import open_sink
+    from litecdc.pipeline.verify import verify_subscription
+
+    with node.client() as c:
+        execute(c, ["CREATE TABLE vr(id INTEGER PRIMARY KEY, v TEXT)"])
+    lake = tmp_path / "vr"
+    control.subscribe(store, name="vr", sources=node.url, table="vr", sink=f"delta:{lake}")
+    with pytest.raises(SinkError, match=r"there is no Delta table at .* yet"):
+        verify_subscription(store, "vr")
+    assert not lake.exists()  # left as it was
+
+    head = SourceClient([node.url]).table_info("vr").last_cid
+    store.start_register("vr", head)  # as `pipeline run` records its registration
+    spec = SourceClient([node.url]).table_spec("vr")
+    sink = open_sink(f"delta:{lake}", spec, "vr")
+    sink.registration = registration_of(store.get_subscription("vr"), head)
+    try:
+        sink.write_changes(spec.change_schema().empty_table(), ChangeBatch("vr", 0, head + 5))
+    finally:
+        sink.close()
+    with pytest.raises(
+        SourceError, match=rf"min_cid {head + 5} is beyond this node's history.*HTTP 409"
+    ):
+        verify_subscription(store, "vr")

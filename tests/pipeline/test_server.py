@@ -7,6 +7,8 @@ and created again, its last column dropped and added again) is copied again."""
 from __future__ import annotations
 
 import shutil
+import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +102,106 @@ def test_a_column_dropped_or_renamed_at_the_source_fails_the_subscription_until_
             assert report.failure is not None and "cannot follow" in report.failure[0]
             assert "FAILING since" in report.describe()
         assert store.progress("s").last_log_index is not None
+        # verify says so too (schema QA: PostgreSQL's "column … does not exist", or a
+        # Delta mirror's every row a difference, the new column read as NULLs)
+        refused = _verify_cli(store, tmp_path, "s")
+        assert refused.exit_code == 1, refused.output
+        assert "error: subscription s: nothing to compare: table t changed" in refused.output
+        assert f"dropped or renamed: ['{gone}']" in refused.output, refused.output
+    finally:
+        store.close()
+
+
+def _verify_cli(store: MetadataStore, tmp_path: Path, name: str) -> Any:
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    return CliRunner().invoke(
+        cli, ["pipeline", "verify", name, "--meta", sqlite_url(tmp_path / "meta.db")]
+    )
+
+
+@pytest.mark.spark
+def test_verify_refuses_a_mirror_that_has_not_taken_an_added_column_yet(
+    node: Node, tmp_path: Path, spark: SparkSession
+) -> None:
+    """Compared in the source's columns of today, a Delta mirror read the column the run
+    had not added yet as NULLs (every row a difference) and PostgreSQL's answer was
+    "column … does not exist"; once the run took it, verify compares."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [["INSERT INTO t VALUES(?, ?)", i, f"a{i}"] for i in range(5)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="s", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}"
+        )
+        PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
+        with node.client() as c:
+            execute(c, ["ALTER TABLE t ADD COLUMN b INTEGER", "UPDATE t SET b = id"])
+        refused = _verify_cli(store, tmp_path, "s")
+        assert refused.exit_code == 1, refused.output
+        assert "column(s) b the mirror has not taken yet" in refused.output, refused.output
+        PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
+        compared = _verify_cli(store, tmp_path, "s")
+        assert compared.exit_code == 0, compared.output
+        assert "s: source 5 rows" in compared.output and "0 difference(s)" in compared.output
+    finally:
+        store.close()
+
+
+@pytest.mark.spark
+def test_a_stop_cancels_a_steps_spark_read_and_waits_for_writes_only(
+    node: Node, tmp_path: Path, spark: SparkSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CI: SIGTERM came while a step's read (a Spark job) was slow at a busy start: it
+    outlasted STOP_WAIT, and the step's write was then cut ("stopped mid-step"; once the
+    step was even left behind and the process crashed at exit). A stop cancels the Spark
+    jobs of the steps in flight: the read is done again by the next run. Here the read is
+    a Spark job that sleeps a minute."""
+    import logging
+    import threading
+
+    from pyspark.sql.functions import udf
+
+    with node.client() as c:
+        execute(c, ["CREATE TABLE sr(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO sr VALUES(?, ?)", i, f"v{i}"] for i in range(5)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="sr", sources=node.url, table="sr", sink=f"delta:{tmp_path / 'lake'}"
+        )
+        PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
+        with node.client() as c:
+            execute(c, ["INSERT INTO sr VALUES(100, 'after')"])
+        reading = threading.Event()
+        plain_read = PipelineServer._read
+        sleepy = udf(lambda x: (time.sleep(60), x)[1], "long")
+
+        def slow_read(self: PipelineServer, running: Any, options: dict[str, str]) -> Any:
+            reading.set()
+            self.spark.range(1, numPartitions=1).select(sleepy("id")).collect()
+            return plain_read(self, running, options)
+
+        server = PipelineServer(store, spark, poll_interval=0.01)
+        server._read = types.MethodType(slow_read, server)  # type: ignore[method-assign]
+        caplog.set_level(logging.INFO, logger="litecdc.pipeline")
+        runner = threading.Thread(target=server.run)
+        runner.start()
+        assert reading.wait(120)
+        server.stop()
+        runner.join(120)
+        assert not runner.is_alive()
+        assert "subscription sr: stopped while reading; the next run reads it" in caplog.text
+        for cut in ("stopped mid-step", "did not end", "left behind"):
+            assert cut not in caplog.text, caplog.text
+        assert store.failure("sr") is None
+        assert not any(t.name.startswith("litecdc-step-") for t in threading.enumerate())
+        # the next run reads it
+        PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
+        assert verify(store.get_subscription("sr")).ok
     finally:
         store.close()
 
@@ -182,18 +284,17 @@ def test_a_column_dropped_or_renamed_and_added_again_is_not_followed(
     mirror kept the old values in s and s_old stayed empty. SQLite adds a column at the
     end only, so the mirrored columns must still lead, in their order."""
     from litecdc.errors import SchemaMismatchError
-    from litecdc.pipeline.server import _check_followable
-    from litecdc.pipeline.tables import Column, TableSpec
+    from litecdc.pipeline.tables import Column, TableSpec, check_followable
 
     def spec(*names: str) -> TableSpec:
         return TableSpec("t", tuple(Column(n, "TEXT", "string") for n in names), ("id",))
 
     mirrored = spec("id", "a", "b") if "b" in now else spec("id", "s")
     with pytest.raises(SchemaMismatchError) as refused:
-        _check_followable(mirrored, spec(*now))
+        check_followable(mirrored, spec(*now))
     # what changed, and only that (QA: "key ['id'] -> ['id']" read as a key change)
     assert f"cannot follow (dropped or renamed: {named}); to rebuild" in str(refused.value)
-    _check_followable(mirrored, spec(*mirrored.column_names, "added"))  # still followed
+    check_followable(mirrored, spec(*mirrored.column_names, "added"))  # still followed
 
 
 def _mirror_is_exact(store: MetadataStore, name: str, rows: int) -> None:

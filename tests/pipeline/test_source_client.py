@@ -483,3 +483,67 @@ def test_a_node_that_cannot_serve_now_is_passed_over(node: Node, people: str) ->
         server.shutdown()
         server.server_close()
     assert "GET /cdc/tables/people" in _CannotServe.requests
+
+
+class _OlderNode(http.server.BaseHTTPRequestHandler):
+    """A node from before min_cid (2026-11-27): it refused every query parameter it did
+    not know, 400. Stands in for one: the request is forwarded to the real node, after
+    that check (an older version of litecdc is not installable here)."""
+
+    target: ClassVar[str] = ""
+    refused: ClassVar[int] = 0
+
+    def _handle(self) -> None:
+        path, _, query = self.path.partition("?")
+        names = sorted({part.split("=")[0] for part in query.split("&") if part})
+        if path.startswith("/cdc/tables/") and "min_cid" in names:
+            type(self).refused += 1
+            error = f"unknown query parameter(s) min_cid for {path}; allowed: after, limit"
+            body = json.dumps({"error": error}).encode()
+            status, headers = 400, {"Content-Type": "application/json"}
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            answer = httpx.request(
+                self.command, type(self).target + self.path,
+                content=self.rfile.read(length) if length else None,
+                headers={"Content-Type": self.headers.get("Content-Type", "")},
+            )  # fmt: skip
+            body, status = answer.content, answer.status_code
+            framing = ("content-length", "transfer-encoding", "connection", "content-encoding")
+            headers = {k: v for k, v in answer.headers.items() if k.lower() not in framing}
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _handle
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_node_older_than_min_cid_is_read_without_it(
+    node: Node, people: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Upgrade QA: a pipeline upgraded before its nodes sent min_cid, which they refused
+    (400 "unknown query parameter(s) min_cid"): every subscription failed until the nodes
+    were upgraded. Such a node is read as the pipelines of its time read it, with a
+    warning; what min_cid guards on a page is still checked by the client."""
+    _OlderNode.target, _OlderNode.refused = node.url, 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OlderNode)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    older = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with SourceClient([older]) as c:
+            head = c.table_info(people, min_cid=1).last_cid
+            assert "older than this pipeline (it takes no min_cid)" in caplog.text
+            assert c.rows(people, limit=5, min_cid=head).table.num_rows == 5
+            assert c.position(people, after=head, max_events=1, min_cid=head).last_cid >= head
+            assert _OlderNode.refused == 1  # once: the node is then asked without it
+            with pytest.raises(SourceError, match=r"was read at cid \d+, before cid"):
+                c.rows(people, limit=5, min_cid=head + 100)
+    finally:
+        server.shutdown()
+        server.server_close()

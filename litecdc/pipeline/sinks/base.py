@@ -31,12 +31,16 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from litecdc.errors import SchemaMismatchError
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
+from litecdc.wire import same_name_to_case_blind
+
+if TYPE_CHECKING:
+    from litecdc.pipeline.metadata import Subscription
 
 #: seconds a probe of a sink's server may take on top of the sink's connect_timeout
 PROBE_GRACE = 5.0
@@ -122,6 +126,29 @@ def registration_id(subscription: str, created_at: str, init_cid: int) -> str:
     or registered again gets new ones."""
     text = f"{subscription}\n{created_at}\n{init_cid}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def check_case_blind_names(sink: str, server: str, where: str, names: Sequence[str]) -> None:
+    """SchemaMismatchError when two of ``names`` (a table's columns, with the sink's own)
+    are one name to ``server``, which takes names regardless of letter case (idents QA:
+    subscribed, then every run failed with "Duplicate column name 'É'" or delta-rs's
+    words, naming neither the table nor what to do)."""
+    same = same_name_to_case_blind(names)
+    if same is not None:
+        first, second = same
+        raise SchemaMismatchError(
+            f"{sink} sink: {where}: columns {first!r} and {second!r} are one name to "
+            f"{server}, which takes names regardless of letter case: rename one at the "
+            "source to subscribe the table"
+        )
+
+
+def registration_of(subscription: Subscription, init_cid: int) -> str:
+    """``registration_id`` of ``subscription`` registered at ``init_cid``, from what the
+    metadata store recorded: the same on every retry, restart and `verify`."""
+    created = subscription.created_at
+    stamp = created.isoformat(timespec="microseconds") if created is not None else ""
+    return registration_id(subscription.name, stamp, init_cid)
 
 
 def message_id(cid: int, seq: int, op: str) -> str:

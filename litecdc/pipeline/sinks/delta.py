@@ -40,7 +40,7 @@ from deltalake.exceptions import DeltaError
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink
+from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_case_blind_names
 from litecdc.pipeline.sinks.registry import DeltaOptions, parse_sink_url
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, OP_UPSERT, TableSpec
 
@@ -81,7 +81,13 @@ class DeltaSink(Sink):
 
     # -- set-up -----------------------------------------------------------------------
 
+    def check_names(self) -> None:
+        check_case_blind_names(
+            "delta", "Delta", str(self.path), [*self.spec.column_names, CID_COLUMN]
+        )
+
     def prepare(self) -> None:
+        self.check_names()
         try:
             if not DeltaTable.is_deltatable(self.path):
                 DeltaTable.create(
@@ -193,6 +199,7 @@ class DeltaSink(Sink):
             raise SinkError(f"delta sink: snapshot merge into {self.path} failed: {exc}") from exc
 
     def write_changes(self, events: pa.Table, batch: ChangeBatch) -> bool:
+        self._dt()  # prepared (applied_cid takes the table as it is)
         applied = self.applied_cid()
         if batch.end_cid <= applied:
             log.debug("delta sink: batch up to cid %d already applied", batch.end_cid)
@@ -296,8 +303,15 @@ class DeltaSink(Sink):
     # -- reads ------------------------------------------------------------------------
 
     def applied_cid(self) -> int:
-        table = self._dt()
         try:
+            if self._table is not None:
+                table = self._table
+            elif DeltaTable.is_deltatable(self.path):
+                # as it is (upgrade QA: verify's reading prepared the table — made it,
+                # added columns, recorded an owner — which verify must not do)
+                table = DeltaTable(self.path)
+            else:
+                return 0  # not made yet: nothing applied
             table.update_incremental()  # another process may have committed since
             version = table.transaction_version(self.app_id)
         except _ERRORS as exc:

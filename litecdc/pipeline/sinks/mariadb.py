@@ -54,6 +54,7 @@ from litecdc.pipeline.sinks.base import (
     ChangeBatch,
     Sink,
     UnstorableKeyError,
+    check_case_blind_names,
     check_mirror_columns,
     short_value,
 )
@@ -310,6 +311,17 @@ class MariaDBSink(Sink):
                     f"mariadb sink: {self._where}: {kind} name {name!r} {problem} in a name: "
                     f"{remedy}"
                 )
+        if self.table_name.lower() in (STATE_TABLE, _STAGE_DEL):
+            # idents QA: named as the staging table, the mirror was hidden by it (a
+            # temporary table takes its name in the session): every change was lost
+            raise SchemaMismatchError(
+                f"mariadb sink: {self._where}: table name {self.table_name!r} is the sink's "
+                "own (it keeps its progress or stages deletes under it): choose another "
+                "(?table=NAME)"
+            )
+        check_case_blind_names(
+            "mariadb", "MariaDB", self._where, [*self.spec.column_names, CID_COLUMN]
+        )
 
     def prepare(self) -> None:
         self.check_names()

@@ -199,6 +199,11 @@ class PostgresSink(Sink):
                     f"more than PostgreSQL keeps of a name ({MAX_IDENTIFIER_BYTES}: it would "
                     f"cut it): {remedy}"
                 )
+        if self.table_name == STATE_TABLE:
+            raise SchemaMismatchError(
+                f"postgresql sink: {self._where}: table name {self.table_name!r} is the "
+                "sink's own (it keeps its progress there): choose another (?table=NAME)"
+            )
 
     def _ident(self, name: str) -> sql.Composable:
         return sql.Identifier(name)
