@@ -10,7 +10,7 @@ import base64
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -30,26 +30,40 @@ OP_UPSERT = "upsert"
 OP_DELETE = "delete"
 
 
+def unicode_fold(name: str) -> str:
+    """``name`` as Spark and delta-rs compare names regardless of letter case: Unicode's
+    lowercase (Java's toLowerCase(Locale.ROOT), Rust's to_lowercase: İ is i + dot, a
+    final Σ is ς)."""
+    return name.lower()
+
+
+def by_letter_fold(name: str) -> str:
+    """``name`` as MariaDB compares names regardless of letter case: letter by letter
+    (measured on MariaDB 10.11: İ is i; a capital sigma is the small one even at the end
+    of a word, which Unicode's lowercase makes the final form; K, Ω, ǅ fold as in
+    Unicode). Letters whose case Unicode defined after MariaDB's tables (Georgian
+    Mtavruli) fold here and not there: refused, they could have been taken."""
+    return "".join("i" if ch == "\u0130" else ch.lower() for ch in name)
+
+
 def name_folds(name: str) -> frozenset[str]:
-    """The forms a server that takes names regardless of letter case may take ``name`` as:
-    Unicode's lowercase (Spark, delta-rs) and MariaDB's, letter by letter (measured on
-    MariaDB 10.11: İ is i there, not Unicode's i + dot; K, Ω, ǅ fold as in Unicode).
-    Where SQLite (ASCII only) keeps two names apart, these may not (idents QA: columns
-    é and É, k and the Kelvin sign)."""
-    by_letter = "".join("i" if ch == "\u0130" else ch.lower() for ch in name)
-    return frozenset({name.lower(), by_letter})
+    """Every form a server that takes names regardless of letter case may take ``name``
+    as. Where SQLite (ASCII only) keeps two names apart, these may not (idents QA:
+    columns é and É, k and the Kelvin sign)."""
+    return frozenset({unicode_fold(name), by_letter_fold(name)})
 
 
-def same_name_to_case_blind(names: Sequence[str]) -> tuple[str, str] | None:
-    """The first two of ``names`` that a server taking names regardless of letter case
-    (``name_folds``) would take as one, or None."""
+def same_name_to_case_blind(
+    names: Sequence[str], fold: Callable[[str], str]
+) -> tuple[str, str] | None:
+    """The first two of ``names`` that a server comparing names by ``fold`` takes as one,
+    or None."""
     seen: dict[str, str] = {}
     for name in names:
-        folds = name_folds(name)
-        other = next((seen[f] for f in folds if f in seen), None)
-        if other is not None:
-            return other, name
-        seen.update(dict.fromkeys(folds, name))
+        folded = fold(name)
+        if folded in seen:
+            return seen[folded], name
+        seen[folded] = name
     return None
 
 

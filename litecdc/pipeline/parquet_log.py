@@ -47,6 +47,7 @@ from litecdc.pipeline.datasource import (
     StreamReader,
 )
 from litecdc.pipeline.sinks.base import check_case_blind_names
+from litecdc.wire import unicode_fold
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
@@ -81,7 +82,9 @@ def check_names(log: ParquetLog, spec: TableSpec) -> None:
     """SchemaMismatchError when two of the log's columns are one name to Spark, which
     takes names regardless of letter case (idents QA: `run` failed on every retry with
     Spark's COLUMN_ALREADY_EXISTS, naming neither the table nor what to do)."""
-    check_case_blind_names("parquet", "Spark", str(log.path), spec.change_schema().names)
+    check_case_blind_names(
+        "parquet", "Spark", str(log.path), spec.change_schema().names, unicode_fold
+    )
 
 
 def is_parquet_url(url: str) -> bool:

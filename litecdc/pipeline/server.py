@@ -126,6 +126,8 @@ STALL_PROBE_AFTER = 30.0
 STOP_WAIT = 10.0
 #: how often a stop cancels the Spark jobs of the steps still in flight, meanwhile
 CANCEL_EVERY = 0.5
+#: the Spark job groups of steps (``PipelineServer._job_group``) start so
+JOB_GROUP_PREFIX = "litecdc-step-"
 #: subscriptions `run` steps at once, by default (each step holds a batch in memory)
 DEFAULT_PARALLEL = 4
 #: how often `run` looks for added, changed and removed subscriptions, and for stalls
@@ -320,6 +322,7 @@ class PipelineServer:
         for thread in threads:
             thread.start()
         listed, claim_checked = 0.0, time.monotonic()
+        caught_up = False
         try:
             while not self._stop.is_set():
                 if targets is not None and self._gave_up():
@@ -334,12 +337,15 @@ class PipelineServer:
                 # after every step's end (it wakes this loop), not every WATCH_INTERVAL:
                 # the bench's 200k-event backlog took 0.2 s longer to be found caught up
                 if targets is not None and self._caught_up(targets):
+                    caught_up = True
                     break
                 self._step_ended.clear()  # before dispatching: no step's end is missed
                 next_due = self._dispatch(give_up=targets is not None)
                 self._step_ended.wait(min(max(next_due - time.monotonic(), 0), WATCH_INTERVAL))
         finally:
-            self._stop_threads(threads)
+            # (caught up: the steps in flight end as they are; stopped, given up, the
+            # owner's claim lost, Ctrl-C: their reads are cancelled — review)
+            self._stop_threads(threads, cancel_reads=not caught_up)
             self.close()
         return sum(1 for s in list(self.states.values()) if s.last_error)
 
@@ -471,14 +477,7 @@ class PipelineServer:
             state = self.states.setdefault(sub.name, SubscriptionState(sub.name))
             scheduled.step_started = time.monotonic()
             was_unreachable = state.unreachable
-            if self.spark is not None:
-                # the step's Spark jobs in a group a stop can cancel (per thread: PySpark
-                # pins each Python thread to a JVM thread of its own)
-                self.spark.sparkContext.setJobGroup(
-                    _job_group(sub.name),
-                    f"litecdc: subscription {sub.name}",
-                    interruptOnCancel=True,
-                )
+            self._set_job_group(sub.name)
             try:
                 busy = self._step_one(sub, state, targets)
             except Exception:  # _step_one records every failure: this is a bug of ours
@@ -496,7 +495,7 @@ class PipelineServer:
             scheduled.in_flight = False
             self._step_ended.set()
 
-    def _stop_threads(self, threads: list[threading.Thread]) -> None:
+    def _stop_threads(self, threads: list[threading.Thread], *, cancel_reads: bool) -> None:
         """End the stepping threads; a step still waiting on its sink after STOP_WAIT has
         its sink's connection broken, and is left behind (daemon) if even that fails."""
         self._stopping = True  # steps queued and not begun are skipped
@@ -505,7 +504,7 @@ class PipelineServer:
         deadline = time.monotonic() + STOP_WAIT
         for thread in threads:
             while thread.is_alive() and time.monotonic() < deadline:
-                if self._stop.is_set():  # (not when caught up: those steps end as they are)
+                if cancel_reads:
                     # again and again: a job a step submits after a cancel is not in it
                     self._cancel_reads()
                 thread.join(min(CANCEL_EVERY, max(deadline - time.monotonic(), 0)))
@@ -519,18 +518,43 @@ class PipelineServer:
                 log.warning("a step did not end when the server stopped; left behind")
 
     def _cancel_reads(self) -> None:
-        """On a stop, cancel the Spark jobs of the steps in flight (what a step has read it
-        has not written: the next run reads it again), so that only writes to sinks have
-        STOP_WAIT to end (CI: a step's read at a busy start took longer, and its write
-        was then cut). A write waits for no Spark job: it goes on."""
+        """When `run` ends other than caught up, cancel the Spark jobs of the steps in
+        flight (what a step has read it has not written: the next run reads it again),
+        so that only writes to sinks have STOP_WAIT to end (CI: a step's read at a busy
+        start took longer, and its write was then cut). A mirror's or message sink's
+        write runs no Spark job: it goes on. A Parquet log's steps are left alone."""
         if self.spark is None:
             return
         for name, scheduled in list(self._scheduled.items()):
-            if scheduled.in_flight:
-                try:
-                    self.spark.sparkContext.cancelJobGroup(_job_group(name))
-                except Exception as exc:  # (Spark's JVM gone: nothing runs there)
-                    log.debug("subscription %s: cancelling its Spark jobs: %s", name, exc)
+            running = self._running.get(name)
+            if not scheduled.in_flight or (running is not None and running.parquet is not None):
+                # (a Parquet log's snapshot is read and written by one Spark job: cut,
+                # its snapshot/ is left empty and copied whole again — review)
+                continue
+            try:
+                self.spark.sparkContext.cancelJobGroup(self._job_group(name))
+            except Exception as exc:  # (Spark's JVM gone: nothing runs there)
+                log.debug("subscription %s: cancelling its Spark jobs: %s", name, exc)
+
+    def _job_group(self, subscription: str) -> str:
+        """The Spark job group of ``subscription``'s steps on this server (two servers
+        may share a Spark context: in tests, or embedded)."""
+        return f"{JOB_GROUP_PREFIX}{id(self):x}-{subscription}"
+
+    def _set_job_group(self, subscription: str) -> None:
+        """Put the stepping thread's Spark jobs in ``subscription``'s group, which a stop
+        can cancel (per thread: PySpark pins each Python thread to a JVM thread). Best
+        effort: a JVM that does not answer fails the step's read, which is recorded."""
+        if self.spark is None:
+            return
+        try:
+            self.spark.sparkContext.setJobGroup(
+                self._job_group(subscription),
+                f"litecdc: subscription {subscription}",
+                interruptOnCancel=True,
+            )
+        except Exception as exc:
+            log.debug("subscription %s: setting its Spark job group: %s", subscription, exc)
 
     def _watch_stalls(self) -> None:
         """Ask the server of every sink a step has waited on for stall_probe_after (and
@@ -1448,17 +1472,14 @@ class PipelineServer:
         )  # fmt: skip
 
 
-def _job_group(subscription: str) -> str:
-    """The Spark job group of ``subscription``'s steps."""
-    return f"litecdc-step-{subscription}"
-
-
 def _cancelled_read(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it wraps) is Spark's word that a step's job was cancelled
     with its group (``_cancel_reads``)."""
     seen: BaseException | None = exc
-    while seen is not None:
-        if "cancelled part of cancelled job group litecdc-step-" in str(seen):
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if f"cancelled part of cancelled job group {JOB_GROUP_PREFIX}" in str(seen):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

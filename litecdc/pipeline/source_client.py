@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import ssl
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,8 +177,6 @@ class SourceClient:
         self.timeout = timeout
         self._current = 0  # index of the address that answered last
         self._client: urllib3.PoolManager | None = None
-        #: addresses of nodes older than min_cid, which refuse it (see _request)
-        self._no_min_cid: set[str] = set()
 
     # pickling: a connection pool holds sockets and locks; a copy opens its own
     def __getstate__(self) -> dict[str, Any]:
@@ -424,7 +423,7 @@ class SourceClient:
         while order:
             index = order.pop(0)
             sent = params
-            if params and "min_cid" in params and self.urls[index] in self._no_min_cid:
+            if params and "min_cid" in params and self.urls[index] in _NODES_WITHOUT_MIN_CID:
                 sent = {k: v for k, v in params.items() if k != "min_cid"}
             url = self.urls[index] + path + (f"?{urlencode(sent)}" if sent else "")
             try:
@@ -446,13 +445,17 @@ class SourceClient:
             if sent and "min_cid" in sent and _refuses_min_cid(response):
                 # upgrade QA: a pipeline upgraded before its nodes failed every
                 # subscription. Such a node reads as the pipelines of its time read it
-                # (a page read before min_cid is still refused: see rows)
-                log.warning(
-                    "source %s is a litecdc node older than this pipeline (it takes no "
-                    "min_cid): its reads are not held back until it has applied what the "
-                    "sink did; upgrade it", self.urls[index],
-                )  # fmt: skip
-                self._no_min_cid.add(self.urls[index])
+                # (a page read before min_cid is still refused: see rows). Known to the
+                # process, not the client: Spark's tasks make clients of their own (review)
+                with _NODES_LOCK:
+                    known = self.urls[index] in _NODES_WITHOUT_MIN_CID
+                    _NODES_WITHOUT_MIN_CID.add(self.urls[index])
+                if not known:
+                    log.warning(
+                        "source %s is a litecdc node older than this pipeline (it takes no "
+                        "min_cid): its reads are not held back until it has applied what "
+                        "the sink did; upgrade it", self.urls[index],
+                    )  # fmt: skip
                 order.insert(0, index)
                 continue
             if response.status == 503 and order and retry_any_failure:
@@ -472,6 +475,12 @@ class SourceClient:
                 raise error
             return response
         raise SourceError(f"source {', '.join(self.urls)}: unreachable ({'; '.join(failures)})")
+
+
+#: addresses of nodes from before min_cid, which refuse it (see SourceClient._request);
+#: for the process's life (a node upgraded meanwhile is read so until `run` restarts)
+_NODES_WITHOUT_MIN_CID: set[str] = set()
+_NODES_LOCK = threading.Lock()
 
 
 def _refuses_min_cid(response: _Response) -> bool:

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from e2e.litecdc_node import Node, free_port
 from pipeline_proc import execute, rounds_until_caught_up, wait_until_pruned_past
 
+from litecdc.errors import MetadataError
 from litecdc.pipeline import control
 from litecdc.pipeline import server as server_module
 from litecdc.pipeline.metadata import MetadataStore, Progress, sqlite_url
@@ -152,14 +153,21 @@ def test_verify_refuses_a_mirror_that_has_not_taken_an_added_column_yet(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("ending", ["stop", "owner claim lost"])
 def test_a_stop_cancels_a_steps_spark_read_and_waits_for_writes_only(
-    node: Node, tmp_path: Path, spark: SparkSession, caplog: pytest.LogCaptureFixture
+    node: Node,
+    tmp_path: Path,
+    spark: SparkSession,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    ending: str,
 ) -> None:
     """CI: SIGTERM came while a step's read (a Spark job) was slow at a busy start: it
     outlasted STOP_WAIT, and the step's write was then cut ("stopped mid-step"; once the
     step was even left behind and the process crashed at exit). A stop cancels the Spark
-    jobs of the steps in flight: the read is done again by the next run. Here the read is
-    a Spark job that sleeps a minute."""
+    jobs of the steps in flight: the read is done again by the next run — and so does any
+    other end but caught up (review: Ctrl-C, the owner's claim lost). Here the read is a
+    Spark job that sleeps a minute."""
     import logging
     import threading
 
@@ -188,11 +196,29 @@ def test_a_stop_cancels_a_steps_spark_read_and_waits_for_writes_only(
         server = PipelineServer(store, spark, poll_interval=0.01)
         server._read = types.MethodType(slow_read, server)  # type: ignore[method-assign]
         caplog.set_level(logging.INFO, logger="litecdc.pipeline")
-        runner = threading.Thread(target=server.run)
+        ended: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                server.run()
+            except MetadataError as exc:
+                ended.append(exc)
+
+        runner = threading.Thread(target=run)
         runner.start()
         assert reading.wait(120)
-        server.stop()
+        if ending == "stop":
+            server.stop()
+        else:
+
+            def lost() -> None:
+                raise MetadataError("another `litecdc pipeline run` of owner 'x' (injected)")
+
+            monkeypatch.setattr(server_module, "CLAIM_CHECK_INTERVAL", 0.0)
+            monkeypatch.setattr(store, "check_owner_claim", lost)
         runner.join(120)
+        assert len(ended) == (ending != "stop"), ended
+        monkeypatch.undo()
         assert not runner.is_alive()
         assert "subscription sr: stopped while reading; the next run reads it" in caplog.text
         for cut in ("stopped mid-step", "did not end", "left behind"):

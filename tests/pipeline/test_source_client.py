@@ -544,6 +544,11 @@ def test_a_node_older_than_min_cid_is_read_without_it(
             assert _OlderNode.refused == 1  # once: the node is then asked without it
             with pytest.raises(SourceError, match=r"was read at cid \d+, before cid"):
                 c.rows(people, limit=5, min_cid=head + 100)
+        # known to the process, not the client: Spark's tasks make clients of their own
+        with SourceClient([older]) as c:
+            assert c.table_info(people, min_cid=1).last_cid == head
+        assert _OlderNode.refused == 1
+        assert caplog.text.count("older than this pipeline") == 1
     finally:
         server.shutdown()
         server.server_close()

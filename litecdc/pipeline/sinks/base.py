@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -128,12 +128,14 @@ def registration_id(subscription: str, created_at: str, init_cid: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def check_case_blind_names(sink: str, server: str, where: str, names: Sequence[str]) -> None:
+def check_case_blind_names(
+    sink: str, server: str, where: str, names: Sequence[str], fold: Callable[[str], str]
+) -> None:
     """SchemaMismatchError when two of ``names`` (a table's columns, with the sink's own)
-    are one name to ``server``, which takes names regardless of letter case (idents QA:
-    subscribed, then every run failed with "Duplicate column name 'É'" or delta-rs's
-    words, naming neither the table nor what to do)."""
-    same = same_name_to_case_blind(names)
+    are one name to ``server``, which compares names by ``fold`` (idents QA: subscribed,
+    then every run failed with "Duplicate column name 'É'" or delta-rs's words, naming
+    neither the table nor what to do)."""
+    same = same_name_to_case_blind(names, fold)
     if same is not None:
         first, second = same
         raise SchemaMismatchError(

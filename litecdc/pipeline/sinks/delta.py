@@ -43,6 +43,7 @@ from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_case_blind_names
 from litecdc.pipeline.sinks.registry import DeltaOptions, parse_sink_url
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, OP_UPSERT, TableSpec
+from litecdc.wire import unicode_fold
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -83,7 +84,11 @@ class DeltaSink(Sink):
 
     def check_names(self) -> None:
         check_case_blind_names(
-            "delta", "Delta", str(self.path), [*self.spec.column_names, CID_COLUMN]
+            "delta",
+            "Delta",
+            str(self.path),
+            [*self.spec.column_names, CID_COLUMN],
+            unicode_fold,
         )
 
     def prepare(self) -> None:

@@ -61,6 +61,7 @@ from litecdc.pipeline.sinks.base import (
 from litecdc.pipeline.sinks.registry import SqlOptions, mask_url, parse_sink_url, scrub_password
 from litecdc.pipeline.tables import CID_COLUMN, Column, TableSpec
 from litecdc.sockets import shut_down_socket
+from litecdc.wire import by_letter_fold
 
 log = logging.getLogger("litecdc.pipeline")
 
@@ -320,7 +321,11 @@ class MariaDBSink(Sink):
                 "(?table=NAME)"
             )
         check_case_blind_names(
-            "mariadb", "MariaDB", self._where, [*self.spec.column_names, CID_COLUMN]
+            "mariadb",
+            "MariaDB",
+            self._where,
+            [*self.spec.column_names, CID_COLUMN],
+            by_letter_fold,
         )
 
     def prepare(self) -> None:
