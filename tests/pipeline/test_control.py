@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e.litecdc_node import Node, free_port
@@ -989,25 +990,34 @@ def test_verify_reads_the_source_at_least_as_far_as_the_mirror_applied(
     once, 409: no wait brings a cid it never wrote; a cluster follower behind waits its
     10 s, then 503 — tests/system/test_cluster_source.py)."""
     from litecdc.errors import SourceError
-    from litecdc.pipeline.sinks.base import ChangeBatch
-    from litecdc.pipeline.sinks.registry import open_sink
     from litecdc.pipeline.verify import verify
 
     with node.client() as c:
         execute(c, ["CREATE TABLE vt(id INTEGER PRIMARY KEY, v TEXT)"])
     url = f"delta:{tmp_path}/vt"
     control.subscribe(store, name="vt", sources=node.url, table="vt", sink=url)
-    spec = SourceClient([node.url]).table_spec("vt")
     head = SourceClient([node.url]).table_info("vt").last_cid
-    sink = open_sink(url, spec, "vt")
-    try:
-        sink.write_changes(spec.change_schema().empty_table(), ChangeBatch("vt", 0, head + 5))
-    finally:
-        sink.close()
+    _mirror_applied_through(node, url, "vt", head + 5)
     with pytest.raises(
         SourceError, match=rf"min_cid {head + 5} is beyond this node's history.*HTTP 409"
     ):
         verify(store.get_subscription("vt"))
+
+
+def _mirror_applied_through(node: Node, url: str, name: str, cid: int, **attrs: Any) -> None:
+    """Record in the mirror at ``url`` that subscription ``name`` applied through ``cid``
+    (an empty batch), its sink's ``attrs`` set first."""
+    from litecdc.pipeline.sinks.base import ChangeBatch
+    from litecdc.pipeline.sinks.registry import open_sink
+
+    spec = SourceClient([node.url]).table_spec(name)
+    sink = open_sink(url, spec, name)
+    for key, value in attrs.items():
+        setattr(sink, key, value)
+    try:
+        sink.write_changes(spec.change_schema().empty_table(), ChangeBatch(name, 0, cid))
+    finally:
+        sink.close()
 
 
 def test_verify_refuses_a_log_sink_as_such_whatever_its_source_table_became(
@@ -1037,8 +1047,7 @@ def test_verify_reads_a_registered_delta_mirrors_applied_cid_and_creates_nothing
     without min_cid; and reading it prepared the table — verify made a Delta table where
     none was."""
     from litecdc.errors import SinkError, SourceError
-    from litecdc.pipeline.sinks.base import ChangeBatch, registration_of
-    from litecdc.pipeline.sinks.registry import open_sink
+    from litecdc.pipeline.sinks.base import registration_of
     from litecdc.pipeline.verify import verify_subscription
 
     with node.client() as c:
@@ -1051,13 +1060,8 @@ def test_verify_reads_a_registered_delta_mirrors_applied_cid_and_creates_nothing
 
     head = SourceClient([node.url]).table_info("vr").last_cid
     store.start_register("vr", head)  # as `pipeline run` records its registration
-    spec = SourceClient([node.url]).table_spec("vr")
-    sink = open_sink(f"delta:{lake}", spec, "vr")
-    sink.registration = registration_of(store.get_subscription("vr"), head)
-    try:
-        sink.write_changes(spec.change_schema().empty_table(), ChangeBatch("vr", 0, head + 5))
-    finally:
-        sink.close()
+    registration = registration_of(store.get_subscription("vr"), head)
+    _mirror_applied_through(node, f"delta:{lake}", "vr", head + 5, registration=registration)
     with pytest.raises(
         SourceError, match=rf"min_cid {head + 5} is beyond this node's history.*HTTP 409"
     ):

@@ -123,6 +123,22 @@ def _verify_cli(store: MetadataStore, tmp_path: Path, name: str) -> Any:
     )
 
 
+def _mirrored_to_delta(
+    node: Node, tmp_path: Path, spark: SparkSession, table: str, name: str
+) -> MetadataStore:
+    """A metadata store (the caller closes it) with ``name``, which has mirrored a new
+    table ``table`` of five rows into a Delta table and caught up."""
+    with node.client() as c:
+        execute(c, [f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in range(5)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    control.subscribe(
+        store, name=name, sources=node.url, table=table, sink=f"delta:{tmp_path / 'lake'}"
+    )
+    PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
+    return store
+
+
 @pytest.mark.spark
 def test_verify_refuses_a_mirror_that_has_not_taken_an_added_column_yet(
     node: Node, tmp_path: Path, spark: SparkSession
@@ -130,15 +146,8 @@ def test_verify_refuses_a_mirror_that_has_not_taken_an_added_column_yet(
     """Compared in the source's columns of today, a Delta mirror read the column the run
     had not added yet as NULLs (every row a difference) and PostgreSQL's answer was
     "column … does not exist"; once the run took it, verify compares."""
-    with node.client() as c:
-        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT)"])
-        execute(c, [["INSERT INTO t VALUES(?, ?)", i, f"a{i}"] for i in range(5)])
-    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    store = _mirrored_to_delta(node, tmp_path, spark, "t", "s")
     try:
-        control.subscribe(
-            store, name="s", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}"
-        )
-        PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
         with node.client() as c:
             execute(c, ["ALTER TABLE t ADD COLUMN b INTEGER", "UPDATE t SET b = id"])
         refused = _verify_cli(store, tmp_path, "s")
@@ -173,15 +182,8 @@ def test_a_stop_cancels_a_steps_spark_read_and_waits_for_writes_only(
 
     from pyspark.sql.functions import udf
 
-    with node.client() as c:
-        execute(c, ["CREATE TABLE sr(id INTEGER PRIMARY KEY, v TEXT)"])
-        execute(c, [["INSERT INTO sr VALUES(?, ?)", i, f"v{i}"] for i in range(5)])
-    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    store = _mirrored_to_delta(node, tmp_path, spark, "sr", "sr")
     try:
-        control.subscribe(
-            store, name="sr", sources=node.url, table="sr", sink=f"delta:{tmp_path / 'lake'}"
-        )
-        PipelineServer(store, spark, poll_interval=0.01).run(until_caught_up=True)
         with node.client() as c:
             execute(c, ["INSERT INTO sr VALUES(100, 'after')"])
         reading = threading.Event()

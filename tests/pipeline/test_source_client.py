@@ -335,7 +335,31 @@ def test_pruned_position_and_expired_subscription(tmp_path: Path) -> None:
         small.stop()
 
 
-class _DropFirst(http.server.BaseHTTPRequestHandler):
+class _StandIn(http.server.BaseHTTPRequestHandler):
+    """The handler of an HTTP server standing in for a node: ``_handle`` answers every
+    method with ``reply``; it logs nothing."""
+
+    def _handle(self) -> None:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    do_POST = do_DELETE = do_GET
+
+    def reply(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _DropFirst(_StandIn):
     """Drops the connection of the first request without an answer (as a node closing a
     kept-alive connection just as it is reused), answers the others with JSON."""
 
@@ -346,17 +370,7 @@ class _DropFirst(http.server.BaseHTTPRequestHandler):
         if len(type(self).requests) == 1:
             self.close_connection = True
             return
-        body = b'{"name": "s", "cid": 7}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_DELETE = _handle
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(200, b'{"name": "s", "cid": 7}', {"Content-Type": "application/json"})
 
 
 @pytest.fixture
@@ -385,19 +399,12 @@ def test_a_request_that_may_have_been_applied_is_not_sent_again(drop_first: str)
     assert _DropFirst.requests == ["DELETE /cdc/subscriptions/s"]
 
 
-class _NotLitecdc(http.server.BaseHTTPRequestHandler):
+class _NotLitecdc(_StandIn):
     """Some other web server: an HTML 404 page, or an empty one."""
 
-    def do_GET(self) -> None:
+    def _handle(self) -> None:
         body = b"" if "empty" in self.path else b"<html><body><h1>Not here</h1></body></html>"
-        self.send_response(404)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(404, body, {"Content-Type": "text/html"})
 
 
 def test_an_address_that_is_not_a_litecdc_node_is_said_so() -> None:
@@ -416,7 +423,7 @@ def test_an_address_that_is_not_a_litecdc_node_is_said_so() -> None:
         server.server_close()
 
 
-class _CannotServe(http.server.BaseHTTPRequestHandler):
+class _CannotServe(_StandIn):
     """Answers 503 as a litecdc cluster node that cannot serve now does: a follower that
     knows no leader to forward to (plain text, rqlite's form) or one out of touch with its
     cluster (JSON). Stands in for such a node: a real one takes a three-member etcd and a
@@ -434,17 +441,7 @@ class _CannotServe(http.server.BaseHTTPRequestHandler):
         else:
             body = b"not leader: node n3 is not the leader: it knows no leader right now\n"
             kind = "text/plain; charset=utf-8"
-        self.send_response(503)
-        self.send_header("Content-Type", kind)
-        self.send_header("X-RQLITE-VERSION", "litecdc/0.1.0")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_DELETE = _handle
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(503, body, {"Content-Type": kind, "X-RQLITE-VERSION": "litecdc/0.1.0"})
 
 
 def test_a_node_that_cannot_serve_now_is_passed_over(node: Node, people: str) -> None:
@@ -485,7 +482,7 @@ def test_a_node_that_cannot_serve_now_is_passed_over(node: Node, people: str) ->
     assert "GET /cdc/tables/people" in _CannotServe.requests
 
 
-class _OlderNode(http.server.BaseHTTPRequestHandler):
+class _OlderNode(_StandIn):
     """A node from before min_cid (2026-11-27): it refused every query parameter it did
     not know, 400. Stands in for one: the request is forwarded to the real node, after
     that check (an older version of litecdc is not installable here)."""
@@ -511,17 +508,7 @@ class _OlderNode(http.server.BaseHTTPRequestHandler):
             body, status = answer.content, answer.status_code
             framing = ("content-length", "transfer-encoding", "connection", "content-encoding")
             headers = {k: v for k, v in answer.headers.items() if k.lower() not in framing}
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_DELETE = _handle
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(status, body, headers)
 
 
 def test_a_node_older_than_min_cid_is_read_without_it(
