@@ -131,9 +131,15 @@ def _jvm_ignoring_sigterm() -> Iterator[None]:
 #: Loggers that print a failed task's whole Python and JVM stack (70 lines) to stderr. The
 #: failure also ends the job with an exception that carries the same error, which the
 #: pipeline reports in one line (and stores in the subscription's status): the stack is noise.
+#: So are a file write's "Aborting job" (FileFormatWriter) and "Aborting task" (Utils)
+#: with their stacks (85 lines when a stop interrupts a Parquet log's micro-batch —
+#: retest QA): the write's exception says it too. (Utils also logs an uncaught exception
+#: in some of Spark's own threads: a bug of Spark's, which goes unsaid then.)
 TASK_FAILURE_LOGGERS = (
     "org.apache.spark.executor.Executor",
     "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.datasources.FileFormatWriter",
+    "org.apache.spark.util.Utils",
 )
 
 

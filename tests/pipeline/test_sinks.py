@@ -118,6 +118,21 @@ def open_tracked(opened: list[Sink], url: str, spec: TableSpec, sub: str = "sub"
     return sink
 
 
+def test_reading_a_mirror_not_made_yet_says_so_and_makes_nothing(
+    mirror: Mirror, opened: list[Sink]
+) -> None:
+    """What `pipeline verify` says before `run` copied the subscription (retest QA:
+    PostgreSQL's and MariaDB's own words, 'relation … does not exist'); nothing is made."""
+    url = mirror.url()
+    sink = open_sink(url, SPEC, "sub", prepare=False)
+    opened.append(sink)
+    with pytest.raises(SinkError, match=r"there is no (Delta )?table .* yet: has `litecdc"):
+        sink.read_rows()
+    assert sink.applied_cid() == 0
+    with pytest.raises(SinkError, match="there is no"):
+        sink.read_rows()  # still not made
+
+
 def assert_mirror(sink: Sink, src: SourceSim, mirror: Mirror) -> None:
     got = canonical_rows(table_rows(sink.read_rows()))
     want = canonical_rows(

@@ -27,6 +27,10 @@ FAILING_READ = """
         df.collect()
     except Exception as exc:
         print("FAILED AS EXPECTED:", str(exc).splitlines()[-1])
+    try:  # a file write whose task fails: its job is aborted (retest QA: 85 lines)
+        df.write.parquet("written")
+    except Exception as exc:
+        print("WRITE FAILED AS EXPECTED:", str(exc).splitlines()[-1])
     spark.stop()
 """
 
@@ -47,6 +51,9 @@ def test_a_failing_task_does_not_print_spark_stacks(node: Node, tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-4000:]
     assert "FAILED AS EXPECTED:" in done.stdout, done.stdout + done.stderr[-4000:]
     assert "a TEXT value at key [2]" in done.stdout, done.stdout
+    assert "WRITE FAILED AS EXPECTED:" in done.stdout, done.stdout
+    for logger in ("FileFormatWriter", "Utils"):
+        assert f"ERROR {logger}" not in done.stderr, done.stderr[-4000:]
     assert "ERROR Executor" not in done.stderr, done.stderr[-4000:]
     assert "ERROR TaskSetManager" not in done.stderr, done.stderr[-4000:]
     assert "\tat org.apache.spark" not in done.stderr, done.stderr[-4000:]

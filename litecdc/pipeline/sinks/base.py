@@ -141,7 +141,7 @@ def check_case_blind_names(
         raise SchemaMismatchError(
             f"{sink} sink: {where}: columns {first!r} and {second!r} are one name to "
             f"{server}, which takes names regardless of letter case: rename one at the "
-            "source to subscribe the table"
+            "source"
         )
 
 

@@ -772,6 +772,11 @@ class MariaDBSink(Sink):
             conn.commit()
         except pymysql.err.MySQLError as exc:
             self._rollback()
+            if exc.args and exc.args[0] == 1146:  # no such table
+                raise SinkError(
+                    f"mariadb sink: there is no table {self._where} yet: has `litecdc "
+                    "pipeline run` copied this subscription?"
+                ) from exc
             raise self._fail("reading", exc) from exc
         columns = list(zip(*records, strict=True)) if records else [() for _ in names]
         arrays = [

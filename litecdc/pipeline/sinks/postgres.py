@@ -681,6 +681,11 @@ class PostgresSink(Sink):
             with conn.cursor(binary=True) as cur:  # binary: floats exactly as stored
                 cur.execute(statement)
                 records = cur.fetchall()
+        except psycopg.errors.UndefinedTable as exc:
+            raise SinkError(
+                f"postgresql sink: there is no table {self._where} yet: has `litecdc "
+                "pipeline run` copied this subscription?"
+            ) from exc
         except psycopg.Error as exc:
             raise self._fail("reading", exc) from exc
         schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
