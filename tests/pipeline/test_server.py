@@ -642,14 +642,8 @@ def test_a_source_restored_from_a_backup_with_the_hold_fails_the_subscription(
             execute(c, ["UPDATE t SET v = 'first' WHERE id = 1"])
         rounds_until_caught_up(server, node, "t")
         applied = server.states["t"].applied_cid
-        node.stop()
-        for leftover in node.data_dir.glob("db.sqlite*"):
-            leftover.unlink()
-        (node.data_dir / "db.sqlite").write_bytes(backup)
-        node.start()
-        with node.client() as c:
-            while _head(c) <= applied + 1:  # the head past the applied cid: other commits
-                execute(c, [["INSERT INTO t VALUES(?, ?)", _head(c) + 100, "second"]])
+        _restore_from_backup(node, backup)
+        _commit_until_head_passes(node, applied + 1)  # past the applied cid: other commits
         server.run_round()
         error = server.states["t"].last_error or ""
         assert f"the source's commit {applied} is not the one the sink's data came from" in (
@@ -696,14 +690,8 @@ def test_a_source_restored_from_a_backup_taken_mid_snapshot_fails_the_subscripti
         rounds_until_caught_up(server, node, "t")
         with node.client() as c:
             copied = _head(c)  # (the UPDATE's)
-        node.stop()
-        for leftover in node.data_dir.glob("db.sqlite*"):
-            leftover.unlink()
-        (node.data_dir / "db.sqlite").write_bytes(backups[0])
-        node.start()
-        with node.client() as c:
-            while _head(c) <= copied:  # other commits with the copied row's cid
-                execute(c, [["INSERT INTO t VALUES(?, ?)", _head(c) + 100, "second"]])
+        _restore_from_backup(node, backups[0])
+        _commit_until_head_passes(node, copied)  # other commits with the copied row's cid
         server.run_round()
         error = server.states["t"].last_error or ""
         assert f"the source's commit {copied} is not the one the sink's data came from" in (
@@ -716,6 +704,22 @@ def test_a_source_restored_from_a_backup_taken_mid_snapshot_fails_the_subscripti
 
 def _head(client: httpx.Client) -> int:
     return int(client.get("/status").json()["store"]["last_cid"])
+
+
+def _restore_from_backup(node: Node, backup: bytes) -> None:
+    """Restart the node on a `GET /db/backup` file, as an operator restoring one would."""
+    node.stop()
+    for leftover in node.data_dir.glob("db.sqlite*"):
+        leftover.unlink()
+    (node.data_dir / "db.sqlite").write_bytes(backup)
+    node.start()
+
+
+def _commit_until_head_passes(node: Node, cid: int) -> None:
+    """Commit rows into `t` until the node's newest commit is past `cid`."""
+    with node.client() as c:
+        while _head(c) <= cid:
+            execute(c, [["INSERT INTO t VALUES(?, ?)", _head(c) + 100, "second"]])
 
 
 @pytest.mark.spark
