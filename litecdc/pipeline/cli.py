@@ -124,12 +124,23 @@ def pipeline() -> None:
     "http(s)://… (webhook), or parquet:/path (a change log). See docs/pipeline.md.",
 )
 @click.option("--owner", default="default", show_default=True, help="The server that runs it.")
-@click.option("--partitions", default=2, show_default=True, help="Snapshot key ranges.")
 @click.option(
-    "--page-rows", default=200_000, show_default=True, help="Snapshot rows per chunk and range."
+    "--partitions",
+    default=2,
+    show_default=True,
+    help=f"Snapshot key ranges (1-{MAX_PARTITIONS}).",
 )
 @click.option(
-    "--max-events", default=100_000, show_default=True, help="Change events per micro-batch."
+    "--page-rows",
+    default=200_000,
+    show_default=True,
+    help=f"Snapshot rows per chunk and range (1-{MAX_PAGE_ROWS:,}).",
+)
+@click.option(
+    "--max-events",
+    default=100_000,
+    show_default=True,
+    help=f"Change events per micro-batch (1-{MAX_EVENTS:,}).",
 )
 @click.option("--user", default=None, help="Basic-auth user for the source.")
 @click.option("--password", default=None, help="Basic-auth password for the source.")
@@ -224,9 +235,16 @@ def subscribe(
 @click.option(
     "--until-caught-up",
     is_flag=True,
-    help="Exit 0 once every subscription has applied all changes committed before the start.",
+    help="Exit once every subscription has applied all changes committed before the start: "
+    "0, or 1 when one was given up on (it failed 5 times in a row) meanwhile.",
 )
-@click.option("--poll-interval", default=1.0, show_default=True, help="Seconds between polls.")
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls when there is nothing to do "
+    f"(above 0, at most {MAX_POLL_INTERVAL:,.0f}).",
+)
 @click.option(
     "--parallel",
     default=4,
@@ -237,6 +255,7 @@ def subscribe(
 @click.option(
     "--metrics-port",
     default=0,
+    show_default=True,
     type=click.IntRange(0, 65535),
     help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = off).",
 )

@@ -304,8 +304,10 @@ class PipelineServer:
         slow sink, or one whose server hangs, holds up no other subscription (the watch
         on stalled steps breaks a hung one's connection). With ``until_caught_up``,
         return once each has applied every change committed at its source before this
-        call, or once one has failed GIVE_UP_FAILURES times in a row (it would never
-        catch up). Returns how many subscriptions are still failing (0 = all healthy)."""
+        call or has failed GIVE_UP_FAILURES times in a row (it would never catch up: it
+        is not stepped again, and the others go on — docs QA: one whose hold could not
+        be released ended every run before a healthy one's snapshot was done). Returns
+        how many subscriptions are still failing (0 = all healthy)."""
         targets: dict[str, int] | None = {} if until_caught_up else None
         self._available_now = until_caught_up
         self._scheduled = {}
@@ -325,8 +327,6 @@ class PipelineServer:
         caught_up = False
         try:
             while not self._stop.is_set():
-                if targets is not None and self._gave_up():
-                    break
                 if time.monotonic() - claim_checked >= CLAIM_CHECK_INTERVAL:
                     claim_checked = time.monotonic()
                     self.meta.check_owner_claim()  # (lost to another run: raises, run ends)
@@ -358,17 +358,15 @@ class PipelineServer:
         for name in list(self._kept_sinks):
             self._close_kept_sink(name)
 
-    def _gave_up(self) -> bool:
-        # (a copy: stepping threads add and drop states meanwhile)
-        return any(s.failures >= GIVE_UP_FAILURES for s in list(self.states.values()))
-
     def _caught_up(self, targets: dict[str, int]) -> bool:
-        owned = self.meta.list_subscriptions(owner=self.owner)
-        if not owned:
-            return True
-        for sub in owned:
+        """Whether each owned subscription has caught up, or was given up (failed
+        GIVE_UP_FAILURES times in a row: no longer stepped); one being unsubscribed has
+        its hold released first."""
+        for sub in self.meta.list_subscriptions(owner=self.owner, include_cancelled=True):
             state = self.states.get(sub.name)
-            if state is None or sub.name not in targets:
+            if state is not None and state.failures >= GIVE_UP_FAILURES:
+                continue
+            if sub.cancel or state is None or sub.name not in targets:
                 return False
             if state.stage != "incremental" or state.applied_cid < targets[sub.name]:
                 return False
@@ -833,12 +831,21 @@ class PipelineServer:
             kept[1].close()
 
     def _unsubscribe(self, sub: Subscription) -> None:
-        # NotFoundError: never registered, or released already
-        with (
-            SourceClient(list(sub.sources), **_auth(sub.options)) as client,
-            contextlib.suppress(NotFoundError),
-        ):
-            client.unsubscribe(sub.name)
+        try:
+            # NotFoundError: never registered, or released already
+            with (
+                SourceClient(list(sub.sources), **_auth(sub.options)) as client,
+                contextlib.suppress(NotFoundError),
+            ):
+                client.unsubscribe(sub.name)
+        except LitecdcError as exc:
+            # (docs QA: the bare 401 did not say this was a pending unsubscribe, nor
+            # how to end it)
+            raise SourceError(
+                f"unsubscribed, but its hold on the source cannot be released: {exc}; "
+                "releasing needs a user allowed to execute — or `litecdc pipeline "
+                f"unsubscribe --force {sub.name}` removes it without releasing the hold"
+            ) from exc
         self._forget(sub.name)
         self.meta.remove_subscription(sub.name)
         log.info("subscription %s: unsubscribed, hold released", sub.name)

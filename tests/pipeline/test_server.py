@@ -1,6 +1,6 @@
 """PipelineServer's own decisions, against a real node and metadata store: a failing
-subscription backs off and, under ``until_caught_up``, the run gives up with it instead
-of waiting forever; the others keep running. A source table changed in a way the sink
+subscription backs off and, under ``until_caught_up``, the run gives up on it instead
+of waiting forever, once the others have caught up. A source table changed in a way the sink
 cannot follow fails its subscription; one reshaped in a way that looks unchanged (dropped
 and created again, its last column dropped and added again) is copied again."""
 
@@ -59,6 +59,72 @@ def test_until_caught_up_gives_up_on_a_subscription_that_keeps_failing(
         assert str(closed) in state.last_error
         assert "\n" not in state.last_error  # libpq's message spans two lines
         assert store.progress("down").stage is None  # nothing recorded for it
+    finally:
+        store.close()
+
+
+def test_until_caught_up_gives_up_on_an_unsubscribe_the_source_refuses_saying_how_to_end_it(
+    tmp_path: Path,
+) -> None:
+    """Docs QA: unsubscribed with a user allowed only to query, the hold could not be
+    released (401); each `run --until-caught-up` failed on it with the bare 401."""
+    auth = tmp_path / "auth.json"
+    auth.write_text(
+        '[{"username": "admin", "password": "a", "perms": ["all"]},'
+        ' {"username": "reader", "password": "r", "perms": ["query", "ready"]}]'
+    )
+    secured = Node(tmp_path / "node", "--auth", str(auth)).start()
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        with httpx.Client(base_url=secured.url, auth=("admin", "a")) as c:
+            execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+        control.subscribe(
+            store, name="r", sources=secured.url, table="t", sink=f"delta:{tmp_path / 'l'}",
+            options={"user": "reader", "password": "r"},
+        )  # fmt: skip
+        refused = control.unsubscribe(store, "r")
+        assert refused is not None and "401" in refused  # only marked for removal
+        server = PipelineServer(store, spark=None, poll_interval=0.01, retry_delay=0.01)  # type: ignore[arg-type]
+        assert server.run(until_caught_up=True) == 1
+        state = server.states["r"]
+        assert state.failures == GIVE_UP_FAILURES
+        error = state.last_error or ""
+        assert "unsubscribed, but its hold on the source cannot be released" in error, error
+        assert "401" in error
+        assert "`litecdc pipeline unsubscribe --force r`" in error
+        (left,) = store.list_subscriptions(include_cancelled=True)
+        assert left.name == "r" and left.cancel  # still pending: nothing lost
+    finally:
+        store.close()
+        secured.stop()
+
+
+@pytest.mark.spark
+def test_until_caught_up_finishes_the_others_before_giving_up_on_a_failing_one(
+    node: Node, tmp_path: Path, spark: SparkSession
+) -> None:
+    """Docs QA: one subscription given up (5 failures, a second or so) ended the run
+    while a healthy one was still copying its table: every run exited there, and that
+    one never caught up."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(c, [["INSERT INTO t VALUES(?, ?)", i, f"v{i}"] for i in range(1, 2001)])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="down", sources=node.url, table="t",
+            sink=f"postgresql://postgres@127.0.0.1:{free_port()}/x",
+        )  # fmt: skip
+        control.subscribe(
+            store, name="ok", sources=node.url, table="t", sink=f"delta:{tmp_path / 'l'}",
+            options={"page_rows": 100},
+        )  # fmt: skip
+        server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+        assert server.run(until_caught_up=True) == 1
+        assert server.states["down"].failures == GIVE_UP_FAILURES
+        assert server.states["ok"].last_error is None
+        assert store.progress("ok").stage == "incremental"
+        assert verify(store.get_subscription("ok")).ok
     finally:
         store.close()
 
