@@ -625,13 +625,15 @@ class MetadataStore:
     reading and adding subscriptions are not restricted.
     """
 
-    def __init__(self, backend: _Backend, *, owner: str | None = None) -> None:
+    def __init__(
+        self, backend: _Backend, *, owner: str | None = None, create: bool = True
+    ) -> None:
         self._backend = backend
         self._lock = threading.Lock()  # one connection, shared by the server's threads
         self.owner = owner
         self._dialect = "postgresql" if isinstance(backend, _PostgresBackend) else "sqlite"
         self._closed = False
-        self._create_schema()
+        self._create_schema(create=create)
 
     @classmethod
     def open(
@@ -645,7 +647,8 @@ class MetadataStore:
     ) -> MetadataStore:
         """Open (and create, if new) the store at ``url``: ``sqlite:///abs/path.db``,
         ``sqlite:relative/path.db`` or ``postgresql://user[:password]@host:port/db``.
-        Without ``create`` a SQLite file that does not exist is refused, not made."""
+        Without ``create`` a store that does not exist is refused, not made: a SQLite
+        file that is missing or empty, a PostgreSQL database without the store's tables."""
         if not isinstance(url, str) or not url:
             raise MetadataError("metadata URL is empty: use sqlite:///path or postgresql://…")
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -664,7 +667,7 @@ class MetadataStore:
             )
         log.debug("metadata store: %s", backend.description)
         try:
-            return cls(backend, owner=owner)
+            return cls(backend, owner=owner, create=create)
         except BaseException:
             backend.close()
             raise
@@ -685,11 +688,21 @@ class MetadataStore:
                     f"metadata database {self._backend.description}: {str(exc).strip()}"
                 ) from exc
 
-    def _create_schema(self) -> None:
+    def _create_schema(self, *, create: bool) -> None:
         with self._tx() as tx:
             if self._dialect == "postgresql":
                 # Two servers starting at once would race on CREATE TABLE IF NOT EXISTS.
                 tx.execute("SELECT pg_advisory_xact_lock(7262011)")
+                # (the SQLite backend checked its file already) docs QA: `pipeline status`
+                # made the store's tables in another application's database, or a
+                # mistyped one, and said "no subscriptions"
+                found = tx.execute("SELECT to_regclass('litecdc_metadata_schema')")
+                if not create and found[0][0] is None:
+                    raise MetadataError(
+                        f"no metadata store in {self._backend.description} (it has no "
+                        "litecdc_metadata_schema table): `litecdc pipeline subscribe` makes "
+                        "it; check --meta (or LITECDC_PIPELINE_META)"
+                    )
             for statement in _SCHEMA:
                 tx.execute(statement)
             rows = tx.execute("SELECT version FROM litecdc_metadata_schema")

@@ -864,6 +864,36 @@ def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_pat
     assert result.exit_code == 0 and "no subscriptions" in result.output, result.output
 
 
+def test_a_postgresql_database_is_made_a_store_by_subscribe_only(postgresql_db_url: str) -> None:
+    """Docs QA: `pipeline status --meta postgresql://…/appdb` made the store's five tables
+    in another application's database (or a mistyped one) and said "no subscriptions"."""
+    import psycopg
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    with psycopg.connect(postgresql_db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers(id integer PRIMARY KEY)")
+
+    def tables() -> list[str]:
+        with psycopg.connect(postgresql_db_url) as conn:
+            rows = conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+            ).fetchall()
+        return [name for (name,) in rows]
+
+    runner = CliRunner()
+    for args in (["list"], ["status"], ["unsubscribe", "x"], ["verify", "x"], ["run"]):
+        result = runner.invoke(cli, ["pipeline", *args, "--meta", postgresql_db_url])
+        assert result.exit_code == 1, result.output
+        assert "error: no metadata store in PostgreSQL postgresql://" in result.output
+        assert "`litecdc pipeline subscribe` makes it" in result.output
+        assert tables() == ["customers"]  # nothing made
+    MetadataStore.open(postgresql_db_url).close()  # (as subscribe makes it)
+    result = runner.invoke(cli, ["pipeline", "list", "--meta", postgresql_db_url])
+    assert result.exit_code == 0 and "no subscriptions" in result.output, result.output
+
+
 def test_subscribe_and_run_refuse_values_that_would_break_later(tmp_path: Path) -> None:
     """CLI QA: each of these was stored (or let run start) without a word, and failed
     later or never ran: --user without --password, a webhook URL holding a space, an
