@@ -180,7 +180,8 @@ def _refuse_cluster_options_standalone(ctx: click.Context) -> None:
 @click.option(
     "--node-ca-cert",
     envvar="LITECDC_NODE_CA_CERT",
-    help="CA of the other nodes' HTTPS certificates, for forwarding writes to the leader.",
+    help="CA of the other nodes' HTTPS certificates, for forwarding writes to the leader "
+    "and downloading snapshots from peers.",
 )
 @click.option(
     "--node-user",

@@ -64,7 +64,8 @@ def _meta_option(func: F) -> F:
         envvar="LITECDC_PIPELINE_META",
         show_envvar=True,
         default=None,
-        help="Metadata store: sqlite:///path or postgresql://user@host:port/db. "
+        help="Metadata store: sqlite:///abs/path.db, sqlite:relative/path.db or "
+        "postgresql://user@host:port/db. "
         f"Default: sqlite file {DEFAULT_META_FILE} in the working directory.",
     )(func)
 

@@ -625,9 +625,7 @@ class MetadataStore:
     reading and adding subscriptions are not restricted.
     """
 
-    def __init__(
-        self, backend: _Backend, *, owner: str | None = None, create: bool = True
-    ) -> None:
+    def __init__(self, backend: _Backend, *, owner: str | None = None, create: bool = True) -> None:
         self._backend = backend
         self._lock = threading.Lock()  # one connection, shared by the server's threads
         self.owner = owner

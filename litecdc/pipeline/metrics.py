@@ -64,6 +64,10 @@ class PipelineMetrics:
         )
         self._applied.labels(state.name).set(state.applied_cid)
         self._failing.labels(state.name).set(1 if state.last_error else 0)
+        # the counters too, from 0 (docs QA: snapshot rows were missing from /metrics
+        # until a snapshot ran in this process; rate() needs the series from the start)
+        self._snapshot_rows.labels(state.name)
+        self._events.labels(state.name)
 
     def forget(self, name: str) -> None:
         """Subscription ``name`` is gone: its series go too (ops QA: an unsubscribed one's

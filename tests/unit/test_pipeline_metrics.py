@@ -45,6 +45,9 @@ def test_metrics_report_lag_and_failures_per_subscription() -> None:
     assert got[("litecdc_pipeline_lag_seconds", "orders-pg")] == 0
     assert got[("litecdc_pipeline_snapshot_rows_total", "orders-lake")] == 1000
     assert got[("litecdc_pipeline_events_applied_total", "orders-lake")] == 250
+    # counters from 0 for one that wrote nothing in this process (docs QA: missing)
+    assert got[("litecdc_pipeline_snapshot_rows_total", "orders-pg")] == 0
+    assert got[("litecdc_pipeline_events_applied_total", "orders-pg")] == 0
 
 
 def test_lag_seconds_is_read_when_scraped_and_a_gone_subscription_leaves() -> None:
