@@ -31,7 +31,7 @@ from urllib.parse import quote, urlencode
 
 import pyarrow as pa
 import urllib3
-from urllib3.exceptions import ConnectTimeoutError, HTTPError, ProtocolError
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, ProtocolError, ReadTimeoutError
 
 from litecdc.errors import NotFoundError, PositionUnavailableError, SourceError
 from litecdc.pipeline.tables import TableSpec
@@ -55,6 +55,12 @@ log = logging.getLogger("litecdc.pipeline")
 
 #: Seconds to wait for a node to connect and answer one request (a page of rows).
 DEFAULT_TIMEOUT = 60.0
+#: ... and for the answer to a data read (a page of rows, a batch of changes) at least:
+#: a batch holds whole transactions, and one of 1.5M row changes took a node 24 s to
+#: answer alone, over 60 s with three subscriptions reading it at once (scale QA: every
+#: read timed out, retried, and the batch was never applied). A hung node still shows
+#: within DEFAULT_TIMEOUT: every step asks for the table or the position first.
+DATA_READ_TIMEOUT = 600.0
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -156,7 +162,8 @@ class SourceClient:
 
     ``ca_cert`` is a PEM file of the CA that signed the node's HTTPS certificate, or
     ``ca_pem`` its text (what a Spark executor gets: it may not have the driver's files).
-    ``timeout`` (seconds, default 60) bounds connecting and each read.
+    ``timeout`` (seconds, default 60) bounds connecting and each read; a data read
+    (rows, changes) waits at least DATA_READ_TIMEOUT for its answer.
     """
 
     def __init__(
@@ -373,7 +380,9 @@ class SourceClient:
     # -- transport -------------------------------------------------------------------
 
     def _arrow(self, path: str, params: dict[str, Any]) -> tuple[pa.Table, dict[bytes, bytes]]:
-        response = self._request("GET", path, params=params)
+        response = self._request(
+            "GET", path, params=params, read_timeout=max(self.timeout, DATA_READ_TIMEOUT)
+        )
         kind = response.headers.get("content-type", "")
         if not kind.startswith(ARROW_STREAM):
             raise SourceError(f"source {response.url}: expected Arrow IPC, got {kind!r}")
@@ -407,12 +416,16 @@ class SourceClient:
         params: dict[str, Any] | None = None,
         json: Any = None,
         idempotent: bool | None = None,
+        read_timeout: float | None = None,
     ) -> _Response:
         """Send to the address that answered last, then the others in turn.
 
         A refused connection never reached a node, so any request moves on; after a
         timeout or a dropped connection only idempotent ones do (GETs by default).
+        ``read_timeout``: how long to wait for the answer (default: ``timeout``).
         """
+        timeout = urllib3.Timeout(connect=self.timeout, read=read_timeout or self.timeout)
+        timed_out = 0  # addresses that took the connection but did not answer in time
         retry_any_failure = method == "GET" if idempotent is None else idempotent
         failures: list[str] = []
         n = len(self.urls)
@@ -427,9 +440,10 @@ class SourceClient:
                 sent = {k: v for k, v in params.items() if k != "min_cid"}
             url = self.urls[index] + path + (f"?{urlencode(sent)}" if sent else "")
             try:
-                raw = self.client.request(method, url, json=json, redirect=False)
+                raw = self.client.request(method, url, json=json, redirect=False, timeout=timeout)
             except HTTPError as exc:
                 failures.append(f"{self.urls[index]}: {type(exc).__name__}: {exc}")
+                timed_out += isinstance(exc, ReadTimeoutError)
                 if retry_any_failure and isinstance(exc, ProtocolError) and index not in redone:
                     redone.add(index)
                     order.insert(0, index)
@@ -474,6 +488,12 @@ class SourceClient:
                     raise SourceError(f"{error}; before it: {'; '.join(failures)}") from error
                 raise error
             return response
+        if timed_out == len(failures):
+            # it took the connection and is working, or hung: not unreachable (scale QA)
+            raise SourceError(
+                f"source {', '.join(self.urls)}: no answer within {timeout.read_timeout:g} s "
+                f"({'; '.join(failures)}); is the node overloaded or hung?"
+            )
         raise SourceError(f"source {', '.join(self.urls)}: unreachable ({'; '.join(failures)})")
 
 

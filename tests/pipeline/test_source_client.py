@@ -539,3 +539,44 @@ def test_a_node_older_than_min_cid_is_read_without_it(
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Slow(_OlderNode):
+    """Forwards to the real node, as _OlderNode, after ``delay`` seconds: a node busy
+    building a very large answer (or hung, for a request that asks less of it)."""
+
+    delay: ClassVar[float] = 0.0
+
+    def _handle(self) -> None:
+        time.sleep(type(self).delay)
+        super()._handle()
+
+
+def test_a_data_read_waits_longer_than_a_request_and_a_slow_node_is_not_called_unreachable(
+    node: Node,
+) -> None:
+    """Scale QA: a batch holding one 1.5M-row transaction took the node over 60 s to
+    answer with three subscriptions reading it at once; every read timed out ("source …:
+    unreachable"), was sent again, and the batch was never applied."""
+    with node.client() as h:
+        node.execute(h, ["CREATE TABLE slow_t(id INTEGER PRIMARY KEY)"])
+        node.execute(h, ["INSERT INTO slow_t VALUES(1)", "INSERT INTO slow_t VALUES(2)"])
+    with SourceClient([node.url]) as direct:
+        pruned = direct.subscriptions().pruned_cid  # (the module's node prunes its log)
+    _Slow.target, _Slow.refused, _Slow.delay = node.url, 0, 1.5
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slow = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with SourceClient([slow], timeout=0.5) as c:
+            assert c.changes("slow_t", after=pruned, limit=10).table.num_rows == 2
+            assert c.rows("slow_t", limit=5).table.num_rows == 2
+            with pytest.raises(SourceError) as late:
+                c.table_info("slow_t")
+        assert f"source {slow}: no answer within 0.5 s" in str(late.value)
+        assert "overloaded or hung" in str(late.value)
+        assert "unreachable" not in str(late.value)
+    finally:
+        time.sleep(_Slow.delay)  # (the request given up on is still being answered)
+        server.shutdown()
+        server.server_close()
