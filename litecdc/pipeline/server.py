@@ -116,6 +116,12 @@ HOLD_CHECK_INTERVAL = 5.0
 GIVE_UP_FAILURES = 5
 RETRY_DELAY = 0.5
 RETRY_MAX_DELAY = 30.0
+#: a Parquet change log's query started again after a failure has not recovered until it
+#: has run this long: its failure shows a step or more later, and a start reset the
+#: back-off (scale QA: on a loaded machine twelve logs' queries failed ~20 s after each
+#: start, "Python worker failed to connect back", and were started again every 0.5 s,
+#: their Python processes piling up and loading the machine further)
+QUERY_RECOVERED_AFTER = 60.0
 SCHEMA_CHECK_INTERVAL = 5.0
 #: a step of `run` going on this long gets its sink's server asked for a new connection,
 #: and again as often while it lasts: a server that does not answer (a frozen process, a
@@ -176,6 +182,8 @@ class SubscriptionState:
     key_scan: KeyScan | None = None
     #: the last failure was its sink's server not answering (SinkUnreachableError)
     unreachable: bool = False
+    #: when a Parquet change log's streaming query was last started (monotonic)
+    query_started: float | None = None
 
     @property
     def lag_cids(self) -> int:
@@ -486,7 +494,7 @@ class PipelineServer:
                 self._server_heard(scheduled.server, state, was_unreachable=was_unreachable)
             if busy is None:
                 scheduled.retired = True  # unsubscribed
-            elif state.last_error is not None:
+            elif state.last_error is not None and state.retry_at > time.monotonic():
                 scheduled.due_at = state.retry_at
             else:
                 scheduled.due_at = time.monotonic() + (0.0 if busy else self.poll_interval)
@@ -649,12 +657,13 @@ class PipelineServer:
                 targets[name] = running.client.table_info(running.spec.name).last_cid
                 state.source_cid = max(state.source_cid, targets[name])
             busy = self._step(running)
-            if name not in self._cleared:
-                self._record_failure(name, None)
-                self._cleared.add(name)
-            state.last_error = None
-            state.failures = 0
-            state.unreachable = False
+            if not self._recovering(running):
+                if name not in self._cleared:
+                    self._record_failure(name, None)
+                    self._cleared.add(name)
+                state.last_error = None
+                state.failures = 0
+                state.unreachable = False
         except Exception as exc:
             if isinstance(exc, UnknownSubscriptionError) and exc.name == name:
                 # unsubscribed (and removed) while the step ran: nothing to retry (QA: the
@@ -685,6 +694,15 @@ class PipelineServer:
         if self.on_progress is not None:
             self.on_progress(state)
         return busy
+
+    @staticmethod
+    def _recovering(running: _Running) -> bool:
+        """Whether ``running`` is a failed Parquet change log whose query, started again,
+        has not run QUERY_RECOVERED_AFTER yet: its failure and back-off stand meanwhile."""
+        state, started = running.state, running.state.query_started
+        if running.parquet is None or state.last_error is None or started is None:
+            return False
+        return running.query is not None and time.monotonic() - started < QUERY_RECOVERED_AFTER
 
     def _start(self, sub: Subscription, state: SubscriptionState) -> _Running:
         client = SourceClient(list(sub.sources), **_auth(sub.options))
@@ -1241,6 +1259,7 @@ class PipelineServer:
                 available_now=self._available_now,
                 interval_seconds=self.poll_interval,
             )
+            state.query_started = time.monotonic()
         query = running.query
         if self._available_now:
             # its end (an error too, which exception() gives below)

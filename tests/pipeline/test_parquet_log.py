@@ -275,3 +275,67 @@ def test_parquet_log_past_the_retention_cap_starts_over_and_converges(
         assert len(keys) == len(set(keys)), "an event was written twice"
     finally:
         capped.stop()
+
+
+class _NeverConnects:
+    """Stands in for a change log's streaming query whose Python worker never connects
+    back (Spark waits 10 s for it, a fixed time): running when started, failed when
+    looked at again — as a loaded machine's queries were (scale QA)."""
+
+    lastProgress = None
+
+    def __init__(self) -> None:
+        self.looked = 0
+
+    def exception(self) -> Exception | None:
+        self.looked += 1
+        return None if self.looked == 1 else RuntimeError("Python worker failed to connect back.")
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_change_log_query_that_keeps_failing_backs_off(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scale QA: twelve logs' queries failed ~20 s after each start on a loaded machine and
+    were started again every 0.5 s: each start counted as a success and reset the back-off,
+    and their Python processes piled up. A query started again after a failure has not
+    recovered until it has run a while: the failures add up, the back-off grows."""
+    from litecdc.pipeline import control
+    from litecdc.pipeline import server as server_module
+    from litecdc.pipeline.metadata import MetadataStore
+    from litecdc.pipeline.server import PipelineServer
+
+    node = Node(tmp_path / "node").start()
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    server = PipelineServer(store, spark, poll_interval=0.01, retry_delay=0.01)
+    try:
+        with node.client() as c:
+            execute(c, [DDL])
+            _insert(c, 1, 10)
+        control.subscribe(
+            store, name="l", sources=node.url, table="items", sink=f"parquet:{tmp_path / 'log'}"
+        )
+        started: list[_NeverConnects] = []
+
+        def start_changes(*args: Any, **kwargs: Any) -> _NeverConnects:
+            started.append(_NeverConnects())
+            return started[-1]
+
+        monkeypatch.setattr(server_module.parquet_log, "start_changes", start_changes)
+        seen: list[int] = []
+        for _ in range(100):  # (a bound: the snapshot takes a few rounds, then 5 starts)
+            if len(started) >= 5:
+                break
+            server.run_round()  # (the snapshot first: a Spark job of its own)
+            state = server.states["l"]
+            seen.append(state.failures)
+            time.sleep(max(state.retry_at - time.monotonic(), 0))
+        assert max(seen) >= 4, seen  # (it was 0, 1, 0, 1, …)
+        assert "Python worker failed to connect back" in (server.states["l"].last_error or "")
+        assert store.failure("l") is not None  # `status` says FAILING throughout
+    finally:
+        server.close()
+        store.close()
+        node.stop()
