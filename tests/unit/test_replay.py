@@ -83,6 +83,35 @@ def test_rebuild_from_journal_sql_text_alone(store: Store) -> None:
     assert contents_of_connection(rebuilt) == contents_of_store(store)
 
 
+def test_text_with_thousands_of_nuls_replays_on_a_follower_from_sql_and_from_a_dump(
+    tmp_path: Path,
+) -> None:
+    """Scale QA: a text holding ~1000 NULs was journaled as text around each char(0)
+    joined by ||, an expression as deep as the NULs were many; SQLite refuses one over
+    1000 deep ("Expression tree is too large"): replaying the journal lost the row, a
+    follower skipped the entry (the replicas differed), and the backup did not load."""
+    leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
+    many = "x\x00'" * 5000
+    private = "".join(map(chr, range(0xE000, 0xE010)))  # (the stand-in is one the text lacks)
+    leader.execute(
+        [
+            S("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)"),
+            S("INSERT INTO t VALUES(1, ?)", (many,)),
+            S("INSERT INTO t VALUES(?, ?)", (2, private + "\x00" + private)),
+        ]
+    )
+    leader.execute([S("INSERT INTO t VALUES(?, ?)", (i, f"{i}\x00" * 1500)) for i in (3, 4)])
+    expected = contents_of_store(leader)
+    assert expected["t"][0] == (1, 1, many)
+    assert contents_of_connection(replay_sql_text(leader)) == expected
+    follower = _follower_replay(leader, tmp_path / "follower")
+    assert contents_of_store(follower) == expected
+    dump = leader.dump_sql()
+    loaded = apsw.Connection(":memory:")
+    loaded.execute(dump)
+    assert contents_of_connection(loaded) == expected
+
+
 def _follower_replay(leader: Store, path: Path, seed: int | None = None) -> Store:
     """Apply the leader's entries on a new follower. With ``seed``, in a random order that
     only respects each entry's snapshot, as hctree allows a follower to."""
