@@ -421,6 +421,9 @@ class Engine:
         #: progress checks (every WRITE_CHECK_STEPS steps) of the client statement that
         #: runs; None while none does (litecdc's own statements have no limit)
         self._write_checks: int | None = None
+        #: how many executions of the last batch that failed and was undone had succeeded
+        #: before the failing one (0 when it failed before running any)
+        self._batch_ran_before_failure = 0
         #: close() was called: no client statement starts any more
         self._closing = False
         #: interrupt_writes() was called during the write in progress (depth > 0)
@@ -907,9 +910,13 @@ class Engine:
             failed = aborts = False
             try:
                 index, count = 0, len(statements)
+                # a run of statements whose batch failed runs singly up to here (scale QA:
+                # batched again from the next statement, the run failed again at the same
+                # one, over and over: one failure among 100k INSERTs took over 10 minutes)
+                singly_until = 0
                 while index < count:
                     statement = statements[index]
-                    if transaction and statement.params:
+                    if transaction and statement.params and index >= singly_until:
                         # (runs of one statement WITH parameters only: a text without
                         # them — every log entry's, a replay's — runs singly, prepared
                         # afresh, so the step limit's checks fall alike on every replica;
@@ -917,16 +924,25 @@ class Engine:
                         end = index + 1
                         while end < count and statements[end].sql == statement.sql:
                             end += 1
-                        if (
-                            end - index > 1
-                            and self._batchable(statement.sql)
-                            and self._run_batch(statements[index:end], results, rendered, combined)
-                        ):
-                            index = end
-                            if results[-1].error is not None:
-                                failed = True  # (it ended the transaction: see _run_batch)
-                                break
-                            continue
+                        if end - index > 1 and self._batchable(statement.sql):
+                            batched = self._run_batch(
+                                statements[index:end], results, rendered, combined
+                            )
+                            if not batched:
+                                singly_until = end
+                                # the executions before the failing one, as a batch again
+                                before = self._batch_ran_before_failure
+                                if before > 1:
+                                    end = index + before
+                                    batched = self._run_batch(
+                                        statements[index:end], results, rendered, combined
+                                    )
+                            if batched:
+                                index = end
+                                if results[-1].error is not None:
+                                    failed = True  # (it ended the transaction: see _run_batch)
+                                    break
+                                continue
                     result, text, aborts = self._run_statement(statement, transaction, combined)
                     results.append(result)
                     index += 1
@@ -1013,6 +1029,7 @@ class Engine:
         failing execution's error, and the request fails there.
         """
         self._check_not_stopping()
+        self._batch_ran_before_failure = 0
         writer = self._writer
         sql = group[0].sql
         access = self._access_cache.get(sql)
@@ -1057,6 +1074,9 @@ class Engine:
             self._random.calls = random_mark
             if writer.in_transaction:
                 self._internal("ROLLBACK TO litecdc_batch; RELEASE litecdc_batch")
+                # (before_each ran for each execution begun; all of them when what failed
+                # came after executemany)
+                self._batch_ran_before_failure = max(len(last_ids) - 1, 0)
                 return False
             # The execution that failed ended the whole transaction (ON CONFLICT ROLLBACK,
             # RAISE(ROLLBACK), the step limit): there is nothing to run singly in (review:

@@ -329,6 +329,12 @@ def run(
                     f"{failing} subscription(s) failed ({', '.join(names)}); see the log "
                     "above or `litecdc pipeline status`"
                 )
+            if not server.caught_up:
+                # (review: a SIGTERM or Ctrl-C before then said "every subscription has
+                # caught up", exit 0, to the script waiting on it)
+                raise LitecdcError(
+                    "stopped before every subscription had caught up; run it again to go on"
+                )
             click.echo("every subscription has caught up")
 
 

@@ -284,9 +284,10 @@ class StatusReport:
         if progress.last_log_index is not None:
             lines.append(f"  applied through cid {progress.last_log_index}")
         if self.source_error is not None:
-            # the client says "unreachable" when no address answered; anything else is an
-            # answer: a refusal (401, 403), an error of the node, not a litecdc node
-            what = "unreachable" if ": unreachable (" in self.source_error else "error"
+            # the client says "unreachable" when no address took the connection, "no
+            # answer" when none answered in time; anything else is an answer: a refusal
+            # (401, 403), an error of the node, not a litecdc node
+            what = "unreachable" if _not_answering(self.source_error) else "error"
             lines.append(f"  source: {what} ({self.source_error})")
         if self.table_missing is not None:
             lines.append(
@@ -317,6 +318,13 @@ class StatusReport:
                 + (f", lag {lag} cid(s){seconds}" if lag is not None else "")
             )
         return "\n".join(lines)
+
+
+def _not_answering(error: str) -> bool:
+    """Whether a source client's error says no address answered: none took the
+    connection, or none answered in time (review: a frozen source, "no answer within",
+    was asked again for each of its subscriptions, 15 s each)."""
+    return ": unreachable (" in error or ": no answer within " in error
 
 
 def _lag_seconds(client: SourceClient, table: str, applied: int) -> float:
@@ -389,6 +397,6 @@ def _status(
                     report.position_expired = str(exc)
     except LitecdcError as exc:  # unreachable, refusing: said in this report only
         report.source_error = str(exc)
-        if ": unreachable (" in report.source_error:
+        if _not_answering(report.source_error):
             unreachable[sources] = report.source_error
     return report

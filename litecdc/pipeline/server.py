@@ -290,6 +290,9 @@ class PipelineServer:
         self._stop = threading.Event()
         #: until_caught_up: Parquet change logs run availableNow queries to completion
         self._available_now = False
+        #: whether the last ``run(until_caught_up=True)`` ended caught up (each
+        #: subscription caught up or given up), not stopped first
+        self.caught_up = False
         #: `run`: every owned subscription, the steps waiting for a thread, a nudge for
         #: the scheduler when a step ends
         self._scheduled: dict[str, _Scheduled] = {}
@@ -351,6 +354,7 @@ class PipelineServer:
                 next_due = self._dispatch(give_up=targets is not None)
                 self._step_ended.wait(min(max(next_due - time.monotonic(), 0), WATCH_INTERVAL))
         finally:
+            self.caught_up = caught_up
             # (caught up: the steps in flight end as they are; stopped, given up, the
             # owner's claim lost, Ctrl-C: their reads are cancelled — review)
             self._stop_threads(threads, cancel_reads=not caught_up)
@@ -859,13 +863,18 @@ class PipelineServer:
         except LitecdcError as exc:
             # (docs QA: the bare 401 did not say this was a pending unsubscribe, nor
             # how to end it)
+            refused = "(401" in str(exc) or "(HTTP 403)" in str(exc)
+            need = "a user allowed to execute" if refused else "the source to answer"
             raise SourceError(
                 f"unsubscribed, but its hold on the source cannot be released: {exc}; "
-                "releasing needs a user allowed to execute — or `litecdc pipeline "
-                f"unsubscribe --force {sub.name}` removes it without releasing the hold"
+                f"releasing needs {need} — or `litecdc pipeline unsubscribe --force "
+                f"{sub.name}` removes it without releasing the hold"
             ) from exc
-        self._forget(sub.name)
+        # removed first: a store that fails it leaves the state and its failures counted
+        # (review: forgotten first, the failures never added up to giving it up, and
+        # `--until-caught-up` waited on it for good)
         self.meta.remove_subscription(sub.name)
+        self._forget(sub.name)
         log.info("subscription %s: unsubscribed, hold released", sub.name)
 
     # -- stages ------------------------------------------------------------------------

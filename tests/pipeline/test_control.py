@@ -1100,3 +1100,42 @@ def test_verify_reads_a_registered_delta_mirrors_applied_cid_and_creates_nothing
         SourceError, match=rf"min_cid {head + 5} is beyond this node's history.*HTTP 409"
     ):
         verify_subscription(store, "vr")
+
+
+def test_run_until_caught_up_stopped_first_does_not_say_it_caught_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a `run --until-caught-up` stopped by SIGTERM or Ctrl-C before it caught up
+    printed "every subscription has caught up" and exited 0, to the script waiting on it.
+    (The run is stood in for: what is tested is what the command makes of its end.)"""
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+    from litecdc.pipeline import server as server_module
+    from litecdc.pipeline import spark as spark_module
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    MetadataStore.open(meta).close()
+    monkeypatch.setattr(spark_module, "spark_session", lambda *a, **k: None)
+    monkeypatch.setattr("faulthandler.enable", lambda **k: None)  # (no file descriptor here)
+    monkeypatch.setattr("signal.signal", lambda *a: None)  # (pytest's own handlers stay)
+    monkeypatch.setattr(server_module.PipelineServer, "close", lambda self: None)
+
+    def stopped(self: Any, *, until_caught_up: bool = False) -> int:
+        self.caught_up = False  # (as run() records it when stop() ended it)
+        return 0
+
+    def caught_up(self: Any, *, until_caught_up: bool = False) -> int:
+        self.caught_up = True
+        return 0
+
+    args = ["pipeline", "run", "--until-caught-up", "--quiet", "--meta", meta]
+    monkeypatch.setattr(server_module.PipelineServer, "run", stopped)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert "error: stopped before every subscription had caught up" in result.output
+    assert "every subscription has caught up" not in result.output
+    monkeypatch.setattr(server_module.PipelineServer, "run", caught_up)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "every subscription has caught up" in result.output

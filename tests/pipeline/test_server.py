@@ -99,6 +99,49 @@ def test_until_caught_up_gives_up_on_an_unsubscribe_the_source_refuses_saying_ho
         secured.stop()
 
 
+def test_a_pending_unsubscribe_is_given_up_on_when_the_source_or_the_store_fails_it(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: with the source down the hint spoke of permissions; and a store failing to
+    remove the subscription had its failures forgotten with it, each time: never given
+    up, `--until-caught-up` waited on it for good."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="stuck", sources=node.url, table="t", sink=f"delta:{tmp_path / 's'}"
+        )
+        remove = store.remove_subscription
+
+        def refuse(name: str) -> None:
+            if name == "stuck":
+                raise MetadataError("metadata database SQLite …: disk I/O error")
+            remove(name)
+
+        monkeypatch.setattr(store, "remove_subscription", refuse)
+        store.request_cancel("stuck")  # (never registered: the source has no hold to release)
+        server = PipelineServer(store, spark=None, poll_interval=0.01, retry_delay=0.01)  # type: ignore[arg-type]
+        assert server.run(until_caught_up=True) == 1
+        assert server.states["stuck"].failures == GIVE_UP_FAILURES
+        assert "disk I/O error" in (server.states["stuck"].last_error or "")
+
+        control.subscribe(
+            store, name="gone", sources=node.url, table="t", sink=f"delta:{tmp_path / 'g'}"
+        )
+        node.stop()
+        refused = control.unsubscribe(store, "gone")
+        assert refused is not None and "unreachable" in refused
+        server = PipelineServer(store, spark=None, poll_interval=0.01, retry_delay=0.01)  # type: ignore[arg-type]
+        assert server.run(until_caught_up=True) == 2
+        error = server.states["gone"].last_error or ""
+        assert "cannot be released" in error and "unreachable" in error, error
+        assert "releasing needs the source to answer" in error
+        assert "allowed to execute" not in error
+    finally:
+        store.close()
+
+
 @pytest.mark.spark
 def test_until_caught_up_finishes_the_others_before_giving_up_on_a_failing_one(
     node: Node, tmp_path: Path, spark: SparkSession

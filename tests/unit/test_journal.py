@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -292,6 +293,43 @@ def test_failure_inside_a_repeated_statement_names_the_statement(store: Store) -
         [S("INSERT INTO t VALUES(?)", (1,)), S("INSERT INTO t VALUES(?)", ())], transaction=True
     )
     assert wrong.results[1].error == "not enough args to execute query: want 1 got 0"
+
+
+def test_a_failure_late_in_a_long_repeated_statement_is_found_in_two_batches(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scale QA: after the batch failed, each later statement was batched again with the
+    rest of the run, which failed again at the same one: one failure among 100k INSERTs
+    held the write lock for over 10 minutes (quadratic). The executions before the
+    failing one go as one batch again, and the failing one alone reports its error."""
+    store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)"), S("INSERT INTO t VALUES(1, 0)")])
+    engine = store.engine
+    batches: list[int] = []
+    run_batch = engine._run_batch
+
+    def counted(group: Any, *args: Any) -> bool:
+        batches.append(len(group))
+        return run_batch(group, *args)
+
+    monkeypatch.setattr(engine, "_run_batch", counted)
+    statements = [S("INSERT INTO t VALUES(?, ?)", (i, i)) for i in range(2, 3002)]
+    statements[2100] = S("INSERT INTO t VALUES(?, ?)", (1, "dup"))
+    out = store.execute(statements, transaction=True)
+    # (the first statement runs alone, learning what it reads and writes): the run, then
+    # the executions before the failing one — it was 2999, 2998, 2997, …: 2,100 batches
+    assert batches == [2999, 2099]
+    assert len(out.results) == 2101
+    assert [r.error for r in out.results[:2100]] == [None] * 2100
+    assert out.results[2100].error == "UNIQUE constraint failed: t.id"
+    assert [r.last_insert_id for r in out.results[:3]] == [2, 3, 4]
+    assert out.cid is None  # nothing committed
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(1,)]
+    # the next request batches as ever
+    batches.clear()
+    done = store.execute(
+        [S("INSERT INTO t VALUES(?, ?)", (i, i)) for i in (5, 6)], transaction=True
+    )
+    assert batches == [2] and [r.last_insert_id for r in done.results] == [5, 6]  # (learnt)
 
 
 def test_internal_entries_replicate_litecdc_state_without_events(tmp_path: Path) -> None:
