@@ -139,6 +139,14 @@ class WebhookSink:
             raise TransmitError(f"{exc.__class__.__name__}: {exc}") from exc
         if not 200 <= answer.status < 300:
             where = f", a redirect to {redact_endpoint(answer.location)}" if answer.location else ""
+            if answer.status == 413:
+                # (scale QA: a 100k-row transaction's 13.5 MB body was refused, retried for
+                # good, and "HTTP 413" alone did not say why nor what to do)
+                where = (
+                    f" (Payload Too Large) to this {len(body) / 2**20:.1f} MiB body: lower "
+                    "max_batch_events, or raise the endpoint's body limit — a transaction "
+                    "is never split, so its limit must hold the largest one"
+                )
             raise TransmitError(f"endpoint answered HTTP {answer.status}{where}")
 
     def abort(self) -> None:

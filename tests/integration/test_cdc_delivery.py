@@ -579,6 +579,25 @@ def test_a_large_body_past_its_allowance_says_how_much_it_had(
     )
 
 
+def test_a_body_the_endpoint_finds_too_large_says_what_to_change(
+    receiver: WebhookReceiver,
+) -> None:
+    """Scale QA: a 100k-row transaction's body refused with 413 was retried for good, and
+    "endpoint answered HTTP 413" said neither why nor what to change."""
+    receiver.status_code = 413
+    sink = WebhookSink(CDCConfig(endpoint=receiver.url))
+    try:
+        with pytest.raises(TransmitError) as info:
+            sink.send(b'{"payload": "' + b"x" * (3 * 2**20) + b'"}', "m-1")
+    finally:
+        sink.close()
+    assert str(info.value) == (
+        "endpoint answered HTTP 413 (Payload Too Large) to this 3.0 MiB body: lower "
+        "max_batch_events, or raise the endpoint's body limit — a transaction is never "
+        "split, so its limit must hold the largest one"
+    )
+
+
 class SwitchableLeadership:
     """The Leadership interface with leadership switched by the test, standing in for the
     cluster's etcd election (issue 4): the service must send only while leading."""
