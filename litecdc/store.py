@@ -291,7 +291,17 @@ class Store:
                 return outcome
             if not data.startswith(SQLITE_HEADER) or LOAD_RACED not in failed[0]:
                 what = "the SQLite file" if data.startswith(SQLITE_HEADER) else "the SQL text"
-                raise LoadError(f"load: {what} failed: {failed[0]}")
+                hint = ""
+                if data.startswith(SQLITE_HEADER) and "too big" in failed[0]:
+                    # (scale QA: a 510 MB blob's row, as hex SQL text, passed SQLite's limit
+                    # of 1,000,000,000 bytes a statement, and the error named nothing)
+                    hint = (
+                        " (a row of the file, written as SQL text for the journal — a blob "
+                        "in hex, twice its size — is larger than SQLite's limit of "
+                        "1,000,000,000 bytes a statement: values of about 500 MB and more "
+                        "cannot be loaded)"
+                    )
+                raise LoadError(f"load: {what} failed: {failed[0]}{hint}")
             # another write changed the tables between the making of the statements
             # (which list them) and their run: nothing changed; made again
         raise LoadError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import apsw
 import pytest
 
@@ -98,3 +100,30 @@ def test_tables_are_emptied_children_first() -> None:
     # a cycle: in its given order, after what is free
     assert children_first(["x", "y", "gran"], references) == ["gran", "x", "y"]
     assert children_first([], references) == []
+
+
+def test_a_file_row_past_sqlites_statement_limit_says_so(tmp_path: Path) -> None:
+    """Scale QA: a file holding a 510 MB blob failed to load with SQLite's bare "string or
+    blob too big" (its row, as hex SQL text for the journal, passed the 1,000,000,000-byte
+    statement limit). The limit is lowered here, on the node's own connection, to stand in
+    for a blob of that size."""
+    from litecdc import NodeConfig, Statement, Store
+    from litecdc.errors import LoadError
+
+    made = tmp_path / "big.db"
+    conn = apsw.Connection(str(made))
+    conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
+    conn.execute("INSERT INTO t VALUES(1, ?)", (bytes(20_000),))
+    conn.close()
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    try:
+        store.execute([Statement("CREATE TABLE kept(x)"), Statement("INSERT INTO kept VALUES(1)")])
+        store.engine._writer.limit(apsw.SQLITE_LIMIT_SQL_LENGTH, 30_000)
+        with pytest.raises(LoadError) as refused:
+            store.load(made.read_bytes())
+        message = str(refused.value)
+        assert message.startswith("load: the SQLite file failed: string or blob too big"), message
+        assert "larger than SQLite's limit of 1,000,000,000 bytes a statement" in message
+        assert store.query([Statement("SELECT x FROM kept")])[0].rows == [(1,)]  # unchanged
+    finally:
+        store.close()
