@@ -1119,6 +1119,8 @@ def test_run_until_caught_up_stopped_first_does_not_say_it_caught_up(
     monkeypatch.setattr(spark_module, "spark_session", lambda *a, **k: None)
     monkeypatch.setattr("faulthandler.enable", lambda **k: None)  # (no file descriptor here)
     monkeypatch.setattr("signal.signal", lambda *a: None)  # (pytest's own handlers stay)
+    # (CI: run's logging set-up left httpx's logger at WARNING for the later tests)
+    monkeypatch.setattr("litecdc.pipeline.cli._configure_logging", lambda: None)
     monkeypatch.setattr(server_module.PipelineServer, "close", lambda self: None)
 
     def stopped(self: Any, *, until_caught_up: bool = False) -> int:
