@@ -49,7 +49,7 @@ from anyio import CapacityLimiter, to_thread
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -79,7 +79,7 @@ from litecdc.http.forward import LeaderForwarder
 from litecdc.http.metrics import NodeMetrics
 from litecdc.results import MAX_CID, MAX_SEQ, Statement, WriteOutcome
 from litecdc.store import Store
-from litecdc.wire import ARROW_STREAM, decode_key, encode_key, table_to_json, to_ipc
+from litecdc.wire import ARROW_STREAM, decode_key, encode_key, ipc_chunks, table_to_json
 
 __all__ = ["JOURNAL_PAGE_DEFAULT", "OWN_ROUTE_PATHS", "RQLITE_ENDPOINTS", "create_app"]
 
@@ -1151,8 +1151,7 @@ class _Api:
             lambda: self.store.source_changes(name, after, until, limit)
         )
         if arrow:
-            body = await to_thread.run_sync(lambda: to_ipc(page.events))
-            return Response(body, media_type=ARROW_STREAM)
+            return StreamingResponse(ipc_chunks(page.events), media_type=ARROW_STREAM)
         doc = table_to_json(page.events) | {"end_cid": page.end_cid, "last_cid": page.last_cid}
         return _json(doc, pretty="pretty" in params)
 

@@ -10,10 +10,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from starlette.testclient import TestClient
 
 from litecdc.config import NodeConfig
+from litecdc.db import source
 from litecdc.db.datafile import SQLITE_HEADER
 from litecdc.errors import ConfigError, ModeError
 from litecdc.http import app as app_module
@@ -876,3 +878,41 @@ def test_readyz_sync_says_when_the_logs_head_cannot_be_read(store: Store) -> Non
         "[+]node ok\n[+]leader ok\n[+]store ok\n[-]sync not ok: cannot read the log's head: "
         "etcd at 127.0.0.1:2379 has not answered for 6 s",
     )
+
+
+def test_a_big_transaction_is_served_a_batch_at_a_time(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change page holds whole transactions: one of 1.5M rows was built as Python values
+    at once and copied whole into one response (1.2 GB per reader, scale QA). Its events
+    are now made and sent a few thousand at a time — here 3 — and read the same, key
+    changes (a delete then an upsert) and misfits across the batches included."""
+    monkeypatch.setattr(source, "CHANGE_BATCH_ROWS", 3)
+    http.post("/db/execute", json=["CREATE TABLE big (k TEXT PRIMARY KEY, n INTEGER)"])
+    start = _last_cid(http)
+    http.post(
+        "/db/execute",
+        json=[
+            *(f"INSERT INTO big VALUES('k{i}', {i})" for i in range(8)),
+            "UPDATE big SET k = k || 'x' WHERE n % 2 = 0",  # key changes: two events each
+            "UPDATE big SET n = 'not a number' WHERE k = 'k3'",  # a misfit, fixed below
+            "DELETE FROM big WHERE n = 5",
+        ],
+        params={"transaction": ""},
+    )
+    http.post("/db/execute", json=["UPDATE big SET n = 3 WHERE k = 'k3'"])
+    r = http.get("/cdc/tables/big/changes", params={"after": start, "format": "arrow"})
+    assert r.status_code == 200, r.text
+    assert "content-length" not in r.headers  # streamed
+    reader = pa.ipc.open_stream(r.content)
+    batches = list(reader)
+    assert len(batches) > 3
+    got = pa.Table.from_batches(batches, schema=reader.schema)
+    events = list(zip(*(got.column(c).to_pylist() for c in ("_litecdc_op", "k", "n")), strict=True))
+    inserts = [("upsert", f"k{i}", i) for i in range(8)]
+    moves = [e for i in range(0, 8, 2) for e in (("delete", f"k{i}", i), ("upsert", f"k{i}x", i))]
+    # k3's misfit version is left out: the source holds a version that fits since
+    assert events == [*inserts, *moves, ("delete", "k5", 5), ("upsert", "k3", 3)]
+    assert got.schema.metadata[b"litecdc.last_cid"] == str(_last_cid(http)).encode()
+    as_json = http.get("/cdc/tables/big/changes", params={"after": start}).json()
+    assert [tuple(row[2:]) for row in as_json["rows"]] == events
