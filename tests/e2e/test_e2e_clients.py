@@ -105,3 +105,29 @@ def test_sqlalchemy_orm_roundtrip(node: Node) -> None:
             or "person" in sa.inspect(engine).get_table_names()
         )
     engine.dispose()
+
+
+def test_a_select_with_a_long_in_list_works_from_pyrqlite_and_sqlalchemy(node: Node) -> None:
+    """rqlite QA: pyrqlite sends a SELECT as GET /db/query?q=… with its parameters written
+    into the SQL; an IN list of 15,000 values (a URL over 64 KiB) was answered 400
+    "Invalid HTTP request received." — rqlite takes URLs up to its 1 MiB head."""
+    conn = dbapi2.connect(host="127.0.0.1", port=node.port)
+    try:
+        cur = conn.cursor()
+        cur.execute("CREATE TABLE many (id INTEGER PRIMARY KEY)")
+        cur.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) "
+            "INSERT INTO many(id) SELECT i FROM n"
+        )
+        wanted = list(range(5001, 20001))
+        cur.execute(
+            f"SELECT count(*) FROM many WHERE id IN ({','.join('?' * len(wanted))})", wanted
+        )
+        assert cur.fetchone()[0] == 15000
+    finally:
+        conn.close()
+    engine = sa.create_engine(f"rqlite+pyrqlite://127.0.0.1:{node.port}/")
+    many = sa.Table("many", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True))
+    with engine.connect() as c:
+        found = c.execute(sa.select(sa.func.count()).where(many.c.id.in_(wanted))).scalar()
+    assert found == 15000
