@@ -700,9 +700,10 @@ class Store:
                  revision, self.journal.last_cid())  # fmt: skip
         return revision
 
-    def dump_sql(self) -> str:
-        """The user tables as SQL text (rqlite's ``/db/backup?fmt=sql``)."""
-        return self.engine.dump_sql()
+    def dump_sql(self, tables: Sequence[str] | None = None) -> str:
+        """The user tables — or ``tables`` only — as SQL text (rqlite's
+        ``/db/backup?fmt=sql[&tables=a,b]``)."""
+        return self.engine.dump_sql(tables)
 
     def status(self) -> NodeStatus:
         return NodeStatus(

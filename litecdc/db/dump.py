@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import apsw
 
 from litecdc.db.schema import USER_OBJECTS
 from litecdc.db.sqltext import parse_template, sql_literal
-from litecdc.errors import DataTypeError
+from litecdc.errors import DataTypeError, RequestError
 
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str]:
-    """Yield CREATE and INSERT statements that rebuild every user object of ``conn``.
+def dump_statements(
+    conn: apsw.Connection, *, transaction: bool, tables: Sequence[str] | None = None
+) -> Iterator[str]:
+    """Yield CREATE and INSERT statements that rebuild every user object of ``conn`` — or,
+    given ``tables`` (rqlite's ``/db/backup?fmt=sql&tables=a,b``), those tables with their
+    indexes and triggers (a view when named), and nothing of any other.
 
     Every table is created first, then the rows of each, then ``sqlite_sequence``'s
     entries, then indexes, views and triggers: no INSERT names a table that does not exist
@@ -33,10 +38,18 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
         yield "BEGIN TRANSACTION;"
     conn.execute("BEGIN")  # one consistent read
     try:
+        if tables is not None:
+            _check_named(conn, tables)
+        chosen = (
+            ""
+            if tables is None
+            else " AND lower(tbl_name) IN (SELECT lower(value) FROM json_each(?))"
+        )
         objects = conn.execute(
-            f"SELECT type, name, sql FROM sqlite_schema WHERE {USER_OBJECTS} AND sql IS NOT NULL "
-            "ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 WHEN 'view' THEN 2 "
-            "ELSE 3 END, rowid"
+            f"SELECT type, name, sql FROM sqlite_schema WHERE {USER_OBJECTS} AND sql IS NOT NULL"
+            f"{chosen} ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 "
+            "WHEN 'view' THEN 2 ELSE 3 END, rowid",
+            () if tables is None else (json.dumps(list(tables)),),
         ).fetchall()
         tables = [str(name) for kind, name, _ in objects if kind == "table"]
         for kind, _, sql in objects:
@@ -52,6 +65,24 @@ def dump_statements(conn: apsw.Connection, *, transaction: bool) -> Iterator[str
         conn.execute("COMMIT")
     if transaction:
         yield "COMMIT;"
+
+
+def _check_named(conn: apsw.Connection, tables: Sequence[str]) -> None:
+    """Refuse names that are not a table or view of the database (SQLite's names: ASCII
+    letters in any case): a dump would leave them out without a word."""
+    unknown = [
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT value FROM json_each(?) WHERE lower(value) NOT IN (SELECT lower(name) "
+            f"FROM sqlite_schema WHERE type IN ('table', 'view') AND {USER_OBJECTS})",
+            (json.dumps(list(tables)),),
+        )
+    ]
+    if unknown:
+        raise RequestError(
+            f"tables: no such table: {', '.join(unknown)} (a dump of chosen tables names "
+            "tables or views of the database, separated by commas)"
+        )
 
 
 def _ended(sql: str) -> str:

@@ -2099,10 +2099,10 @@ class Engine:
         finally:
             snapshot.close()
 
-    def dump_sql(self) -> str:
+    def dump_sql(self, tables: Sequence[str] | None = None) -> str:
         conn = self._reader()
         with self._readers.authorizer.trusted():  # the dump's own read transaction
-            return "".join(s + "\n" for s in dump_statements(conn, transaction=True))
+            return "".join(s + "\n" for s in dump_statements(conn, transaction=True, tables=tables))
 
     def load_statements(self, data: bytes) -> list[Statement]:
         """The statements a load of ``data`` runs (as one transaction), as rqlite loads.
