@@ -123,10 +123,17 @@ def pragma_refusal(pragma: str, value: str | None) -> str | None:
             f"PRAGMA {pragma} reads connection or file state that differs between "
             "replicas; it cannot be used in a write"
         )
-    return (
+    refusal = (
         f"PRAGMA {pragma} changes connection or file state that is not "
         "replicated; it is not allowed in writes"
     )
+    if name == "foreign_keys":
+        # (rqlite QA: rqlite's backup guide runs it after a load; rqlite's -fk is ours)
+        refusal += (
+            ": foreign key constraints are enforced on every node started with "
+            "`litecdc serve --fk` (rqlite's -fk)"
+        )
+    return refusal
 
 
 @dataclass(slots=True)

@@ -26,6 +26,11 @@ S = Statement
         ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
         ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
         (
+            "PRAGMA foreign_keys = 1",
+            "replicated; it is not allowed in writes: foreign key constraints are enforced on "
+            "every node started with `litecdc serve --fk` (rqlite's -fk)",
+        ),
+        (
             "INSERT INTO t SELECT page_count FROM pragma_page_count",
             "PRAGMA page_count reads connection or file state that differs between replicas",
         ),
