@@ -723,6 +723,30 @@ class _Api:
     async def nodes(self, request: Request) -> Response:
         if r := await self._gate(request, ("status",), ("GET",)):
             return r
+        nodes = await self._node_docs()
+        pretty = "pretty" in request.query_params
+        if request.query_params.get("ver") == "2" or request.query_params.get("version") == "2":
+            return _json({"nodes": nodes}, pretty=pretty)
+        return _json({n["id"]: n for n in nodes}, pretty=pretty)
+
+    async def leader(self, request: Request) -> Response:
+        """rqlite's ``GET /leader``: the leader as ``/nodes`` lists it. (rqlite's ``POST
+        /leader``, a leadership transfer, is not served: an etcd election cannot hand
+        leadership to a chosen node.)"""
+        if r := await self._gate(request, ("status",), ("GET",)):
+            return r
+        leader = next((n for n in await self._node_docs() if n["leader"]), None)
+        if leader is None:
+            return Response(
+                "no leader: the cluster has none at the moment (an election under way, or "
+                "etcd out of reach: see /readyz)\n",
+                status_code=503,
+                media_type=_TEXT,
+            )
+        return _json(leader, pretty="pretty" in request.query_params)
+
+    async def _node_docs(self) -> list[dict[str, Any]]:
+        """The nodes of ``/nodes``: this one when standalone, else every cluster member."""
         nodes = [
             {
                 "id": self.config.node_id,
@@ -743,10 +767,7 @@ class _Api:
                 *(self._member_problem(m.node_id, m.address) for m in members)
             )
             nodes = [_node_doc(m, leader, p) for m, p in zip(members, problems, strict=True)]
-        pretty = "pretty" in request.query_params
-        if request.query_params.get("ver") == "2" or request.query_params.get("version") == "2":
-            return _json({"nodes": nodes}, pretty=pretty)
-        return _json({n["id"]: n for n in nodes}, pretty=pretty)
+        return nodes
 
     async def _member_problem(self, node_id: str, address: str) -> str | None:
         """Why member ``node_id`` cannot be reached (None: it answered, or it is us)."""
@@ -1504,6 +1525,7 @@ _RQLITE_ROUTES: tuple[tuple[str, bool, ApiHandler, str | None], ...] = (
     ("/remove", False, _Api.remove, None),
     ("/status", False, _Api.status, "num_status"),
     ("/nodes", False, _Api.nodes, None),
+    ("/leader", True, _Api.leader, None),
     ("/readyz", False, _Api.readyz, "num_readyz"),
     ("/debug/vars", True, _Api.expvar, None),
 )

@@ -375,6 +375,10 @@ def test_nodes_readyz_and_root(node: Node, client: httpx.Client) -> None:
     }
     assert client.get("/nodes").json() == {node_id: entry}
     assert client.get("/nodes", params={"ver": "2"}).json() == {"nodes": [entry]}
+    # rqlite's GET /leader (rqlite QA: 404); its POST, a leadership transfer, is not served
+    assert client.get("/leader?pretty").json() == entry
+    r = client.post("/leader")
+    assert (r.status_code, r.headers["allow"]) == (405, "GET"), r.text
     r = client.get("/readyz")
     assert (r.status_code, r.text) == (200, "[+]node ok\n[+]leader ok\n[+]store ok")
     r = client.get("/readyz?noleader")

@@ -205,6 +205,7 @@ def test_nodes_lists_a_stopped_member_as_unreachable_until_it_is_removed(
         assert all(n["reachable"] and "error" not in n for n in listed.values())
         legacy = c.get("/nodes").json()  # rqlite's default shape: keyed by id
         assert legacy[stopped_id]["reachable"] is False and "error" in legacy[stopped_id]
+        assert c.get("/leader").json() == next(n for n in listed.values() if n["leader"])
 
         # bad input changes nothing: a running member, an unknown id, a malformed body
         running = _status(leader)["node"]["id"]

@@ -713,6 +713,9 @@ class _FollowerView(_StuckFollower):
     def status(self) -> dict[str, object]:
         return {"leader": self._leader, **self._status}
 
+    def known_members(self) -> list[object]:
+        return []  # (etcd out of reach: no member records read)
+
 
 SOURCE_READS = (
     "/cdc/subscriptions",
@@ -793,6 +796,17 @@ def test_metrics_show_a_cluster_nodes_health(store: Store) -> None:
     }
     with TestClient(create_app(store, store.config)) as c:  # (standalone: none of these)
         assert "litecdc_cluster_" not in c.get("/metrics").text
+
+
+def test_leader_without_one_is_503(store: Store) -> None:
+    follower = _FollowerView({"etcd_error": "etcd has not answered for 13 s"}, None)
+    with TestClient(create_app(store, store.config, cluster=follower)) as c:  # type: ignore[arg-type]
+        r = c.get("/leader")
+    assert (r.status_code, r.text) == (
+        503,
+        "no leader: the cluster has none at the moment (an election under way, or etcd out "
+        "of reach: see /readyz)\n",
+    )
 
 
 def test_pull_source_reads_wait_for_min_cid(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
