@@ -29,9 +29,10 @@ of one key come in rowid order, and a page never ends inside such a run of rows.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -673,7 +674,7 @@ class _ChangeWalk:
         self.events = 0
         self.end = max(after, 0)
 
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+    def __iter__(self) -> Generator[tuple[Any, ...]]:
         if self._stop <= self._after:
             return
         cursor = self._conn.execute(
@@ -682,16 +683,20 @@ class _ChangeWalk:
             (last_change_id(self._after), last_change_id(self._stop), self._table.name),
         )
         last_cid: int | None = None
-        for row in cursor:
-            if self.events >= self._max_events and row[0] != last_cid:
-                assert last_cid is not None
-                self.end = last_cid
-                cursor.close()
-                return
-            yield row
-            last_cid = row[0]
-            self.events += 2 if _moves_key(self._table, row) else 1
-        self.end = self._stop
+        try:
+            for row in cursor:
+                if self.events >= self._max_events and row[0] != last_cid:
+                    assert last_cid is not None
+                    self.end = last_cid
+                    return
+                yield row
+                last_cid = row[0]
+                self.events += 2 if _moves_key(self._table, row) else 1
+            self.end = self._stop
+        finally:
+            # (a read left before its end — refused at a misfit — must not leave an open
+            # statement behind its transaction's COMMIT: it would hold that snapshot)
+            cursor.close()
 
 
 @dataclass(frozen=True)
@@ -710,10 +715,10 @@ def change_position(
     """The next batch of at most ``max_events`` events after ``after``, and the marks of
     the commits it starts after and ends at."""
     walk = _ChangeWalk(conn, table, after, None, max_events)
-    rows = iter(walk)
-    first = next(rows, None)
-    for _ in rows:  # (the rest: the batch's end and its events)
-        pass
+    with contextlib.closing(iter(walk)) as rows:
+        first = next(rows, None)
+        for _ in rows:  # (the rest: the batch's end and its events)
+            pass
     return ChangePosition(
         walk.end,
         walk.events,
@@ -743,9 +748,23 @@ def read_table_changes(
 ) -> ChangesPage:
     """The table's events with ``after < cid <= until`` (whole transactions)."""
     walk = _ChangeWalk(conn, table, after, until, max_events)
+    with contextlib.closing(iter(walk)) as rows:
+        batches = _change_batches(conn, table, rows)
+    meta = {
+        b"litecdc.end_cid": str(walk.end).encode(),
+        b"litecdc.last_cid": str(walk.head).encode(),
+    }
+    events = pa.Table.from_batches(batches).replace_schema_metadata(meta)
+    return ChangesPage(events, walk.end, walk.head, events.num_rows)
+
+
+def _change_batches(
+    conn: apsw.Connection, table: SourceTable, rows: Iterator[tuple[Any, ...]]
+) -> list[pa.RecordBatch]:
+    """Change-log ``rows`` as event batches of about CHANGE_BATCH_ROWS rows each."""
     batches: list[pa.RecordBatch] = []
     chunk: list[tuple[Any, ...]] = []
-    for row in walk:
+    for row in rows:
         if not batches and not chunk and row[0] < table.reshaped_cid:
             # (schema QA: images of before the reshape were served under today's columns
             # by name — a renamed column NULL, a dropped and re-added one holding the old
@@ -763,12 +782,7 @@ def read_table_changes(
             chunk = []
     if chunk or not batches:
         batches.append(_change_batch(conn, table, chunk))
-    meta = {
-        b"litecdc.end_cid": str(walk.end).encode(),
-        b"litecdc.last_cid": str(walk.head).encode(),
-    }
-    events = pa.Table.from_batches(batches).replace_schema_metadata(meta)
-    return ChangesPage(events, walk.end, walk.head, events.num_rows)
+    return batches
 
 
 def _change_batch(
