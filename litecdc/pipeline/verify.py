@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from litecdc.errors import ConfigError, PipelineError, SchemaMismatchError
 from litecdc.pipeline.metadata import MetadataStore, Subscription
@@ -98,14 +99,54 @@ def read_source(
     return pa.concat_tables(pages), cid
 
 
+#: rows of each side compared as Python values at a time: both tables whole took 1.6 KB
+#: a row (scale QA: 2.4 GB for 1.5M narrow rows); the rest stay Arrow
+COMPARE_ROWS = 100_000
+
+
 def compare(
     spec: TableSpec, source: pa.Table, sink: pa.Table, limit: int = 20
 ) -> tuple[list[Difference], int]:
-    """Differences between two tables of ``spec``'s columns, matched by key."""
+    """Differences between two tables of ``spec``'s columns, matched by key: in parts of
+    about COMPARE_ROWS rows, a key's rows of both sides in the same part (by its hash)."""
     names = spec.column_names
     missing_columns = [n for n in names if n not in sink.schema.names]
     if missing_columns:
         raise PipelineError(f"the sink has no column(s) {', '.join(missing_columns)}")
+    source, sink = source.select(names), sink.select(names)
+    parts = -(-max(source.num_rows, sink.num_rows, 1) // COMPARE_ROWS)
+    if parts == 1:
+        return _compare_part(spec, source, sink, limit)
+    source_parts, sink_parts = _parts_of(spec, source, parts), _parts_of(spec, sink, parts)
+    found: list[Difference] = []
+    total = 0
+    for part in range(parts):
+        more, count = _compare_part(
+            spec,
+            source.filter(pc.equal(source_parts, part)),
+            sink.filter(pc.equal(sink_parts, part)),
+            limit - len(found),
+        )
+        found += more
+        total += count
+    return found, total
+
+
+def _parts_of(spec: TableSpec, table: pa.Table, parts: int) -> pa.Array:
+    """The part each row of ``table`` is compared in: its key's hash (exact values, as
+    rows are matched), modulo ``parts``."""
+    keys = table.select(list(spec.key))
+    found: list[int] = []
+    for start in range(0, table.num_rows, COMPARE_ROWS):
+        columns = [c.to_pylist() for c in keys.slice(start, COMPARE_ROWS).columns]
+        found += [hash(tuple(map(_exact, key))) % parts for key in zip(*columns, strict=True)]
+    return pa.array(found, pa.int32())
+
+
+def _compare_part(
+    spec: TableSpec, source: pa.Table, sink: pa.Table, limit: int
+) -> tuple[list[Difference], int]:
+    names = spec.column_names
     source_rows = _by_key(spec, source.select(names).to_pylist())
     sink_rows = _by_key(spec, sink.select(names).to_pylist())
     found: list[Difference] = []
@@ -120,11 +161,15 @@ def compare(
     for key, rows in source_rows.items():
         others = sink_rows.get(key, [])
         if not others:
-            add(Difference(list(key), "missing", source=rows[0], counts=(len(rows), 0)))
+            add(
+                Difference(
+                    [rows[0][k] for k in spec.key], "missing", source=rows[0], counts=(len(rows), 0)
+                )
+            )
         elif len(others) != len(rows):
             add(
                 Difference(
-                    list(key),
+                    [rows[0][k] for k in spec.key],
                     "duplicate" if len(others) > len(rows) else "missing",
                     _differing(names, rows, others),
                     rows[0],
@@ -133,10 +178,17 @@ def compare(
                 )
             )
         elif cols := _differing(names, rows, others):
-            add(Difference(list(key), "different", cols, rows[0], others[0]))
+            add(Difference([rows[0][k] for k in spec.key], "different", cols, rows[0], others[0]))
     for key, others in sink_rows.items():
         if key not in source_rows:
-            add(Difference(list(key), "extra", sink=others[0], counts=(0, len(others))))
+            add(
+                Difference(
+                    [others[0][k] for k in spec.key],
+                    "extra",
+                    sink=others[0],
+                    counts=(0, len(others)),
+                )
+            )
     return found, total
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
+from litecdc.pipeline import verify
 from litecdc.pipeline.tables import Column, TableSpec
-from litecdc.pipeline.verify import compare
+from litecdc.pipeline.verify import Difference, compare
 
 SPEC = TableSpec(
     "t", (Column("id", "INTEGER", "int64", True), Column("v", "TEXT", "string")), ("id",)
@@ -35,3 +37,48 @@ def test_each_kind_of_difference_is_described_as_what_it_is() -> None:
 def test_equal_tables_have_no_difference() -> None:
     rows = [(1, "a"), (2, "b")]
     assert compare(SPEC, _table(rows), _table(rows[::-1])) == ([], 0)
+
+
+def test_tables_compared_in_parts_give_the_same_differences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scale QA: both tables as Python rows at once took 1.6 KB a row (2.4 GB for 1.5M
+    narrow rows). They are compared in parts (a key's rows on both sides in one part) —
+    here of 3 rows: every kind of difference is found as when compared whole, a REAL key's
+    -0.0 and 0.0 kept apart, NULL keys (SQLite allows them) matched with each other."""
+    spec = TableSpec(
+        "t", (Column("k", "REAL", "double", True), Column("v", "TEXT", "string")), ("k",)
+    )
+
+    def table(rows: list[tuple[float | None, str]]) -> pa.Table:
+        return pa.table(
+            {"k": pa.array([r[0] for r in rows], pa.float64()), "v": [r[1] for r in rows]}
+        )
+
+    same = [(float(i), f"v{i}") for i in range(1, 21)]
+    source = table([*same, (0.5, "a"), (-0.0, "neg"), (None, "n1"), (None, "n2"), (7.5, "d")])
+    sink = table([*same[::-1], (0.0, "neg"), (None, "n1"), (None, "n2"), (7.5, "x"), (9.5, "e")])
+    whole = compare(spec, source, sink, limit=100)
+    monkeypatch.setattr(verify, "COMPARE_ROWS", 3)
+    in_parts = compare(spec, source, sink, limit=100)
+
+    def kinds(result: tuple[list[Difference], int]) -> list[tuple[str, str]]:
+        return sorted((repr(d.key), d.kind) for d in result[0])
+
+    assert in_parts[1] == whole[1] == 5
+    assert (
+        kinds(in_parts)
+        == kinds(whole)
+        == sorted(
+            [
+                ("[0.5]", "missing"),
+                ("[-0.0]", "missing"),  # the sink's 0.0 is another key
+                ("[0.0]", "extra"),
+                ("[7.5]", "different"),
+                ("[9.5]", "extra"),
+            ]
+        )
+    )
+    # the list stops at the limit; the count goes on
+    found, total = compare(spec, source, sink, limit=2)
+    assert (len(found), total) == (2, 5)
