@@ -985,3 +985,46 @@ def test_an_sql_dump_of_chosen_tables_holds_them_and_nothing_else(http: TestClie
         "tables limits an SQL dump (fmt=sql); a backup file holds every table\n",
     )
     assert _last_cid(http) == before
+
+
+def test_a_position_counts_a_big_transactions_rest_in_sql_alike(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scale QA: a position behind a 1.5M-row transaction read every row of it out (2.5 s
+    a call; `pipeline status`, one call per subscription, called the node unreachable).
+    Past its first rows (here 3) a transaction's rest is counted by SQLite: the same end,
+    events (a key change counts two) and first cid as reading every row."""
+    for table in ("r(id INTEGER PRIMARY KEY, v)", "k(id TEXT PRIMARY KEY, v)"):
+        store.execute([S(f"CREATE TABLE {table}")])
+    start = store.last_cid()
+    for name, key in (("r", "{i}"), ("k", "'k{i}'")):
+        store.execute([S(f"INSERT INTO {name} VALUES({key.format(i=i)}, {i})") for i in range(2)])
+        store.execute(
+            [S(f"INSERT INTO {name} VALUES({key.format(i=i)}, {i})") for i in range(2, 22)]
+            + [S(f"UPDATE {name} SET v = -v WHERE v < 5")]
+            + [S(f"DELETE FROM {name} WHERE v = 7")],
+            transaction=True,
+        )
+        moved = "id + 100" if name == "r" else "id || 'x'"
+        store.execute([S(f"UPDATE {name} SET id = {moved} WHERE v % 2 = 0")], transaction=True)
+        store.execute([S(f"INSERT INTO {name} VALUES({key.format(i=99)}, 99)")])
+
+    def positions() -> list[tuple[int, int, int | None]]:
+        found = []
+        for name in ("r", "k"):
+            for after in range(start, store.last_cid() + 1):
+                for most in (1, 2, 5, 25, 30, 1000):
+                    p = store.source_position(name, after, most)
+                    found.append((p.end_cid, p.events, p.first_cid))
+        return found
+
+    monkeypatch.setattr(source, "COUNT_IN_SQL_AFTER", 10**9)  # every row read out
+    read_out = positions()
+    monkeypatch.setattr(source, "COUNT_IN_SQL_AFTER", 3)
+    assert positions() == read_out
+    # table r: its big transaction (20 inserts, 5 updates, 1 delete) is cid start + 2, the
+    # one changing 11 keys (two events each) start + 3
+    first = read_out[:6]  # after = start
+    assert first[0] == (start + 1, 2, start + 1)
+    assert first[2] == (start + 2, 28, start + 1)
+    assert (start + 3, 22, start + 3) in read_out[12:18]  # after = start + 2
