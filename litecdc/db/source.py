@@ -136,6 +136,9 @@ class SourceTable:
     #: how SQL reaches the rowid (``rowid``, or ``_rowid_``/``oid`` when a column is named
     #: so); None for a WITHOUT ROWID table
     rowid_name: str | None = "rowid"
+    #: whether the key is the rowid: no declared primary key, or an INTEGER PRIMARY KEY
+    #: (which SQLite keeps as the rowid: a change of it is a change of the rowid)
+    key_is_rowid: bool = False
     #: the cid that created the table or last changed it other than by adding a column
     #: (db/reshape.py): a copy of it from before then misses what that did. 0: unknown (a
     #: table of a data directory from before litecdc recorded it, untouched since)
@@ -288,6 +291,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
             defaults=defaults,
             key_nulls=nulls if any(nulls) else (),
             rowid_name=rowid_name,
+            key_is_rowid=not key_index and not without_rowid,
             reshaped_cid=reshaped,
         )
     if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
@@ -301,6 +305,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         True,
         defaults=(None, *defaults),
         rowid_name=rowid_name,
+        key_is_rowid=True,
         reshaped_cid=reshaped,
     )
 
@@ -711,10 +716,11 @@ class _ChangeWalk:
         if self._stop <= self._after:
             return None
         table, name = self._table, self._table.name
+        by_rowid = table.rowid_key or table.key_is_rowid
         # the images only where they tell a key change: updates of a table not keyed by rowid
         images = (
             "NULL, NULL"
-            if table.rowid_key
+            if by_rowid
             else "CASE WHEN op = 'update' THEN before END, CASE WHEN op = 'update' THEN after END"
         )
         sql = (
@@ -738,7 +744,11 @@ class _ChangeWalk:
                             return first
                         current, rows_of_current = cid, 0
                         first = cid if first is None else first
-                    self.events += 2 if _moves_key(table, row) else 1
+                    if by_rowid:
+                        moves = row[2] == "update" and row[3] != row[4]
+                    else:
+                        moves = _moves_key(table, row)
+                    self.events += 2 if moves else 1
                     rows_of_current += 1
                     if rows_of_current == COUNT_IN_SQL_AFTER:
                         self.events += self._events_after(cid, int(row[1]))
@@ -755,7 +765,7 @@ class _ChangeWalk:
         table = self._table
         bounds = ((cid << SEQ_BITS) | seq, last_change_id(cid), table.name)
         where = "WHERE id > ? AND id <= ? AND tbl = ?"
-        if table.rowid_key:
+        if table.rowid_key or table.key_is_rowid:
             ((rows, moved),) = _rows(
                 self._conn,
                 "SELECT count(*), total(op = 'update' AND old_rowid IS NOT new_rowid) "

@@ -994,10 +994,10 @@ def test_a_position_counts_a_big_transactions_rest_in_sql_alike(
     a call; `pipeline status`, one call per subscription, called the node unreachable).
     Past its first rows (here 3) a transaction's rest is counted by SQLite: the same end,
     events (a key change counts two) and first cid as reading every row."""
-    for table in ("r(id INTEGER PRIMARY KEY, v)", "k(id TEXT PRIMARY KEY, v)"):
-        store.execute([S(f"CREATE TABLE {table}")])
+    for table in ("r(id INTEGER PRIMARY KEY, v)", "k(id TEXT PRIMARY KEY, v)", "n(id, v)"):
+        store.execute([S(f"CREATE TABLE {table}")])  # (n: keyed by its rowid)
     start = store.last_cid()
-    for name, key in (("r", "{i}"), ("k", "'k{i}'")):
+    for name, key in (("r", "{i}"), ("k", "'k{i}'"), ("n", "{i}")):
         store.execute([S(f"INSERT INTO {name} VALUES({key.format(i=i)}, {i})") for i in range(2)])
         store.execute(
             [S(f"INSERT INTO {name} VALUES({key.format(i=i)}, {i})") for i in range(2, 22)]
@@ -1005,13 +1005,13 @@ def test_a_position_counts_a_big_transactions_rest_in_sql_alike(
             + [S(f"DELETE FROM {name} WHERE v = 7")],
             transaction=True,
         )
-        moved = "id + 100" if name == "r" else "id || 'x'"
-        store.execute([S(f"UPDATE {name} SET id = {moved} WHERE v % 2 = 0")], transaction=True)
+        moved = {"r": "id = id + 100", "k": "id = id || 'x'", "n": "rowid = rowid + 100"}[name]
+        store.execute([S(f"UPDATE {name} SET {moved} WHERE v % 2 = 0")], transaction=True)
         store.execute([S(f"INSERT INTO {name} VALUES({key.format(i=99)}, 99)")])
 
     def positions() -> list[tuple[int, int, int | None]]:
         found = []
-        for name in ("r", "k"):
+        for name in ("r", "k", "n"):
             for after in range(start, store.last_cid() + 1):
                 for most in (1, 2, 5, 25, 30, 1000):
                     p = store.source_position(name, after, most)
