@@ -412,20 +412,20 @@ class _Silent:
     15 s per 8 subscriptions)."""
 
     def __init__(self) -> None:
-        self._errors: dict[tuple[str, ...], SourceError] = {}
+        self._errors: dict[tuple[str, ...], str] = {}
         self._lock = threading.Lock()
 
     def check(self, sources: Sequence[str]) -> None:
-        """Raise what ``sources`` answered last time, if they did not answer."""
+        """SourceError with what ``sources`` answered, when they did not answer before."""
         with self._lock:
             error = self._errors.get(tuple(sources))
         if error is not None:
-            raise error
+            raise SourceError(error)
 
     def note(self, sources: Sequence[str], exc: LitecdcError) -> None:
         if _not_answering(str(exc)):
             with self._lock:
-                self._errors.setdefault(tuple(sources), SourceError(str(exc)))
+                self._errors.setdefault(tuple(sources), str(exc))
 
 
 def _source_key(sub: Subscription) -> tuple[Any, ...]:
