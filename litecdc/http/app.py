@@ -1614,17 +1614,27 @@ class _RqliteHeaders:
         if query_string:
             scope = {**scope, "query_string": rqlite.first_values_only(query_string)}
 
-        started = False
+        started = finished = False
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal started
+            nonlocal started, finished
             if message["type"] == "http.response.start":
                 started = True
                 message = {**message, "headers": [*message.get("headers", ()), *self.headers]}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
+        except Exception:
+            # Starlette's ServerErrorMiddleware raises the error on after _internal_error
+            # logged it and the 500 went out: uvicorn then logged the same traceback again
+            # ("Exception in ASGI application"). An error after a response had begun (a
+            # stream broken off) goes on to uvicorn, which drops the connection.
+            if finished:
+                return
+            raise
         except asyncio.CancelledError:
             # the node stops, and the request's grace ran out (litecdc/http/server.py):
             # say so, as an unknown outcome — a write may have committed (it answered a

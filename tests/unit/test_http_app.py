@@ -88,15 +88,20 @@ def test_changes_pruned_past_the_asked_cid_are_410_not_an_empty_page(tmp_path: P
         store.close()
 
 
-def test_unexpected_errors_are_500_with_the_reason(
-    http: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+def test_unexpected_errors_are_500_with_the_reason_logged_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken() -> None:
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(store, "status", broken)
-    r = http.get("/status")
+    # a client that raises what the app raises on: the error must end with the 500 (it
+    # went on to uvicorn, which logged its traceback a second time)
+    with TestClient(create_app(store, store.config)) as http, caplog.at_level(logging.ERROR):
+        r = http.get("/status")
     assert (r.status_code, r.text) == (500, "internal error: RuntimeError: disk on fire\n")
+    logged = [rec for rec in caplog.records if rec.exc_info]
+    assert [rec.getMessage() for rec in logged] == ["GET /status failed"]
 
 
 def test_bad_auth_file_fails_app_creation(store: Store, tmp_path: object) -> None:
