@@ -24,7 +24,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check litecdc tests bench
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check litecdc tests bench
