@@ -9,9 +9,11 @@ sink holds twice is a difference, even when both copies equal the source's.
 from __future__ import annotations
 
 import struct
+import tempfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -82,55 +84,178 @@ class VerifyReport:
         return self.total_differences == 0 and self.source_rows == self.sink_rows
 
 
-def read_source(
-    client: SourceClient, spec: TableSpec, *, min_cid: int | None = None
-) -> tuple[pa.Table, int]:
-    """Every row of the source table (table columns only) and the last page's cid; every
-    page read at ``min_cid`` or later."""
-    pages: list[pa.Table] = []
-    after: Any = None
-    cid = 0
-    while True:
-        page = client.rows(spec.name, after_key=after, limit=PAGE_ROWS, min_cid=min_cid)
-        pages.append(page.table.drop_columns([CID_COLUMN]))
-        cid = page.cid
-        if page.done or page.last_key is None:
-            break
-        after = page.last_key
-    return pa.concat_tables(pages), cid
+class SourceRows:
+    """The rows of the source table (table columns only) page by page, every page read
+    at ``min_cid`` or later; once iterated, ``cid`` is the last page's cid."""
+
+    def __init__(self, client: SourceClient, spec: TableSpec, *, min_cid: int | None) -> None:
+        self.client, self.spec, self.min_cid = client, spec, min_cid
+        self.cid = 0
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        after: Any = None
+        while True:
+            page = self.client.rows(
+                self.spec.name, after_key=after, limit=PAGE_ROWS, min_cid=self.min_cid
+            )
+            self.cid = page.cid
+            yield page.table.drop_columns([CID_COLUMN])
+            if page.done or page.last_key is None:
+                return
+            after = page.last_key
 
 
 #: rows of each side compared as Python values at a time: both tables whole took 1.6 KB
 #: a row (scale QA: 2.4 GB for 1.5M narrow rows); the rest stay Arrow
 COMPARE_ROWS = 100_000
+#: the parts a side of more than COMPARE_ROWS rows is cut into (by its keys' hash), each
+#: written to a file of its own as it is read: both tables held as Arrow took 2.1 GB at
+#: 1.5M rows and 7.6 GB at 5.8M (scale QA). Parts hold about COMPARE_ROWS rows up to
+#: 25M-row tables, more beyond.
+SPILL_PARTS = 256
 
 
 def compare(
     spec: TableSpec, source: pa.Table, sink: pa.Table, limit: int = 20
 ) -> tuple[list[Difference], int]:
-    """Differences between two tables of ``spec``'s columns, matched by key: in parts of
-    about COMPARE_ROWS rows, a key's rows of both sides in the same part (by its hash)."""
-    names = spec.column_names
-    missing_columns = [n for n in names if n not in sink.schema.names]
-    if missing_columns:
-        raise PipelineError(f"the sink has no column(s) {', '.join(missing_columns)}")
-    source, sink = source.select(names), sink.select(names)
-    parts = -(-max(source.num_rows, sink.num_rows, 1) // COMPARE_ROWS)
-    if parts == 1:
-        return _compare_part(spec, source, sink, limit)
-    source_parts, sink_parts = _parts_of(spec, source, parts), _parts_of(spec, sink, parts)
-    found: list[Difference] = []
-    total = 0
-    for part in range(parts):
-        more, count = _compare_part(
-            spec,
-            source.filter(pc.equal(source_parts, part)),
-            sink.filter(pc.equal(sink_parts, part)),
-            limit - len(found),
-        )
-        found += more
-        total += count
+    """Differences between two tables of ``spec``'s columns, matched by key."""
+    found, total, _, _ = compare_streams(spec, [source], [sink], limit)
     return found, total
+
+
+def compare_streams(
+    spec: TableSpec, source: Iterable[pa.Table], sink: Iterable[pa.Table], limit: int = 20
+) -> tuple[list[Difference], int, int, int]:
+    """Differences between the rows of two sides given in parts (of ``spec``'s columns),
+    matched by key; the differences (the first ``limit``), how many, and the rows of each
+    side. A side of more than COMPARE_ROWS rows is spilled to files in SPILL_PARTS parts by
+    its keys' hash as it is read, and compared a part at a time (a key's rows of both
+    sides in the same part)."""
+    with tempfile.TemporaryDirectory(prefix="litecdc-verify-") as spill:
+        sides = [_Side(spec, "source", Path(spill) / "source")]
+        for part in source:
+            sides[0].add(part)
+        sides.append(_Side(spec, "sink", Path(spill) / "sink"))
+        for part in sink:
+            sides[1].add(part)
+        for side in sides:
+            side.finish()
+        ours, theirs = sides
+        if not ours.spilled and not theirs.spilled:
+            found, total = _compare_part(spec, ours.whole(), theirs.whole(), limit)
+            return found, total, ours.rows, theirs.rows
+        found, total = [], 0
+        for number in range(SPILL_PARTS):
+            more, count = _compare_part(
+                spec, ours.part(number), theirs.part(number), limit - len(found)
+            )
+            found += more
+            total += count
+        return found, total, ours.rows, theirs.rows
+
+
+class _Side:
+    """One side's rows as they are read: held as Arrow up to COMPARE_ROWS rows, beyond
+    that written to a file per part (Arrow IPC, LZ4)."""
+
+    def __init__(self, spec: TableSpec, name: str, directory: Path) -> None:
+        self.spec, self.name, self.directory = spec, name, directory
+        self.schema = pa.schema([pa.field(c.name, c.arrow_type) for c in spec.columns])
+        self.rows = 0
+        self.spilled = False
+        self._held: list[pa.Table] = []
+        self._writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        self._in_parts: dict[int, pa.Table] | None = None
+
+    def add(self, table: pa.Table) -> None:
+        table = self._conformed(table)
+        self.rows += table.num_rows
+        if not self.spilled and self.rows <= COMPARE_ROWS:
+            self._held.append(table)
+            return
+        try:
+            if not self.spilled:
+                self.spilled = True
+                self.directory.mkdir()
+                held, self._held = self._held, []
+                for earlier in held:
+                    self._write(earlier)
+            self._write(table)
+        except OSError as exc:
+            raise self._spill_failed(exc) from exc
+
+    def finish(self) -> None:
+        try:
+            for writer in self._writers.values():
+                writer.close()
+        except OSError as exc:
+            raise self._spill_failed(exc) from exc
+        self._writers.clear()
+
+    def _spill_failed(self, exc: OSError) -> PipelineError:
+        return PipelineError(
+            f"writing the {self.name}'s rows to {self.directory.parent} failed: {exc}; a "
+            f"table of more than {COMPARE_ROWS:,} rows is compared from files there (about "
+            "the size of its data): set TMPDIR to a directory with room"
+        )
+
+    def whole(self) -> pa.Table:
+        return pa.concat_tables(self._held) if self._held else self.schema.empty_table()
+
+    def part(self, number: int) -> pa.Table:
+        if not self.spilled:
+            if self._in_parts is None:
+                self._in_parts = _split(self.spec, self.whole())
+            return self._in_parts.get(number, self.schema.empty_table())
+        path = self._path(number)
+        if not path.exists():
+            return self.schema.empty_table()
+        with pa.memory_map(str(path)) as data:
+            return pa.ipc.open_stream(data).read_all()
+
+    def _conformed(self, table: pa.Table) -> pa.Table:
+        names = self.spec.column_names
+        missing = [n for n in names if n not in table.schema.names]
+        if missing:
+            raise PipelineError(f"the {self.name} has no column(s) {', '.join(missing)}")
+        try:
+            return table.select(names).cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise PipelineError(
+                f"the {self.name}'s rows do not have the table's column types: {exc}"
+            ) from exc
+
+    def _write(self, table: pa.Table) -> None:
+        for number, rows in _split(self.spec, table).items():
+            writer = self._writers.get(number)
+            if writer is None:
+                writer = pa.ipc.new_stream(
+                    str(self._path(number)),
+                    self.schema,
+                    options=pa.ipc.IpcWriteOptions(compression="lz4"),
+                )
+                self._writers[number] = writer
+            writer.write_table(rows)
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"part-{number:03}.arrows"
+
+
+def _split(spec: TableSpec, table: pa.Table) -> dict[int, pa.Table]:
+    """``table``'s rows by the part they are compared in."""
+    if not table.num_rows:
+        return {}
+    parts = _parts_of(spec, table, SPILL_PARTS)
+    ordered = table.take(pc.sort_indices(parts))
+    counts = pc.value_counts(parts)
+    found: dict[int, pa.Table] = {}
+    offset = 0
+    for number, count in sorted(
+        zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True)
+    ):
+        found[number] = ordered.slice(offset, count)
+        offset += count
+    return found
 
 
 def _parts_of(spec: TableSpec, table: pa.Table, parts: int) -> pa.Array:
@@ -255,14 +380,13 @@ def verify(
                 _check_comparable(sub.name, mirrored, spec)
             # the source read at least as far as the mirror applied (pipeline QA: a
             # follower restarted behind it was compared, 50,517 false differences)
-            source, cid = read_source(client, spec, min_cid=sink.applied_cid() or None)
-            mirror = sink.read_rows()
+            source = SourceRows(client, spec, min_cid=sink.applied_cid() or None)
+            differences, total, source_rows, sink_rows = compare_streams(
+                spec, source, sink.read_row_batches(), limit
+            )
         finally:
             sink.close()
-    differences, total = compare(spec, source, mirror, limit)
-    return VerifyReport(
-        sub.name, spec.name, source.num_rows, mirror.num_rows, cid, differences, total
-    )
+    return VerifyReport(sub.name, spec.name, source_rows, sink_rows, source.cid, differences, total)
 
 
 def _check_comparable(name: str, mirrored: TableSpec, spec: TableSpec) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from litecdc.errors import PipelineError
 from litecdc.pipeline import verify
 from litecdc.pipeline.tables import Column, TableSpec
 from litecdc.pipeline.verify import Difference, compare
@@ -51,7 +54,7 @@ def test_tables_compared_in_parts_give_the_same_differences(
     here of 3 rows: every kind of difference is found as when compared whole, a REAL key's
     -0.0 and 0.0 kept apart, NULL keys (SQLite allows them) matched with each other."""
     spec = TableSpec(
-        "t", (Column("k", "REAL", "double", True), Column("v", "TEXT", "string")), ("k",)
+        "t", (Column("k", "REAL", "float64", True), Column("v", "TEXT", "string")), ("k",)
     )
 
     def table(rows: list[tuple[float | None, str]]) -> pa.Table:
@@ -112,3 +115,68 @@ def test_the_differences_listed_first_are_the_same_in_every_run() -> None:
         for seed in ("1", "2", "3")
     }
     assert len(listed) == 1, listed
+
+
+@pytest.mark.parametrize("source_rows", [50, 6], ids=["both-spill", "sink-spills"])
+def test_sides_bigger_than_a_part_are_spilled_to_files_and_give_the_same_differences(
+    source_rows: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Scale QA: verify held both tables as Arrow (7.6 GB for 5.8M rows). A side of more
+    than COMPARE_ROWS rows now goes to a file per part as it is read; a side that stayed
+    small is cut into the same parts in memory. The files are gone afterwards."""
+    rows = [(i, f"v{i}") for i in range(source_rows)]
+    sink_rows = [r for r in rows if r[0] != 3] + [(5, "changed"), (70, "extra"), (71, "extra")]
+    sink_rows = [r for r in sink_rows if r != (5, "v5")] + [(i, "x") for i in range(100, 140)]
+    whole = compare(SPEC, _table(rows), _table(sink_rows), limit=100)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(verify, "COMPARE_ROWS", 8)
+    monkeypatch.setattr(verify, "SPILL_PARTS", 5)
+    spilled: list[str] = []
+    compare_part = verify._compare_part
+
+    def noting_files(*args: object, **kwargs: object) -> object:
+        if not spilled:
+            spilled.extend(
+                str(p.relative_to(p.parents[1])) for p in tmp_path.glob("litecdc-verify-*/*/*")
+            )
+        return compare_part(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify, "_compare_part", noting_files)
+    found, total, counted_source, counted_sink = verify.compare_streams(
+        SPEC,
+        (_table(rows[n : n + 5]) for n in range(0, len(rows), 5)),
+        (_table(sink_rows[n : n + 7]) for n in range(0, len(sink_rows), 7)),
+        limit=100,
+    )
+
+    def kinds(differences: list[Difference]) -> list[tuple[str, str]]:
+        return sorted((repr(d.key), d.kind) for d in differences)
+
+    assert (counted_source, counted_sink) == (len(rows), len(sink_rows))
+    assert total == whole[1] and kinds(found) == kinds(whole[0])
+    assert ("[3]", "missing") in kinds(found) and ("[5]", "different") in kinds(found)
+    sides = {name.split("/")[0] for name in spilled}
+    assert sides == ({"source", "sink"} if source_rows > 8 else {"sink"}), spilled
+    assert all(name.split("/")[1].startswith("part-") for name in spilled)
+    assert not list(tmp_path.iterdir())  # removed
+
+
+def test_a_spill_that_cannot_be_written_says_where_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """(A full disk is faked here: the write raises what a full disk raises.)"""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(verify, "COMPARE_ROWS", 2)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(verify.pa.ipc, "new_stream", full)
+    rows = _table([(i, "v") for i in range(5)])
+    with pytest.raises(PipelineError) as failed:
+        verify.compare_streams(SPEC, [rows], [rows])
+    message = str(failed.value)
+    assert message.startswith(f"writing the source's rows to {tmp_path}/litecdc-verify-")
+    assert "No space left on device" in message and "set TMPDIR" in message
+    assert not list(tmp_path.iterdir())

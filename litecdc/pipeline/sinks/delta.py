@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -40,7 +41,12 @@ from deltalake.exceptions import DeltaError
 
 from litecdc.errors import SchemaMismatchError, SinkError
 from litecdc.pipeline.events import net_changes
-from litecdc.pipeline.sinks.base import ChangeBatch, Sink, check_case_blind_names
+from litecdc.pipeline.sinks.base import (
+    READ_BATCH_ROWS,
+    ChangeBatch,
+    Sink,
+    check_case_blind_names,
+)
 from litecdc.pipeline.sinks.registry import DeltaOptions, parse_sink_url
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, OP_DELETE, OP_UPSERT, TableSpec
 from litecdc.wire import unicode_fold
@@ -323,7 +329,7 @@ class DeltaSink(Sink):
             raise SinkError(f"delta sink: reading {self.path} failed: {exc}") from exc
         return int(version or 0)
 
-    def read_rows(self) -> pa.Table:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
         if self._table is None and not DeltaTable.is_deltatable(self.path):
             # verify must not create what it checks
             raise SinkError(
@@ -342,10 +348,18 @@ class DeltaSink(Sink):
             # without deletion vectors; files from before an added column read it as NULL.
             paths = [_local_path(uri) for uri in table.file_uris()]
             files = ds.dataset(paths, format="parquet", schema=self.spec.row_schema())
-            rows = files.to_table(columns=self.spec.column_names)
+            # (pyarrow's read-ahead, 16 batches of 4 files, would hold 64 parts at once)
+            batches = files.to_batches(
+                columns=self.spec.column_names,
+                batch_size=batch_rows,
+                batch_readahead=1,
+                fragment_readahead=1,
+            )
+            for batch in batches:
+                if batch.num_rows:
+                    yield pa.Table.from_batches([batch])
         except _ERRORS as exc:
             raise SinkError(f"delta sink: reading {self.path} failed: {exc}") from exc
-        return rows.sort_by([(k, "ascending") for k in self.spec.key])
 
     def close(self) -> None:
         self._table = None

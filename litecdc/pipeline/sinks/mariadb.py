@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from litecdc.errors import SchemaMismatchError, SinkError, SinkUnreachableError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import (
     PROBE_GRACE,
+    READ_BATCH_ROWS,
     ChangeBatch,
     Sink,
     UnstorableKeyError,
@@ -758,17 +759,22 @@ class MariaDBSink(Sink):
             raise self._fail("reading the state of", exc) from exc
         return int(row[0]) if row else 0
 
-    def read_rows(self) -> pa.Table:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
         self.check_names()  # (no such mirror can exist: say why, not MariaDB's words)
         conn = self._connect()
         names = self.spec.column_names
+        schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
         try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    f"SELECT {', '.join(_q(n) for n in names)} FROM {_q(self.table_name)} "
-                    f"ORDER BY {', '.join(_q(k) for k in self.spec.key)}"
-                )
-                records = cur.fetchall()
+            # unbuffered, fetched in parts: fetchall held the whole mirror as Python tuples
+            with conn.cursor(pymysql.cursors.SSCursor) as cur:
+                cur.execute(f"SELECT {', '.join(_q(n) for n in names)} FROM {_q(self.table_name)}")
+                while records := cur.fetchmany(batch_rows):
+                    columns = list(zip(*records, strict=True))
+                    arrays = [
+                        pa.array(_as_arrow(values, c), c.arrow_type)
+                        for values, c in zip(columns, self.spec.columns, strict=True)
+                    ]
+                    yield pa.Table.from_arrays(arrays, schema=schema)
             conn.commit()
         except pymysql.err.MySQLError as exc:
             self._rollback()
@@ -778,16 +784,6 @@ class MariaDBSink(Sink):
                     "pipeline run` copied this subscription?"
                 ) from exc
             raise self._fail("reading", exc) from exc
-        columns = list(zip(*records, strict=True)) if records else [() for _ in names]
-        arrays = [
-            pa.array(_as_arrow(values, c), c.arrow_type)
-            for values, c in zip(columns, self.spec.columns, strict=True)
-        ]
-        table = pa.Table.from_arrays(
-            arrays, schema=pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
-        )
-        # VARBINARY keys sort by bytes; the mirror's order is the key's natural order
-        return table.sort_by([(k, "ascending") for k in self.spec.key])
 
     def close(self) -> None:
         if self._conn is not None:

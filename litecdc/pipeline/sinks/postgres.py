@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -58,6 +58,7 @@ from litecdc.errors import SchemaMismatchError, SinkError, SinkUnreachableError
 from litecdc.pipeline.events import net_changes
 from litecdc.pipeline.sinks.base import (
     PROBE_GRACE,
+    READ_BATCH_ROWS,
     ChangeBatch,
     Sink,
     UnstorableKeyError,
@@ -669,18 +670,27 @@ class PostgresSink(Sink):
             raise self._fail("reading the state of", exc) from exc
         return int(row[0]) if row else 0
 
-    def read_rows(self) -> pa.Table:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
         conn = self._connect()
         names = self.spec.column_names
-        statement = sql.SQL("SELECT {} FROM {} ORDER BY {}").format(
-            sql.SQL(", ").join(self._ident(n) for n in names),
-            self._target(),
-            sql.SQL(", ").join(self._ident(k) for k in self.spec.key),
+        statement = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(self._ident(n) for n in names), self._target()
         )
+        schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
         try:
-            with conn.cursor(binary=True) as cur:  # binary: floats exactly as stored
+            # a server-side cursor (in a transaction: it lives in one), fetched in parts:
+            # fetchall held the whole mirror as Python tuples; binary: floats as stored
+            with (
+                conn.transaction(),
+                conn.cursor(name="litecdc_verify", binary=True) as cur,
+            ):
                 cur.execute(statement)
-                records = cur.fetchall()
+                while records := cur.fetchmany(batch_rows):
+                    columns = list(zip(*records, strict=True))
+                    yield pa.table(
+                        [pa.array(_plain(c), f.type) for c, f in zip(columns, schema, strict=True)],
+                        schema=schema,
+                    )
         except psycopg.errors.UndefinedTable as exc:
             raise SinkError(
                 f"postgresql sink: there is no table {self._where} yet: has `litecdc "
@@ -688,12 +698,6 @@ class PostgresSink(Sink):
             ) from exc
         except psycopg.Error as exc:
             raise self._fail("reading", exc) from exc
-        schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
-        columns = list(zip(*records, strict=True)) if records else [() for _ in names]
-        return pa.table(
-            [pa.array(_plain(col), f.type) for col, f in zip(columns, schema, strict=True)],
-            schema=schema,
-        )
 
     def close(self) -> None:
         if self._conn is not None:
