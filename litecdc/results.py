@@ -151,6 +151,8 @@ class JournalPage:
     available_snapshot: int
     #: the oldest entry the node keeps (older ones were trimmed: --journal-retention-cids)
     oldest_cid: int = 1
+    #: whether the page ended at its limit or its size bound (more entries may follow)
+    more: bool = False
 
 
 @dataclass(slots=True)

@@ -1677,13 +1677,16 @@ class Engine:
                 raise
 
     # -- journal storage ----------------------------------------------------------------
-    def journal_page(self, after: int, limit: int) -> tuple[list[JournalEntry], int]:
-        """Entries with cid > ``after`` and the smallest cid kept, from one read (a trim in
-        between would hide that entries were missed)."""
+    def journal_page(
+        self, after: int, limit: int, max_bytes: int | None = None
+    ) -> tuple[list[JournalEntry], bool, int]:
+        """Entries with cid > ``after`` (see _journal_entries), whether a bound ended the
+        page, and the smallest cid kept, from one read (a trim in between would hide that
+        entries were missed)."""
 
-        def read(conn: apsw.Connection) -> tuple[list[JournalEntry], int]:
+        def read(conn: apsw.Connection) -> tuple[list[JournalEntry], bool, int]:
             oldest: Any = conn.execute(f"SELECT min(cid) FROM {JOURNAL_TABLE}").fetchall()[0][0]
-            return _journal_entries(conn, after, limit), int(oldest)
+            return (*_journal_entries(conn, after, limit, max_bytes), int(oldest))
 
         return self.read_consistent(read)
 
@@ -1752,13 +1755,31 @@ class Engine:
             return deleted
 
     # -- changes --------------------------------------------------------------------------
-    def changes(self, after: int, limit: int, after_seq: int | None = None) -> list[RowChange]:
+    def changes(
+        self, after: int, limit: int, after_seq: int | None = None, max_bytes: int | None = None
+    ) -> tuple[list[RowChange], bool]:
+        """Changes after ``(after, after_seq)`` (after the whole transaction ``after`` when
+        no seq is given), at most ``limit`` and — past the first — ``max_bytes`` of stored
+        images; and whether a bound ended the page (more may follow)."""
         start = (after << SEQ_BITS | after_seq) if after_seq is not None else last_change_id(after)
-        rows = self._read(
-            f"SELECT {CHANGE_COLUMNS} FROM {CHANGES_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
+        cursor = self._reader().execute(
+            f"SELECT {CHANGE_COLUMNS}, octet_length(pk) + coalesce(octet_length(before), 0) "
+            f"+ coalesce(octet_length(after), 0) FROM {CHANGES_TABLE} WHERE id > ? "
+            "ORDER BY id LIMIT ?",
             (start, limit),
         )
-        return [decode_change(row) for row in rows]
+        found: list[RowChange] = []
+        size = 0
+        try:
+            for *row, row_size in cursor:
+                size += row_size
+                if found and max_bytes is not None and size > max_bytes:
+                    return found, True
+                found.append(decode_change(tuple(row)))
+        finally:
+            # (a page cut short must not leave its statement open: it would hold the snapshot)
+            cursor.close()
+        return found, len(found) == limit
 
     def changes_count(self) -> int:
         return int(self._read(f"SELECT count(*) FROM {CHANGES_TABLE}")[0][0])
@@ -2246,13 +2267,25 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _journal_entries(conn: apsw.Connection, after: int, limit: int) -> list[JournalEntry]:
-    rows: list[tuple[Any, ...]] = conn.execute(
-        f"SELECT cid, query, snapshot, ts, seed, internal = 1 FROM {JOURNAL_TABLE} "
-        "WHERE cid > ? ORDER BY cid LIMIT ?",
+def _journal_entries(
+    conn: apsw.Connection, after: int, limit: int, max_bytes: int | None = None
+) -> tuple[list[JournalEntry], bool]:
+    """Entries after ``after``: at most ``limit`` and — past the first — ``max_bytes`` of SQL
+    text; and whether a bound ended the page."""
+    cursor = conn.execute(
+        f"SELECT cid, query, snapshot, ts, seed, internal = 1, "
+        f"coalesce(octet_length(query), 0) FROM {JOURNAL_TABLE} WHERE cid > ? ORDER BY cid "
+        "LIMIT ?",
         (after, limit),
-    ).fetchall()
-    return [
-        JournalEntry(cid, query, snapshot, ts, seed, bool(internal))
-        for cid, query, snapshot, ts, seed, internal in rows
-    ]
+    )
+    found: list[JournalEntry] = []
+    size = 0
+    try:
+        for cid, query, snapshot, ts, seed, internal, length in cursor:
+            size += length
+            if found and max_bytes is not None and size > max_bytes:
+                return found, True
+            found.append(JournalEntry(cid, query, snapshot, ts, seed, bool(internal)))
+    finally:
+        cursor.close()
+    return found, len(found) == limit

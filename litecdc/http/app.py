@@ -923,14 +923,14 @@ class _Api:
             return r
         after, limit, pretty = _page_params(request)
         page = await to_thread.run_sync(lambda: self.store.journal_page(after, limit))
-        return _json(
-            {
-                "entries": page.entries,
-                "available_snapshot": page.available_snapshot,
-                "oldest_cid": page.oldest_cid,
-            },
-            pretty=pretty,
-        )
+        doc: dict[str, Any] = {
+            "entries": page.entries,
+            "available_snapshot": page.available_snapshot,
+            "oldest_cid": page.oldest_cid,
+        }
+        if page.more:
+            doc["next"] = {"after": page.entries[-1].cid}
+        return _json(doc, pretty=pretty)
 
     async def changes(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):
@@ -941,11 +941,14 @@ class _Api:
             if "after_seq" in request.query_params
             else None
         )
-        changes = await to_thread.run_sync(lambda: self.store.changes(after, limit, after_seq))
+        changes, more = await to_thread.run_sync(
+            lambda: self.store.changes_page(after, limit, after_seq)
+        )
         doc: dict[str, Any] = {"changes": changes}
-        if len(changes) == limit:
-            # a full page may have stopped inside a transaction: the next page starts after
-            # this exact change, not after its whole cid (that would skip the rest)
+        if more:
+            # a page ended at its limit or its size may have stopped inside a transaction:
+            # the next starts after this exact change, not after its whole cid (that would
+            # skip the rest)
             last = changes[-1]
             doc["next"] = {"after": last.cid, "after_seq": last.seq}
         return _json(doc, pretty=pretty)

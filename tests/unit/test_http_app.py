@@ -49,7 +49,7 @@ def test_store_errors_map_to_their_status(
     monkeypatch.setattr(store, "execute", refuse)
     r = http.post("/db/execute", json=["CREATE TABLE u (a)"])
     assert (r.status_code, r.text) == (409, "plain writes are not allowed in FOLLOWER mode\n")
-    monkeypatch.setattr(store, "changes", refuse)
+    monkeypatch.setattr(store, "changes_page", refuse)
     r = http.get("/cdc/changes")
     assert (r.status_code, r.json()) == (
         409,
@@ -179,6 +179,53 @@ def test_changes_page_inside_a_transaction_resumes_with_next(http: TestClient) -
     assert first["next"]["after_seq"] == 3
     skipped = http.get("/cdc/changes", params={"after": first["next"]["after"], "limit": 3})
     assert skipped.json()["changes"][0]["after"]["a"] == 8
+
+
+def test_pages_end_at_their_size_bound_and_next_reads_on(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page is held in memory while the node answers it, and limit=10000 of big rows
+    or bulk writes' entries was gigabytes: /cdc/changes and /journal pages end once past
+    PAGE_BYTES (after their first item, however big), with ``next`` to read on from."""
+    from litecdc import store as store_module
+
+    monkeypatch.setattr(store_module, "PAGE_BYTES", 5000)
+    http.post("/db/execute", json=["CREATE TABLE big (id INTEGER PRIMARY KEY, v TEXT)"])
+    sizes = [1500, 1500, 1500, 1500, 9000, 100, 100]
+    http.post(
+        "/db/execute",
+        json=[["INSERT INTO big VALUES(?, ?)", i, "x" * n] for i, n in enumerate(sizes)],
+        params={"transaction": ""},
+    )
+    for n in (2000, 2000, 2000):
+        http.post("/db/execute", json=[["INSERT INTO big(v) VALUES(?)", "y" * n]])
+    params: dict[str, int] = {"limit": 1000}
+    pages: list[list[int]] = []
+    while True:
+        doc = http.get("/cdc/changes", params=params).json()
+        if doc["changes"]:
+            pages.append([len(c["after"]["v"]) for c in doc["changes"] if c["table"] == "big"])
+        if "next" not in doc:
+            break
+        last = doc["changes"][-1]
+        assert doc["next"] == {"after": last["cid"], "after_seq": last["seq"]}
+        params = {"limit": 1000, **doc["next"]}
+    assert [n for page in pages for n in page] == [*sizes, 2000, 2000, 2000]
+    assert pages == [[1500, 1500, 1500], [1500], [9000], [100, 100, 2000, 2000], [2000]]
+
+    journal_pages: list[list[int]] = []
+    after = 0
+    while True:
+        doc = http.get("/journal", params={"after": after, "limit": 1000}).json()
+        journal_pages.append([len(e["query"] or "") for e in doc["entries"]])
+        if "next" not in doc:
+            break
+        assert doc["next"] == {"after": doc["entries"][-1]["cid"]}
+        after = doc["next"]["after"]
+    # the initial record and the CREATE; the bulk write's entry (its SQL text alone over
+    # the bound) as a page of its own; two of the 2000-character inserts, then the third
+    assert [len(page) for page in journal_pages] == [2, 1, 2, 1], journal_pages
+    assert journal_pages[1][0] > 15_000 and max(journal_pages[2] + journal_pages[3]) < 2100
 
 
 def test_load_of_failing_sql_text_is_an_sql_error_and_changes_nothing(http: TestClient) -> None:
