@@ -32,9 +32,15 @@ have_glob '/usr/lib/*/jni/libsqlitejdbc.so' || have_glob '/usr/lib/jni/libsqlite
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
+# as root, or through sudo (which may ask for a password) when a user runs make
+as_root=()
 if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: missing system packages: ${need[*]} (run as root or install them)" >&2
-  exit 1
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "setup: missing system packages: ${need[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "setup: missing system packages: ${need[*]}; installing them with sudo" >&2
+  as_root=(sudo)
 fi
 
 # Keep the packages' services from starting during the install: invoke-rc.d and
@@ -44,22 +50,23 @@ policy=/usr/sbin/policy-rc.d
 backup=""
 if [ -e "$policy" ]; then
   backup="$(mktemp)"
-  cp -p "$policy" "$backup"
+  "${as_root[@]}" cp -p "$policy" "$backup"
 fi
 restore_policy() {
   if [ -n "$backup" ]; then
-    mv -f "$backup" "$policy"
+    "${as_root[@]}" mv -f "$backup" "$policy"
   else
-    rm -f "$policy"
+    "${as_root[@]}" rm -f "$policy"
   fi
 }
 trap restore_policy EXIT
-printf '#!/bin/sh\nexit 101\n' >"$policy"
-chmod 755 "$policy"
+printf '#!/bin/sh\nexit 101\n' | "${as_root[@]}" tee "$policy" >/dev/null
+"${as_root[@]}" chmod 755 "$policy"
 
 echo "setup: installing ${need[*]}" >&2
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends "${need[@]}"
 
 # Don't let the servers just installed start at the next boot either (systemd machines only);
 # services that were there before are left alone. The tests run their own instances.
@@ -73,7 +80,7 @@ if [ -d /run/systemd/system ]; then
       *) units=() ;;
     esac
     for unit in "${units[@]}"; do
-      systemctl disable --now "$unit" >/dev/null 2>&1 || true
+      "${as_root[@]}" systemctl disable --now "$unit" >/dev/null 2>&1 || true
     done
   done
 fi
