@@ -210,7 +210,7 @@ class _Side:
         path = self._path(number)
         if not path.exists():
             return self.schema.empty_table()
-        with pa.memory_map(str(path)) as data:
+        with pa.OSFile(str(path)) as data:  # (read into memory: the file goes at the end)
             return pa.ipc.open_stream(data).read_all()
 
     def _conformed(self, table: pa.Table) -> pa.Table:
