@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from litecdc.errors import PipelineError
 from litecdc.pipeline import verify
@@ -180,3 +182,33 @@ def test_a_spill_that_cannot_be_written_says_where_and_what_to_do(
     assert message.startswith(f"writing the source's rows to {tmp_path}/litecdc-verify-")
     assert "No space left on device" in message and "set TMPDIR" in message
     assert not list(tmp_path.iterdir())
+
+
+_FLOATS = [0.0, -0.0, 1.5, float("nan"), None]
+_ROW = st.tuples(st.sampled_from([*_FLOATS, 2.0, 3.0]), st.sampled_from(["a", "b", None]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(source=st.lists(_ROW, max_size=12), sink=st.lists(_ROW, max_size=12))
+def test_rows_set_aside_as_equal_are_exactly_those_without_a_difference(
+    source: list[tuple[float | None, str | None]], sink: list[tuple[float | None, str | None]]
+) -> None:
+    """Most rows are set aside as equal tuples before the rows of each key are compared
+    (3x faster): that must find what comparing every row finds — with -0.0 and 0.0, NaNs,
+    NULL keys and keys held twice on either side."""
+    spec = TableSpec(
+        "t", (Column("k", "REAL", "float64", True), Column("v", "TEXT", "string")), ("k",)
+    )
+
+    def table(rows: list[tuple[float | None, str | None]]) -> pa.Table:
+        return pa.table(
+            {"k": pa.array([r[0] for r in rows], pa.float64()), "v": [r[1] for r in rows]},
+            schema=pa.schema([("k", pa.float64()), ("v", pa.string())]),
+        )
+
+    def described(result: tuple[list[Difference], int]) -> tuple[int, list[str]]:
+        return result[1], sorted(d.describe() for d in result[0])
+
+    fast = compare(spec, table(source), table(sink), limit=100)
+    every_row = verify._compare_rows(spec, table(source), table(sink), 100)
+    assert described(fast) == described(every_row)
