@@ -136,6 +136,12 @@ def ipc_chunks(table: pa.Table) -> Iterator[bytes]:
     yield sink.take()  # the schema when there was no batch, and the end of the stream
 
 
+def release_unused_memory() -> None:
+    """Hand back to the system what Arrow's allocator keeps of freed buffers (it keeps
+    them for reuse: after a 1.5M-event change page the node stayed ~115 MB bigger)."""
+    pa.default_memory_pool().release_unused()
+
+
 def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 

@@ -954,6 +954,11 @@ def test_a_big_transaction_is_served_a_batch_at_a_time(
     are now made and sent a few thousand at a time — here 3 — and read the same, key
     changes (a delete then an upsert) and misfits across the batches included."""
     monkeypatch.setattr(source, "CHANGE_BATCH_ROWS", 3)
+    # and the memory a big page took is handed back once it is sent (Arrow's allocator
+    # kept it: ~115 MB after each 1.5M-event page); here "big" is 10 events
+    monkeypatch.setattr(app_module, "RELEASE_MEMORY_AFTER_EVENTS", 10)
+    released: list[str] = []
+    monkeypatch.setattr(app_module, "release_unused_memory", lambda: released.append("page"))
     http.post("/db/execute", json=["CREATE TABLE big (k TEXT PRIMARY KEY, n INTEGER)"])
     start = _last_cid(http)
     http.post(
@@ -980,6 +985,10 @@ def test_a_big_transaction_is_served_a_batch_at_a_time(
     # k3's misfit version is left out: the source holds a version that fits since
     assert events == [*inserts, *moves, ("delete", "k5", 5), ("upsert", "k3", 3)]
     assert got.schema.metadata[b"litecdc.last_cid"] == str(_last_cid(http)).encode()
+    assert released == ["page"]
+    small = http.get("/cdc/tables/big/changes", params={"after": start + 1, "format": "arrow"})
+    assert pa.ipc.open_stream(small.content).read_all().num_rows == 1
+    assert released == ["page"]  # not after a small one
     as_json = http.get("/cdc/tables/big/changes", params={"after": start}).json()
     assert [tuple(row[2:]) for row in as_json["rows"]] == events
 
