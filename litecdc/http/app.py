@@ -77,6 +77,7 @@ from litecdc.http import rqlite
 from litecdc.http.auth import CredentialStore, parse_basic_auth
 from litecdc.http.forward import LeaderForwarder
 from litecdc.http.metrics import NodeMetrics
+from litecdc.http.protocol import READ_SIDE_CLOSED
 from litecdc.results import MAX_CID, MAX_SEQ, Statement, WriteOutcome
 from litecdc.store import Store
 from litecdc.wire import (
@@ -377,10 +378,20 @@ class _Api:
             return await self.queued_execute(request, opts, start)
         statements = await self._statements(request)
         self.stats.add("execute_stmts_rx", len(statements))
-        outcome = await to_thread.run_sync(
-            lambda: self.store.execute(statements, transaction=opts.transaction),
-            limiter=self.write_threads,
-        )
+        limit = ReadLimit(opts.db_timeout, _client_gone(request))
+
+        def run() -> WriteOutcome:
+            if self.store.is_read_only(statements, limit):
+                # reads alone (a SELECT sent here; nothing is journaled) run as /db/request
+                # runs them: under db_timeout, stopped when the client leaves. As a write
+                # one held every other write back while it ran (HTTP QA: a runaway
+                # recursive CTE, its client gone at once, for 5 minutes)
+                return self.store.request(
+                    statements, transaction=opts.transaction, read_only=True, limit=limit
+                )
+            return self.store.execute(statements, transaction=opts.transaction)
+
+        outcome = await to_thread.run_sync(run, limiter=self.write_threads)
         doc = {
             "results": rqlite.format_results(
                 outcome.results, timings=opts.timings, blob_array=opts.blob_array
@@ -1442,7 +1453,8 @@ def _client_gone(request: Request) -> Callable[[], bool] | None:
     cycle = getattr(request.receive, "__self__", None)
     if cycle is None or not isinstance(getattr(cycle, "disconnected", None), bool):
         return None
-    return lambda: bool(cycle.disconnected)
+    # (or shut its sending side: litecdc.http.protocol keeps such a connection to answer)
+    return lambda: bool(cycle.disconnected or getattr(cycle, READ_SIDE_CLOSED, False))
 
 
 def _backup_tables(value: str | None) -> list[str] | None:

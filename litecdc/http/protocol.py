@@ -6,11 +6,17 @@ Without them (HTTP QA): one connection streaming 400 MB of headers grew the node
 much and was then answered 200, and connections that sent nothing, or half their
 headers, were held forever — enough of them use up the process's file descriptors.
 The body has its own limit (``--max-body-bytes``, checked by the application).
+
+And it keeps the order of answers on a connection where uvicorn did not (HTTP QA): a
+refusal of a request that cannot be parsed waits for the answers to the requests before
+it; a client that shut down its sending side is answered; a connection lost marks every
+request on it as disconnected, not the last parsed only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -22,10 +28,14 @@ MAX_HEAD_BYTES = 1 << 20
 #: uvicorn's own keep-alive timeout
 HEAD_TIMEOUT_S = 30.0
 
+#: set (True) on a request's uvicorn cycle when its client shut its sending side (or
+#: closed) before the answer: reads take it as their client gone
+READ_SIDE_CLOSED = "litecdc_read_side_closed"
+
 #: the longest URL httptools.parse_url takes
 _PARSE_URL_MAX_BYTES = 65_535
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
 class _Refused(Exception):
@@ -41,6 +51,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
+        #: the answer to a request that could not be parsed, held until the requests
+        #: before it on the connection are answered
+        self._held_refusal: bytes | None = None
+        #: the client closed its side after its request(s): answer them, then close
+        self._read_side_closed = False
+        #: a queued request refused in its body, which does not run
+        self._dropped: object | None = None
+        #: the requests parsed on this connection not known to be answered, in order
+        self._unanswered: collections.deque[Any] = collections.deque()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -48,6 +67,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        # uvicorn marks only the request parsed last as disconnected: one running before
+        # it wrote its answer to the closed connection and failed, logged twice as an
+        # internal error with its traceback (HTTP QA: a client that pipelined requests
+        # and closed). Those queued behind do not run: nobody can read their answers.
+        for cycle in self._unanswered:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self.pipeline.clear()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -75,18 +103,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if query is not None:
             self.scope["query_string"] = query.partition(b"#")[0]
+        self._unanswered.append(self.cycle)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._answered_all():
+            if self._held_refusal is not None:
+                self._write_and_close(self._held_refusal)
+                return
+            if self._read_side_closed:
+                self.transport.close()  # nothing more can come
+                return
         self._arm_head_timer()  # the next request's head, if one comes
+
+    def data_received(self, data: bytes) -> None:
+        if self._held_refusal is not None:
+            return  # (the parser failed: what follows cannot be read as requests)
+        super().data_received(data)
+
+    def eof_received(self) -> bool:  # type: ignore[override]
+        """The client shut down its sending side (``nc -N``, socat, some proxies). uvicorn
+        closed the connection, and a request that had fully arrived was run — a write
+        committed — but never answered (HTTP QA); Go's server answers it. The connection
+        stays open until the requests that came are answered. (Over TLS asyncio closes it
+        whatever this returns.)"""
+        if self._answered_all() or (self.cycle is not None and self.cycle.more_body):
+            return False  # nothing to answer, or a body cut short: the client has gone
+        self._read_side_closed = True
+        for cycle in self._unanswered:
+            # a read stops as for a client gone (a close() looks the same until a write
+            # fails: runaway reads whose clients left held every read thread); a write
+            # runs on and is answered — as Go's server cancels a request's context then
+            setattr(cycle, READ_SIDE_CLOSED, True)
+        return True
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers every parser error so; a callback's refusal says what it was
         refusal, self._refusal = self._refusal, None
         if refusal is None:
-            super().send_400_response(msg)
+            status, message = 400, msg
         else:
-            self._send_refusal(*refusal)
+            status, message = refusal
+        self._refuse(status, message)
 
     # -- limits ---------------------------------------------------------------------------
     def _count(self, size: int) -> None:
@@ -122,12 +180,44 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             f"request timeout: the request's headers did not arrive within {HEAD_TIMEOUT_S:g} s",
         )
 
-    def _send_refusal(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` and close — after the requests before it on the connection
+        (pipelined: uvicorn answered at once and closed, so a write that had arrived
+        earlier committed while its client read this refusal as the write's answer, and
+        retried it: HTTP QA). A refusal inside a request's own body is that request's."""
         body = (message + "\n").encode()
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n"
             % (status, _REASONS[status], len(body))
         )
-        self.transport.write(head + body)
+        if self._held_refusal is not None:
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and self.pipeline and self.pipeline[0][0] is cycle:
+            # the refused request is one queued behind others, cut off in its body: it
+            # does not run (it would wait for the rest of its body for good)
+            self.pipeline.popleft()
+            self._dropped = cycle
+        own_body = cycle is not None and cycle.more_body and cycle is not self._dropped
+        if own_body or self._answered_all():
+            self._write_and_close(head + body)
+            return
+        self._held_refusal = head + body
+        self.flow.pause_reading()
+
+    def _send_refusal(self, status: int, message: str) -> None:
+        self._refuse(status, message)
+
+    def _write_and_close(self, data: bytes) -> None:
+        self.transport.write(data)
         self.transport.close()
+
+    def _answered_all(self) -> bool:
+        """Whether every request that arrived on this connection (and runs) has been
+        answered. (uvicorn keeps no hold of the running request once another is parsed
+        behind it: ``cycle`` is the last parsed.)"""
+        waiting = self._unanswered
+        while waiting and (waiting[0].response_complete or waiting[0] is self._dropped):
+            waiting.popleft()
+        return not waiting

@@ -408,6 +408,35 @@ def test_a_read_whose_client_left_stops_and_frees_its_thread(node: Node) -> None
     assert "Traceback" not in node.log()
 
 
+def test_a_read_sent_to_execute_is_bounded_as_a_read_and_holds_no_write_back(node: Node) -> None:
+    """HTTP QA: a runaway SELECT sent to /db/execute ran as a write — to the write limit,
+    about 5 minutes here, its client long gone — and every other write waited for it. It
+    runs as a read now: under db_timeout, and stopped when its client leaves."""
+    body = json.dumps([RUNAWAY]).encode()
+    runaway = (
+        b"POST /db/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    with node.client() as c:
+        r = c.post("/db/execute?db_timeout=200ms", json=[RUNAWAY, "SELECT 1"])
+        # (the deadline is the request's, as with /db/request)
+        assert r.json()["results"] == [{"error": "query timeout"}] * 2, r.text
+        c.post("/db/execute", json=["CREATE TABLE w (x)"])
+        executions = int(c.get("/debug/vars").json()["http"]["executions"])
+        gone = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(3)]
+        for conn in gone:
+            conn.sendall(runaway)
+        while int(c.get("/debug/vars").json()["http"]["executions"]) < executions + 3:
+            threading.Event().wait(0.05)  # each is running
+        for conn in gone:
+            conn.close()
+        # (the write waited for the runaways' 10 billion steps before: past this timeout)
+        r = c.post("/db/execute", json=["INSERT INTO w VALUES (1)"], timeout=60)
+        assert r.json()["results"] == [{"last_insert_id": 1, "rows_affected": 1}], r.text
+    assert "Traceback" not in node.log()
+
+
 def test_a_node_stops_while_a_runaway_read_still_has_its_client(tmp_path: Path) -> None:
     """Review QA: after the 10 s grace the request was cancelled, but its read went on in
     SQLite; closing the store then failed on the busy reader connection, closed nothing

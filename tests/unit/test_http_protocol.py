@@ -6,6 +6,7 @@ that sent nothing or half their headers were held forever."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -19,16 +20,31 @@ import uvicorn
 from litecdc.http import protocol
 from litecdc.http.protocol import GuardedHttpToolsProtocol
 
+#: the paths the app answered, in order
+RAN: list[str] = []
+#: what the app's answers failed with
+FAILED: list[str] = []
+
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     body = b"ok"
     if scope["path"] == "/echo":
         body = b"%s %s" % (scope["raw_path"], scope["query_string"])
+    if scope["path"] == "/slow":  # a write that takes a while: later requests arrive meanwhile
+        while (await receive()).get("more_body"):
+            pass
+        await asyncio.sleep(0.3)
+        body = b"slow"
+    RAN.append(scope["path"])
     length = str(len(body)).encode()
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", length)]}
-    )
-    await send({"type": "http.response.body", "body": body})
+    try:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", length)]}
+        )
+        await send({"type": "http.response.body", "body": body})
+    except Exception as exc:
+        FAILED.append(repr(exc))
+        raise
 
 
 @pytest.fixture
@@ -183,3 +199,89 @@ def test_an_advertised_scheme_unlike_the_served_one_is_warned_of(tmp_path: Path)
         NodeConfig(data_dir=tmp_path, advertise_url="https://n1:4001"),  # (standalone)
     ):
         assert advertise_scheme_problem(fine) is None
+
+
+def _answers(data: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each HTTP/1.1 answer in ``data``, in order."""
+    found = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(
+            next(
+                line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+            ).split(b":")[1]
+        )
+        found.append((status, rest[:length]))
+        data = rest[length:]
+    return found
+
+
+SLOW = b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"GARBAGE\r\n\r\n", b"\x00", b"GET / HTTP/1.1\r\nno colon here\r\n\r\n"],
+    ids=["garbage", "nul", "bad-header"],
+)
+def test_a_bad_request_pipelined_behind_others_is_answered_after_them(
+    port: int, bad: bytes
+) -> None:
+    """HTTP QA: a write followed in the same packet by bytes that do not parse got only
+    uvicorn's 400 — sent at once, the connection closed — while the write committed: its
+    client read the 400 as the write's answer (and retried). The requests before it are
+    answered first, in order, then the 400."""
+    RAN.clear()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(SLOW + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bad)
+        answers = _answers(_read_all(conn))
+    assert answers == [(200, b"slow"), (200, b"ok"), (400, b"Invalid HTTP request received.\n")]
+    assert RAN == ["/slow", "/"]
+
+
+def test_a_huge_head_pipelined_behind_a_request_is_refused_after_its_answer(port: int) -> None:
+    RAN.clear()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(
+            SLOW + b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (1 << 20) + b"\r\nX-Next: b\r\n"
+        )
+        answers = _answers(_read_all(conn))
+    assert [status for status, _ in answers] == [200, 431] and RAN == ["/slow"]
+
+
+def test_a_queued_request_refused_in_its_body_does_not_run(port: int) -> None:
+    RAN.clear()
+    chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(SLOW + chunked)
+        answers = _answers(_read_all(conn))
+    assert [status for status, _ in answers] == [200, 400] and RAN == ["/slow"]
+
+
+def test_a_client_that_shut_its_sending_side_gets_its_answers(port: int) -> None:
+    """HTTP QA: a complete request followed by shutdown(SHUT_WR) (nc -N, socat, some
+    proxies) ran — a write committed — and the connection was closed unanswered."""
+    RAN.clear()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(SLOW + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.shutdown(socket.SHUT_WR)
+        answers = _answers(_read_all(conn))  # (ends: the server closes after them)
+    assert answers == [(200, b"slow"), (200, b"ok")] and RAN == ["/slow", "/"]
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhi")
+        conn.shutdown(socket.SHUT_WR)  # mid-body: gone, nothing to answer
+        assert _read_all(conn) == b""
+
+
+def test_a_client_gone_with_requests_pipelined_leaves_no_failed_answer(port: int) -> None:
+    """HTTP QA: a client that pipelined requests and closed: the one running wrote its
+    answer to the closed connection and failed (logged twice as an internal error, with
+    its traceback); those queued behind it ran too, for nobody."""
+    RAN.clear()
+    FAILED.clear()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(SLOW + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        time.sleep(0.1)  # (the first is running)
+    time.sleep(0.6)  # the first has answered by now, into nothing
+    assert (RAN, FAILED) == (["/slow"], [])
