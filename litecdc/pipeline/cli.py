@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from litecdc.errors import ConfigError, LitecdcError, MetadataError
+from litecdc.pipeline.spark import DEFAULT_DRIVER_MEMORY
 
 if TYPE_CHECKING:
     from litecdc.pipeline.metadata import MetadataStore
@@ -234,6 +235,13 @@ def subscribe(
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option(
+    "--driver-memory",
+    default=DEFAULT_DRIVER_MEMORY,
+    show_default=True,
+    help="Heap of Spark's driver JVM (with a local master, all of Spark): 512m, 2g, 8g. "
+    "A transaction of millions of rows read by several subscriptions at once needs more.",
+)
+@click.option(
     "--until-caught-up",
     is_flag=True,
     help="Exit once every subscription has applied all changes committed before the start: "
@@ -265,6 +273,7 @@ def run(
     meta: str | None,
     owner: str,
     master: str,
+    driver_memory: str,
     until_caught_up: bool,
     poll_interval: float,
     parallel: int,
@@ -273,7 +282,7 @@ def run(
 ) -> None:
     """Run every subscription OWNER has (Spark driver); resumes after a restart."""
     from litecdc.pipeline.server import PipelineServer
-    from litecdc.pipeline.spark import check_master, spark_session
+    from litecdc.pipeline.spark import check_driver_memory, check_master, spark_session
 
     with _errors():
         if not (0 < poll_interval <= MAX_POLL_INTERVAL):  # (also refuses nan)
@@ -282,6 +291,7 @@ def run(
                 f"{MAX_POLL_INTERVAL:g}, got {poll_interval}"
             )
         check_master(master)  # before Spark takes its time to start
+        check_driver_memory(driver_memory)
         if metrics_port:
             _check_port_free(metrics_port)
         store = _open(meta, owner)
@@ -296,7 +306,7 @@ def run(
         faulthandler.enable(all_threads=True)
         display = _ProgressDisplay(enabled=not quiet)
         try:
-            spark = spark_session(master)
+            spark = spark_session(master, driver_memory=driver_memory)
             server = PipelineServer(
                 store,
                 spark,

@@ -87,6 +87,7 @@ from litecdc.pipeline.sinks.base import (
 )
 from litecdc.pipeline.sinks.registry import open_sink, sink_server
 from litecdc.pipeline.source_client import KeyRange, Position, SourceClient, TableInfo
+from litecdc.pipeline.spark import DEFAULT_DRIVER_MEMORY, jvm_exit_status
 from litecdc.pipeline.tables import (
     CID_COLUMN,
     OP_COLUMN,
@@ -343,6 +344,7 @@ class PipelineServer:
                     self.meta.check_owner_claim()  # (lost to another run: raises, run ends)
                 if time.monotonic() - listed >= WATCH_INTERVAL:
                     listed = time.monotonic()
+                    self._check_spark_alive()
                     self._tend()
                     self._watch_stalls()
                 # after every step's end (it wakes this loop), not every WATCH_INTERVAL:
@@ -360,6 +362,19 @@ class PipelineServer:
             self._stop_threads(threads, cancel_reads=not caught_up)
             self.close()
         return sum(1 for s in list(self.states.values()) if s.last_error)
+
+    def _check_spark_alive(self) -> None:
+        """End the run when Spark's JVM has died (out of memory, killed): every step
+        after it failed with "connection refused" until each subscription was given up
+        on, the run waiting on (scale QA). A new run starts a new JVM."""
+        status = jvm_exit_status(self.spark) if self.spark is not None else None
+        if status is not None:
+            raise PipelineError(
+                f"Spark's JVM has exited (status {status}); its last words are in the log "
+                "above — `java.lang.OutOfMemoryError: Java heap space` means it needs more "
+                f"memory: run again with a larger --driver-memory (default "
+                f"{DEFAULT_DRIVER_MEMORY}) or with fewer --parallel steps"
+            )
 
     def close(self) -> None:
         for name in list(self._running):

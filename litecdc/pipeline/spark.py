@@ -55,13 +55,46 @@ def check_master(master: str) -> None:
         )
 
 
-def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipeline") -> SparkSession:
-    """A SparkSession with the ``litecdc`` data source registered.
+#: the JVM heap of Spark's driver — with a local master, of all of Spark. Spark's own
+#: 1g ran out reading three subscriptions' batches of a 1.5M-row transaction at once
+#: (each result held several times over on the heap): a step failed with TaskResultLost
+#: and was read again, or the JVM died (scale QA). 2g held in every run.
+DEFAULT_DRIVER_MEMORY = "2g"
+#: the least Spark starts with (it needs 450 MiB: UnifiedMemoryManager)
+MIN_DRIVER_MEMORY_MIB = 512
+_MEMORY = re.compile(r"(?P<number>[0-9]+)(?P<unit>[kmgt])b?", re.IGNORECASE)
+_MIB_PER = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def check_driver_memory(memory: str) -> None:
+    """ConfigError unless ``memory`` is a JVM heap size Spark takes and starts with."""
+    matched = _MEMORY.fullmatch(memory.strip())
+    if matched is None:
+        raise ConfigError(
+            f"--driver-memory {memory!r} is not a memory size: give a number and a unit, "
+            "k, m, g or t (512m, 2g, 8g)"
+        )
+    mib = int(matched["number"]) * _MIB_PER[matched["unit"].lower()]
+    if mib < MIN_DRIVER_MEMORY_MIB:
+        raise ConfigError(
+            f"--driver-memory {memory!r} is too little: Spark needs at least "
+            f"{MIN_DRIVER_MEMORY_MIB}m"
+        )
+
+
+def spark_session(
+    master: str = DEFAULT_MASTER,
+    app_name: str = "litecdc-pipeline",
+    driver_memory: str = DEFAULT_DRIVER_MEMORY,
+) -> SparkSession:
+    """A SparkSession with the ``litecdc`` data source registered (a JVM started here
+    gets ``driver_memory`` of heap; an existing session keeps what it has).
 
     Spark's Python workers run this interpreter (PYSPARK_PYTHON), so they import the same
     litecdc and pyarrow as the driver; Arrow carries the data between Python and the JVM.
     """
     check_master(master)
+    check_driver_memory(driver_memory)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -80,6 +113,7 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
                 .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.memory", driver_memory.strip())
                 .getOrCreate()
             )
     except Exception as exc:  # Java missing, bad master URL…
@@ -92,6 +126,15 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "litecdc-pipelin
     _quiet_task_failures(spark)
     register(spark)
     return spark
+
+
+def jvm_exit_status(spark: SparkSession) -> int | None:
+    """The exit status of Spark's JVM once it has ended; None while it runs (or when this
+    process did not start it)."""
+    gateway = getattr(spark.sparkContext, "_gateway", None)
+    process = getattr(gateway, "proc", None)
+    status = process.poll() if process is not None else None
+    return int(status) if status is not None else None
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from pipeline_proc import execute, wait_until_pruned_past
 from litecdc.errors import (
     MetadataError,
     NotFoundError,
+    PipelineError,
     SchemaMismatchError,
     SinkError,
     SourceError,
@@ -822,6 +823,59 @@ def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
         "spark://HOST:PORT, yarn or k8s://HOST:PORT\n"
     )
     assert not (tmp_path / "meta.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("memory", "message"),
+    [
+        ("lots", "is not a memory size: give a number and a unit, k, m, g or t (512m, 2g, 8g)"),
+        ("2048", "is not a memory size: give a number and a unit, k, m, g or t (512m, 2g, 8g)"),
+        ("-1g", "is not a memory size: give a number and a unit, k, m, g or t (512m, 2g, 8g)"),
+        ("256m", "is too little: Spark needs at least 512m"),
+        ("1000k", "is too little: Spark needs at least 512m"),
+    ],
+)
+def test_run_refuses_a_driver_memory_spark_would_not_start_with_before_starting_it(
+    tmp_path: Path, memory: str, message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    meta = sqlite_url(tmp_path / "meta.db")
+    args = ["pipeline", "run", "--meta", meta, "--driver-memory", memory]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: --driver-memory {memory!r} {message}\n"
+    assert not (tmp_path / "meta.db").exists()
+
+
+def test_driver_memory_takes_spark_s_forms() -> None:
+    from litecdc.pipeline.spark import check_driver_memory
+
+    for memory in ("512m", "2g", "2G", "2gb", "1t", "524288k", " 4g "):
+        check_driver_memory(memory)
+
+
+def test_a_run_ends_when_spark_s_jvm_has_died() -> None:
+    """Scale QA: the JVM died of an OutOfMemoryError and every step after it failed with
+    "connection refused" until each subscription was given up on. (A stand-in for the
+    JVM's process: killing the suite's shared JVM would end the module's session.)"""
+    from types import SimpleNamespace
+
+    from litecdc.pipeline.server import PipelineServer
+
+    class Exited:
+        def poll(self) -> int:
+            return 137
+
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(_gateway=SimpleNamespace(proc=Exited())))
+    server = PipelineServer.__new__(PipelineServer)
+    server.spark = spark  # type: ignore[assignment]
+    with pytest.raises(PipelineError, match=r"Spark's JVM has exited \(status 137\)"):
+        server._check_spark_alive()
+    spark.sparkContext._gateway.proc = None  # a JVM this process did not start
+    server._check_spark_alive()
 
 
 @pytest.mark.parametrize(

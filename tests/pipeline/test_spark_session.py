@@ -19,6 +19,8 @@ FAILING_READ = """
     from litecdc.pipeline.spark import spark_session
 
     spark = spark_session("local[2]")
+    # the JVM got the driver memory asked for (scale QA: Spark's 1g ran out)
+    print("MAX HEAP MIB:", spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() >> 20)
     df = (
         spark.read.format("litecdc").option("url", sys.argv[1]).option("table", "w")
         .option("ranges", "[[null, null, null]]").load()
@@ -51,6 +53,8 @@ def test_a_failing_task_does_not_print_spark_stacks(node: Node, tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-4000:]
     assert "FAILED AS EXPECTED:" in done.stdout, done.stdout + done.stderr[-4000:]
     assert "a TEXT value at key [2]" in done.stdout, done.stdout
+    heap = int(done.stdout.split("MAX HEAP MIB:", 1)[1].split()[0])
+    assert 1800 <= heap <= 2048, done.stdout  # 2g, less what the JVM keeps for itself
     assert "WRITE FAILED AS EXPECTED:" in done.stdout, done.stdout
     for logger in ("FileFormatWriter", "Utils"):
         assert f"ERROR {logger}" not in done.stderr, done.stderr[-4000:]
