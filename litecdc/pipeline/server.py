@@ -369,8 +369,9 @@ class PipelineServer:
         on, the run waiting on (scale QA). A new run starts a new JVM."""
         status = jvm_exit_status(self.spark) if self.spark is not None else None
         if status is not None:
+            how = f"was killed by signal {-status}" if status < 0 else f"exited (status {status})"
             raise PipelineError(
-                f"Spark's JVM has exited (status {status}); its last words are in the log "
+                f"Spark's JVM {how}; its last words are in the log "
                 "above — `java.lang.OutOfMemoryError: Java heap space` means it needs more "
                 f"memory: run again with a larger --driver-memory (default "
                 f"{DEFAULT_DRIVER_MEMORY}) or with fewer --parallel steps"

@@ -872,7 +872,10 @@ def test_a_run_ends_when_spark_s_jvm_has_died() -> None:
     spark = SimpleNamespace(sparkContext=SimpleNamespace(_gateway=SimpleNamespace(proc=Exited())))
     server = PipelineServer.__new__(PipelineServer)
     server.spark = spark  # type: ignore[assignment]
-    with pytest.raises(PipelineError, match=r"Spark's JVM has exited \(status 137\)"):
+    with pytest.raises(PipelineError, match=r"Spark's JVM exited \(status 137\); its last"):
+        server._check_spark_alive()
+    Exited.poll = lambda self: -9  # type: ignore[method-assign]
+    with pytest.raises(PipelineError, match=r"Spark's JVM was killed by signal 9; its last"):
         server._check_spark_alive()
     spark.sparkContext._gateway.proc = None  # a JVM this process did not start
     server._check_spark_alive()
