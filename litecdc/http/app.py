@@ -1538,7 +1538,18 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _text_error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+#: every route takes every method the HTTP parser (llhttp) reads: its handler answers
+#: one it does not serve 405 with what to use, as rqlite does; Starlette's own 405
+#: (TRACE, PROPFIND…) said only "Method Not Allowed", listed methods the endpoint
+#: refuses, and took unknown paths' 404 and /debug/vars' any-method answer (HTTP QA)
+_ALL_METHODS = [
+    *("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"),
+    *("COPY", "LOCK", "MKCOL", "MOVE", "PROPFIND", "PROPPATCH", "SEARCH", "UNLOCK", "BIND"),
+    *("REBIND", "UNBIND", "ACL", "REPORT", "MKACTIVITY", "CHECKOUT", "MERGE", "M-SEARCH"),
+    *("NOTIFY", "SUBSCRIBE", "UNSUBSCRIBE", "PURGE", "MKCALENDAR", "LINK", "UNLINK"),
+    *("SOURCE", "QUERY", "PRI", "DESCRIBE", "ANNOUNCE", "SETUP", "PLAY", "PAUSE"),
+    *("TEARDOWN", "GET_PARAMETER", "SET_PARAMETER", "REDIRECT", "RECORD", "FLUSH"),
+]
 
 #: a handler of _Api, unbound
 ApiHandler = Callable[[_Api, Request], Awaitable[Response]]

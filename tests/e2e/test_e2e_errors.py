@@ -125,11 +125,20 @@ def test_unknown_endpoint_and_wrong_method(client: httpx.Client) -> None:
         ("GET", "/db/load", "POST"),
         ("POST", "/journal", "GET"),
         ("POST", "/cdc/changes", "GET"),
+        # (HTTP QA: methods outside Starlette's list got its bare "Method Not Allowed",
+        # with an Allow header naming methods the endpoint refuses)
+        ("TRACE", "/db/query", "GET, POST"),
+        ("PROPFIND", "/status", "GET"),
+        ("MKCOL", "/journal", "GET"),
     ]:
         r = client.request(method, path)
         assert r.status_code == 405, (method, path)
         assert r.headers["allow"] == allowed
         assert f"method {method} is not allowed on {path}" in r.text
+        assert r.headers["x-rqlite-version"]
+    r = client.request("TRACE", "/nosuch")
+    assert (r.status_code, r.text) == (404, "not found: litecdc has no endpoint /nosuch\n")
+    assert client.request("PURGE", "/debug/vars").status_code == 200  # any method, as rqlite
 
 
 def test_options_is_answered_for_cors(client: httpx.Client) -> None:

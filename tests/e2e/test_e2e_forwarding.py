@@ -45,7 +45,12 @@ def follower_app(tmp_path: Path, leader_url: str | None) -> tuple[Store, httpx.A
             "node follower is not the leader", leader_id="leader", leader_address=leader_url
         )
 
+    def reads_need_the_leader(level: str) -> None:  # (as a cluster follower's gate)
+        if level != "none":
+            not_here([], False)
+
     store.route_writes(not_here)
+    store.route_reads(reads_need_the_leader)
     app = create_app(store, store.config)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://follower")
     return store, client
