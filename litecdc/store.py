@@ -274,10 +274,13 @@ class Store:
             return WriteOutcome(results=results, read_only=True)
         return self.execute(statements, transaction=transaction)
 
-    def is_read_only(self, statements: Sequence[Statement], limit: ReadLimit | None = None) -> bool:
+    def is_read_only(
+        self, statements: Sequence[Statement], limit: ReadLimit | None = None, *, run: bool = True
+    ) -> bool:
         """Whether every statement only reads (what /db/request runs as a query); the
-        earlier statements of a string of several run to tell, under ``limit``."""
-        return all(self.engine.is_read_only(s, limit) for s in statements)
+        earlier statements of a string of several run to tell, under ``limit`` — or,
+        without ``run``, such a string counts as a write."""
+        return all(self.engine.is_read_only(s, limit, run=run) for s in statements)
 
     def load(self, data: bytes) -> WriteOutcome:
         """rqlite's /db/load: a SQLite file replaces the database's contents, SQL text runs

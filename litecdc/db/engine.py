@@ -1991,8 +1991,11 @@ class Engine:
         result.rows = last.rows
         return result
 
-    def is_read_only(self, statement: Statement, limit: ReadLimit | None = None) -> bool:
-        """Whether every SQL statement in ``statement`` only reads.
+    def is_read_only(
+        self, statement: Statement, limit: ReadLimit | None = None, *, run: bool = True
+    ) -> bool:
+        """Whether every SQL statement in ``statement`` only reads (without ``run``, a
+        text of several counts as a write: finding out would run its reads).
 
         Each statement is prepared and bound on a reader connection and stopped
         before it runs; when the text holds several statements, the read-only ones
@@ -2005,6 +2008,8 @@ class Engine:
         read_only = True
         count = parse_template(statement.sql).statements
         several = count > 1
+        if several and not run:
+            return False
         seen = 0
 
         def check(cur: apsw.Cursor, text: str, bindings: Any) -> bool:

@@ -378,20 +378,27 @@ class _Api:
             return await self.queued_execute(request, opts, start)
         statements = await self._statements(request)
         self.stats.add("execute_stmts_rx", len(statements))
-        limit = ReadLimit(opts.db_timeout, _client_gone(request))
 
-        def run() -> WriteOutcome:
-            if self.store.is_read_only(statements, limit):
-                # reads alone (a SELECT sent here; nothing is journaled) run as /db/request
-                # runs them: under db_timeout, stopped when the client leaves. As a write
-                # one held every other write back while it ran (HTTP QA: a runaway
-                # recursive CTE, its client gone at once, for 5 minutes)
-                return self.store.request(
-                    statements, transaction=opts.transaction, read_only=True, limit=limit
-                )
+        def write() -> WriteOutcome | None:
+            # (a text of several statements goes on as a write: telling whether it only
+            # reads would run its reads — twice, and under db_timeout, which is not a
+            # write's — review)
+            if self.store.is_read_only(statements, run=False):
+                return None
             return self.store.execute(statements, transaction=opts.transaction)
 
-        outcome = await to_thread.run_sync(run, limiter=self.write_threads)
+        outcome = await to_thread.run_sync(write, limiter=self.write_threads)
+        if outcome is None:
+            # reads alone (a SELECT sent here; nothing is journaled) run as /db/request
+            # runs them: under db_timeout, stopped when the client leaves, on no write
+            # thread. As a write one held every other write back while it ran (HTTP QA: a
+            # runaway recursive CTE, its client gone at once, for 5 minutes)
+            limit = ReadLimit(opts.db_timeout, _client_gone(request))
+            outcome = await to_thread.run_sync(
+                lambda: self.store.request(
+                    statements, transaction=opts.transaction, read_only=True, limit=limit
+                )
+            )
         doc = {
             "results": rqlite.format_results(
                 outcome.results, timings=opts.timings, blob_array=opts.blob_array
@@ -1200,15 +1207,16 @@ class _Api:
         page = await to_thread.run_sync(
             lambda: self.store.source_changes(name, after, until, limit)
         )
+        big = page.events.num_rows >= RELEASE_MEMORY_AFTER_EVENTS
+        release = BackgroundTask(release_unused_memory) if big else None
         if arrow:
-            big = page.events.num_rows >= RELEASE_MEMORY_AFTER_EVENTS
             return StreamingResponse(
-                ipc_chunks(page.events),
-                media_type=ARROW_STREAM,
-                background=BackgroundTask(release_unused_memory) if big else None,
+                ipc_chunks(page.events), media_type=ARROW_STREAM, background=release
             )
         doc = table_to_json(page.events) | {"end_cid": page.end_cid, "last_cid": page.last_cid}
-        return _json(doc, pretty="pretty" in params)
+        response = _json(doc, pretty="pretty" in params)
+        response.background = release
+        return response
 
     async def source_position(self, request: Request) -> Response:
         if r := await self._gate(request, ("query",), ("GET",)):

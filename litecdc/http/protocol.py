@@ -20,6 +20,7 @@ import collections
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import is_ssl
 
 #: the most bytes of request line and headers (Go's http.DefaultMaxHeaderBytes)
 MAX_HEAD_BYTES = 1 << 20
@@ -29,8 +30,9 @@ MAX_HEAD_BYTES = 1 << 20
 HEAD_TIMEOUT_S = 30.0
 
 #: set (True) on a request's uvicorn cycle when its client shut its sending side (or
-#: closed) before the answer: reads take it as their client gone
+#: closed) HALF_CLOSE_GRACE_S before it was answered: reads take it as their client gone
 READ_SIDE_CLOSED = "litecdc_read_side_closed"
+HALF_CLOSE_GRACE_S = 2.0
 
 #: the longest URL httptools.parse_url takes
 _PARSE_URL_MAX_BYTES = 65_535
@@ -60,6 +62,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._dropped: object | None = None
         #: the requests parsed on this connection not known to be answered, in order
         self._unanswered: collections.deque[Any] = collections.deque()
+        self._half_close_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -67,6 +70,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._half_close_timer is not None:
+            self._half_close_timer.cancel()
+            self._half_close_timer = None
         # uvicorn marks only the request parsed last as disconnected: one running before
         # it wrote its answer to the closed connection and failed, logged twice as an
         # internal error with its traceback (HTTP QA: a client that pipelined requests
@@ -125,17 +131,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """The client shut down its sending side (``nc -N``, socat, some proxies). uvicorn
         closed the connection, and a request that had fully arrived was run — a write
         committed — but never answered (HTTP QA); Go's server answers it. The connection
-        stays open until the requests that came are answered. (Over TLS asyncio closes it
-        whatever this returns.)"""
+        stays open until the requests that came are answered. (Not over TLS: asyncio
+        closes it whatever this returns, with a warning.)"""
         if self._answered_all() or (self.cycle is not None and self.cycle.more_body):
             return False  # nothing to answer, or a body cut short: the client has gone
+        if is_ssl(self.transport):
+            return False
         self._read_side_closed = True
-        for cycle in self._unanswered:
-            # a read stops as for a client gone (a close() looks the same until a write
-            # fails: runaway reads whose clients left held every read thread); a write
-            # runs on and is answered — as Go's server cancels a request's context then
-            setattr(cycle, READ_SIDE_CLOSED, True)
+        # A close() looks the same until a write fails: reads still unanswered after a
+        # grace stop as for a client gone (runaway reads whose clients had left held
+        # every read thread); ones that end sooner are answered (review: reads of a
+        # half-closed client, SELECT 1 included, were all answered "query cancelled").
+        # A write runs on and is answered.
+        self._half_close_timer = self.loop.call_later(
+            HALF_CLOSE_GRACE_S, self._half_closed_too_long
+        )
         return True
+
+    def _half_closed_too_long(self) -> None:
+        self._half_close_timer = None
+        for cycle in self._unanswered:
+            setattr(cycle, READ_SIDE_CLOSED, True)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers every parser error so; a callback's refusal says what it was

@@ -49,6 +49,18 @@ class _NoTracebackForShutdownCancels(logging.Filter):
 _SHUTDOWN_CANCELS = _NoTracebackForShutdownCancels()
 
 
+class _NoWebSocketAdvice(logging.Filter):
+    """Without WebSockets (the node serves none) uvicorn answers an ``Upgrade:
+    websocket`` request as plain HTTP, as rqlite does, after its "Unsupported upgrade
+    request." and advice to install a WebSocket library, which does not apply."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No supported WebSocket library")
+
+
+_NO_WEBSOCKET_ADVICE = _NoWebSocketAdvice()
+
+
 class _GracefulServer(uvicorn.Server):
     """uvicorn re-raises a caught SIGTERM/SIGINT once it has shut down, which kills the
     process before the node is closed (its CDC high watermark unwritten, the WAL left
@@ -253,11 +265,16 @@ def serve(config: NodeConfig) -> None:
                     date_header=False,
                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                     timeout_keep_alive=KEEP_ALIVE_S,
+                    # no WebSockets: a request asking for one was handed to uvicorn's
+                    # websocket protocol, answered 403, and one pipelined behind another
+                    # took its connection over, the earlier answer lost (review)
+                    ws="none",
                 )
             )
             uvicorn_log = logging.getLogger("uvicorn.error")  # (set up by uvicorn.Config)
-            if _SHUTDOWN_CANCELS not in uvicorn_log.filters:
-                uvicorn_log.addFilter(_SHUTDOWN_CANCELS)
+            for quiet in (_SHUTDOWN_CANCELS, _NO_WEBSOCKET_ADVICE):
+                if quiet not in uvicorn_log.filters:
+                    uvicorn_log.addFilter(quiet)
             node.start()
             scheme = "https" if config.http_cert else "http"
             log.info("litecdc node %s serving %s://%s", config.node_id, scheme, config.http_addr)

@@ -236,10 +236,10 @@ def subscribe(
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option(
     "--driver-memory",
-    default=DEFAULT_DRIVER_MEMORY,
-    show_default=True,
-    help="Heap of Spark's driver JVM (with a local master, all of Spark): 512m, 2g, 8g. "
-    "A transaction of millions of rows read by several subscriptions at once needs more.",
+    default=None,
+    help="Heap of Spark's driver JVM (with a local master, all of Spark): 512m, 2g, 8g "
+    f"[default: $SPARK_DRIVER_MEMORY, else {DEFAULT_DRIVER_MEMORY}]. A transaction of "
+    "millions of rows read by several subscriptions at once needs more.",
 )
 @click.option(
     "--until-caught-up",
@@ -273,7 +273,7 @@ def run(
     meta: str | None,
     owner: str,
     master: str,
-    driver_memory: str,
+    driver_memory: str | None,
     until_caught_up: bool,
     poll_interval: float,
     parallel: int,
@@ -282,7 +282,12 @@ def run(
 ) -> None:
     """Run every subscription OWNER has (Spark driver); resumes after a restart."""
     from litecdc.pipeline.server import PipelineServer
-    from litecdc.pipeline.spark import check_driver_memory, check_master, spark_session
+    from litecdc.pipeline.spark import (
+        check_driver_memory,
+        check_master,
+        driver_memory_default,
+        spark_session,
+    )
 
     with _errors():
         if not (0 < poll_interval <= MAX_POLL_INTERVAL):  # (also refuses nan)
@@ -291,6 +296,7 @@ def run(
                 f"{MAX_POLL_INTERVAL:g}, got {poll_interval}"
             )
         check_master(master)  # before Spark takes its time to start
+        driver_memory = driver_memory or driver_memory_default()
         check_driver_memory(driver_memory)
         if metrics_port:
             _check_port_free(metrics_port)
@@ -453,16 +459,28 @@ def unsubscribe(meta: str | None, name: str, force: bool) -> None:
 @pipeline.command()
 @_meta_option
 @click.argument("name")
-@click.option("--limit", default=20, show_default=True, help="Differences to print at most.")
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(0, MAX_EVENTS),
+    help="Differences to print at most.",
+)
 def verify(meta: str | None, name: str, limit: int) -> None:
     """Compare NAME's source table with its sink row by row; exit 1 on any difference."""
     from litecdc.pipeline.verify import verify_subscription
 
     with _errors():
         store = _open(meta)
+        # a SIGTERM (timeout, systemd) ends it as Ctrl-C does, its files removed (scale
+        # QA: a killed verify left its spill behind, as big as the tables)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
         try:
             report = verify_subscription(store, name, limit=limit)
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
             store.close()
         for difference in report.differences:
             click.echo(difference.describe())
@@ -474,6 +492,10 @@ def verify(meta: str | None, name: str, limit: int) -> None:
         )
         if not report.ok:
             sys.exit(1)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 class _ProgressDisplay:

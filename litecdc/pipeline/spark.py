@@ -62,19 +62,25 @@ def check_master(master: str) -> None:
 DEFAULT_DRIVER_MEMORY = "2g"
 #: the least Spark starts with (it needs 450 MiB: UnifiedMemoryManager)
 MIN_DRIVER_MEMORY_MIB = 512
-_MEMORY = re.compile(r"(?P<number>[0-9]+)(?P<unit>[kmgt])b?", re.IGNORECASE)
+_MEMORY = re.compile(r"(?P<number>[0-9]+)((?P<unit>[kmgt])b?)?", re.IGNORECASE)
 _MIB_PER = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
+def driver_memory_default() -> str:
+    """$SPARK_DRIVER_MEMORY (what spark-submit would take) when set, else 2g."""
+    return os.environ.get("SPARK_DRIVER_MEMORY", "").strip() or DEFAULT_DRIVER_MEMORY
+
+
 def check_driver_memory(memory: str) -> None:
-    """ConfigError unless ``memory`` is a JVM heap size Spark takes and starts with."""
+    """ConfigError unless ``memory`` is a JVM heap size Spark takes and starts with (a
+    bare number is MiB, as Spark reads it)."""
     matched = _MEMORY.fullmatch(memory.strip())
     if matched is None:
         raise ConfigError(
-            f"--driver-memory {memory!r} is not a memory size: give a number and a unit, "
-            "k, m, g or t (512m, 2g, 8g)"
+            f"--driver-memory {memory!r} is not a memory size: give a number of MiB, or a "
+            "number and a unit, k, m, g or t (512m, 2g, 8g)"
         )
-    mib = int(matched["number"]) * _MIB_PER[matched["unit"].lower()]
+    mib = int(matched["number"]) * _MIB_PER[(matched["unit"] or "m").lower()]
     if mib < MIN_DRIVER_MEMORY_MIB:
         raise ConfigError(
             f"--driver-memory {memory!r} is too little: Spark needs at least "
@@ -85,15 +91,17 @@ def check_driver_memory(memory: str) -> None:
 def spark_session(
     master: str = DEFAULT_MASTER,
     app_name: str = "litecdc-pipeline",
-    driver_memory: str = DEFAULT_DRIVER_MEMORY,
+    driver_memory: str | None = None,
 ) -> SparkSession:
     """A SparkSession with the ``litecdc`` data source registered (a JVM started here
-    gets ``driver_memory`` of heap; an existing session keeps what it has).
+    gets ``driver_memory`` of heap, by default driver_memory_default(); an existing
+    session keeps what it has).
 
     Spark's Python workers run this interpreter (PYSPARK_PYTHON), so they import the same
     litecdc and pyarrow as the driver; Arrow carries the data between Python and the JVM.
     """
     check_master(master)
+    driver_memory = driver_memory or driver_memory_default()
     check_driver_memory(driver_memory)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -825,13 +825,17 @@ def test_run_refuses_a_master_url_spark_would_not_take_before_starting_it(
     assert not (tmp_path / "meta.db").exists()
 
 
+_SIZES = "give a number of MiB, or a number and a unit, k, m, g or t (512m, 2g, 8g)"
+
+
 @pytest.mark.parametrize(
     ("memory", "message"),
     [
-        ("lots", "is not a memory size: give a number and a unit, k, m, g or t (512m, 2g, 8g)"),
-        ("2048", "is not a memory size: give a number and a unit, k, m, g or t (512m, 2g, 8g)"),
-        ("-1g", "is not a memory size: give a number and a unit, k, m, g or t (512m, 2g, 8g)"),
+        ("lots", f"is not a memory size: {_SIZES}"),
+        ("2x", f"is not a memory size: {_SIZES}"),
+        ("-1g", f"is not a memory size: {_SIZES}"),
         ("256m", "is too little: Spark needs at least 512m"),
+        ("511", "is too little: Spark needs at least 512m"),  # (MiB)
         ("1000k", "is too little: Spark needs at least 512m"),
     ],
 )
@@ -850,11 +854,17 @@ def test_run_refuses_a_driver_memory_spark_would_not_start_with_before_starting_
     assert not (tmp_path / "meta.db").exists()
 
 
-def test_driver_memory_takes_spark_s_forms() -> None:
-    from litecdc.pipeline.spark import check_driver_memory
+def test_driver_memory_takes_spark_s_forms_and_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from litecdc.pipeline.spark import check_driver_memory, driver_memory_default
 
-    for memory in ("512m", "2g", "2G", "2gb", "1t", "524288k", " 4g "):
+    for memory in ("512m", "2g", "2G", "2gb", "1t", "524288k", " 4g ", "2048"):
         check_driver_memory(memory)
+    monkeypatch.delenv("SPARK_DRIVER_MEMORY", raising=False)
+    assert driver_memory_default() == "2g"
+    monkeypatch.setenv("SPARK_DRIVER_MEMORY", "3g")  # (what spark-submit would take)
+    assert driver_memory_default() == "3g"
 
 
 def test_a_run_ends_when_spark_s_jvm_has_died() -> None:

@@ -991,6 +991,7 @@ def test_a_big_transaction_is_served_a_batch_at_a_time(
     assert released == ["page"]  # not after a small one
     as_json = http.get("/cdc/tables/big/changes", params={"after": start}).json()
     assert [tuple(row[2:]) for row in as_json["rows"]] == events
+    assert released == ["page", "page"]  # (the JSON form too)
 
 
 def test_an_sql_dump_of_chosen_tables_holds_them_and_nothing_else(http: TestClient) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -212,3 +214,59 @@ def test_rows_set_aside_as_equal_are_exactly_those_without_a_difference(
     fast = compare(spec, table(source), table(sink), limit=100)
     every_row = verify._compare_rows(spec, table(source), table(sink), 100)
     assert described(fast) == described(every_row)
+
+
+def test_a_sigterm_during_verify_removes_its_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Scale QA: a verify ended by SIGTERM (timeout, systemd) left its spill behind, as big
+    as the tables: `pipeline verify` ends on it as on Ctrl-C, its files removed."""
+    from litecdc.pipeline import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(verify, "COMPARE_ROWS", 2)
+
+    def source() -> Iterator[pa.Table]:
+        yield _table([(i, "v") for i in range(5)])
+        assert list(tmp_path.glob("litecdc-verify-*/source/part-*"))  # spilled
+        os.kill(os.getpid(), signal.SIGTERM)
+        yield _table([(9, "never")])
+
+    previous = signal.signal(signal.SIGTERM, cli._exit_on_sigterm)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            verify.compare_streams(SPEC, source(), [_table([(1, "v")])])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert ended.value.code == 143
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sink_that_stops_sending_the_mirror_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scale QA: a PostgreSQL or MariaDB server frozen mid-read held verify forever (no
+    read timeout; a stopped server's kernel keeps TCP up). The sink's connection is
+    broken once the next part takes SINK_STALL_S. (A stand-in sink whose read blocks
+    until its connection is broken, as a frozen server's does.)"""
+    import threading
+
+    monkeypatch.setattr(verify, "SINK_STALL_S", 0.3)
+    broken = threading.Event()
+
+    class Frozen:
+        label = "postgresql sink"
+
+        def abort(self) -> None:
+            broken.set()
+
+    def parts() -> Iterator[pa.Table]:
+        yield _table([(1, "a")])
+        broken.wait(30)
+        raise OSError("connection reset by the abort")
+
+    watched = verify._watched(parts(), Frozen())  # type: ignore[arg-type]
+    assert next(watched).num_rows == 1
+    with pytest.raises(verify.SinkError, match=r"postgresql sink: its server sent nothing"):
+        next(watched)
+    assert broken.is_set()

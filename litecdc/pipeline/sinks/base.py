@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -221,7 +221,7 @@ class Sink(ABC):
         keep no rows: 0."""
         return 0
 
-    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Generator[pa.Table]:
         """The mirror's rows, table columns only, in parts of at most ``batch_rows`` rows
         and in no particular order (``pipeline verify``: a mirror of millions of rows read
         whole took gigabytes — scale QA)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -329,7 +329,7 @@ class DeltaSink(Sink):
             raise SinkError(f"delta sink: reading {self.path} failed: {exc}") from exc
         return int(version or 0)
 
-    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Generator[pa.Table]:
         if self._table is None and not DeltaTable.is_deltatable(self.path):
             # verify must not create what it checks
             raise SinkError(

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -759,23 +759,33 @@ class MariaDBSink(Sink):
             raise self._fail("reading the state of", exc) from exc
         return int(row[0]) if row else 0
 
-    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Generator[pa.Table]:
         self.check_names()  # (no such mirror can exist: say why, not MariaDB's words)
         conn = self._connect()
         names = self.spec.column_names
         schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.spec.columns])
+        # unbuffered, fetched in parts: fetchall held the whole mirror as Python tuples
+        cur = conn.cursor(pymysql.cursors.SSCursor)
         try:
-            # unbuffered, fetched in parts: fetchall held the whole mirror as Python tuples
-            with conn.cursor(pymysql.cursors.SSCursor) as cur:
-                cur.execute(f"SELECT {', '.join(_q(n) for n in names)} FROM {_q(self.table_name)}")
-                while records := cur.fetchmany(batch_rows):
-                    columns = list(zip(*records, strict=True))
-                    arrays = [
-                        pa.array(_as_arrow(values, c), c.arrow_type)
-                        for values, c in zip(columns, self.spec.columns, strict=True)
-                    ]
-                    yield pa.Table.from_arrays(arrays, schema=schema)
+            cur.execute(f"SELECT {', '.join(_q(n) for n in names)} FROM {_q(self.table_name)}")
+            while records := cur.fetchmany(batch_rows):
+                columns = list(zip(*records, strict=True))
+                arrays = [
+                    pa.array(_as_arrow(values, c), c.arrow_type)
+                    for values, c in zip(columns, self.spec.columns, strict=True)
+                ]
+                yield pa.Table.from_arrays(arrays, schema=schema)
+            cur.close()
             conn.commit()
+        except GeneratorExit:
+            # stopped before the end (verify failed): closing an unbuffered result reads
+            # the rest of it first, and one left open to be collected after the connection
+            # closed printed tracebacks (scale QA) — the connection is dropped instead
+            result = getattr(cur, "_result", None)
+            if result is not None:
+                result.unbuffered_active = False
+            self.close()
+            raise
         except pymysql.err.MySQLError as exc:
             self._rollback()
             if exc.args and exc.args[0] == 1146:  # no such table

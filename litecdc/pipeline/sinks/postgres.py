@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -670,7 +670,7 @@ class PostgresSink(Sink):
             raise self._fail("reading the state of", exc) from exc
         return int(row[0]) if row else 0
 
-    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
+    def read_row_batches(self, batch_rows: int = READ_BATCH_ROWS) -> Generator[pa.Table]:
         conn = self._connect()
         names = self.spec.column_names
         statement = sql.SQL("SELECT {} FROM {}").format(
