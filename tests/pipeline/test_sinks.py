@@ -48,7 +48,7 @@ from sink_contract import (
     table_rows,
 )
 
-from litecdc.errors import SchemaMismatchError, SinkError
+from litecdc.errors import SchemaMismatchError, SinkError, SinkUnreachableError
 from litecdc.localservers import RabbitMQServer
 from litecdc.pipeline.sinks import rabbitmq
 from litecdc.pipeline.sinks.base import ChangeBatch, Sink, UnstorableKeyError, message_id
@@ -441,6 +441,27 @@ def test_postgresql_sinks_prepared_at_once_all_create_their_tables(
         thread.join(60)
     assert errors == []
     assert len(opened) == 6
+
+
+def test_a_postgresql_server_gone_while_verify_reads_says_so(
+    postgresql_url: str, opened: list[Sink]
+) -> None:
+    """Scale QA: a server stopped while verify read the mirror answered only psycopg's
+    "received 2 results from command 'FETCH FORWARD …'"."""
+    table = fresh_name()
+    sink = open_tracked(opened, f"{postgresql_url}?table={table}", SPEC, sub="gone")
+    src = SourceSim(SPEC)
+    src.commit(*[("upsert", sample_row(i)) for i in range(1, 21)])
+    assert sink.write_changes(*batch(src, 0, src.cid, sub="gone")) is True
+    parts = sink.read_row_batches(5)
+    assert next(parts).num_rows == 5
+    with psycopg.connect(postgresql_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'litecdc-gone'"
+        )
+    with pytest.raises(SinkUnreachableError, match=r"the server of .* went away while verify"):
+        list(parts)
 
 
 def test_postgresql_sink_creates_a_missing_schema(postgresql_url: str, opened: list[Sink]) -> None:

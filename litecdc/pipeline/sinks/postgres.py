@@ -697,6 +697,13 @@ class PostgresSink(Sink):
                 "pipeline run` copied this subscription?"
             ) from exc
         except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                # (scale QA: a server stopped mid-read said only "received 2 results
+                # from command 'FETCH FORWARD …'")
+                raise SinkUnreachableError(
+                    f"postgresql sink: the server of {mask_url(self.url)} went away while "
+                    f"verify read {self._where}: {self._scrub(exc)}"
+                ) from exc
             raise self._fail("reading", exc) from exc
 
     def close(self) -> None:
