@@ -113,6 +113,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.transport.is_closing():
+            return  # (a `Connection: close` request: what came after it is not answered)
         if self._answered_all():
             if self._held_refusal is not None:
                 self._write_and_close(self._held_refusal)

@@ -285,3 +285,15 @@ def test_a_client_gone_with_requests_pipelined_leaves_no_failed_answer(port: int
         time.sleep(0.1)  # (the first is running)
     time.sleep(0.6)  # the first has answered by now, into nothing
     assert (RAN, FAILED) == (["/slow"], [])
+
+
+def test_garbage_after_a_connection_close_request_ends_the_connection_quietly(port: int) -> None:
+    """A refusal held for after a `Connection: close` request is not written: that
+    request closes the connection, and nothing after it is answered."""
+    RAN.clear()
+    FAILED.clear()
+    close = b"POST /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi"
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(close + b"GARBAGE\r\n\r\n")
+        answers = _answers(_read_all(conn))
+    assert answers == [(200, b"slow")] and (RAN, FAILED) == (["/slow"], [])
