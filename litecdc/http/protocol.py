@@ -193,7 +193,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_bytes == 0 and not getattr(self, "url", b""):
             self.transport.close()  # nothing came: close quietly, as Go does
             return
-        self._send_refusal(
+        self._refuse(
             408,
             f"request timeout: the request's headers did not arrive within {HEAD_TIMEOUT_S:g} s",
         )
@@ -223,9 +223,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._held_refusal = head + body
         self.flow.pause_reading()
-
-    def _send_refusal(self, status: int, message: str) -> None:
-        self._refuse(status, message)
 
     def _write_and_close(self, data: bytes) -> None:
         self.transport.write(data)
