@@ -99,6 +99,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
+        hosts = sum(1 for name, _ in self.headers if name == b"host")
+        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() == "1.1"):
+            # RFC 9112 3.2, as Go's server (rqlite) answers: which host a request is for
+            # must be known (uvicorn took the request, Host or not)
+            self._refusal = (
+                400,
+                "too many Host headers" if hosts else "missing required Host header",
+            )
+            raise _Refused
         query = None
         if len(self.url) > _PARSE_URL_MAX_BYTES:
             # httptools.parse_url refuses longer URLs, and uvicorn then answers 400: the

@@ -297,3 +297,26 @@ def test_garbage_after_a_connection_close_request_ends_the_connection_quietly(po
         conn.sendall(close + b"GARBAGE\r\n\r\n")
         answers = _answers(_read_all(conn))
     assert answers == [(200, b"slow")] and (RAN, FAILED) == (["/slow"], [])
+
+
+@pytest.mark.parametrize(
+    ("head", "answer"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", b"missing required Host header"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", b"too many Host headers"),
+        (b"GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", b"too many Host headers"),
+    ],
+    ids=["none", "two", "two-http-1.0"],
+)
+def test_a_request_without_one_host_is_400(port: int, head: bytes, answer: bytes) -> None:
+    """HTTP QA: an HTTP/1.1 request without a Host header, or one with two, was answered
+    as any other (RFC 9112 3.2 and Go's server, rqlite's: 400). HTTP/1.0 needs none."""
+    RAN.clear()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(SLOW + head)
+        answers = _answers(_read_all(conn))
+    assert [status for status, _ in answers] == [200, 400], answers
+    assert answer in answers[1][1] and RAN == ["/slow"]
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert _read_all(conn).startswith(b"HTTP/1.1 200 OK")
