@@ -81,6 +81,8 @@ DEFAULT_BUSY_TIMEOUT = 30.0
 #: seconds a PostgreSQL store's transaction may take before its connection is broken (the
 #: store's transactions are a few small statements: this long, the server answers no one)
 TRANSACTION_DEADLINE = 30.0
+#: seconds a connection found broken is tried again for (a server restarting)
+RECONNECT_WAIT_S = 5.0
 
 SCHEMA_VERSION = 1
 
@@ -335,6 +337,11 @@ class _SQLiteBackend:
             # WAL: readers (status, list) never block the running server's writes.
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            opened = os.stat(path)
+            self._identity = (opened.st_dev, opened.st_ino)
+        except OSError as exc:
+            self._conn.close()
+            raise MetadataError(f"cannot open the metadata database {path}: {exc}") from exc
         except sqlite3.Error as exc:
             self._conn.close()
             raise MetadataError(f"cannot open the metadata database {path}: {exc}") from exc
@@ -392,6 +399,18 @@ class _SQLiteBackend:
         (review). The run then claims the file that is there now, or stops."""
         if self._claim is None:
             return
+        try:
+            store = os.stat(self._path)
+        except FileNotFoundError:
+            store = None
+        if store is None or (store.st_dev, store.st_ino) != self._identity:
+            # (QA: a run went on writing its progress into the deleted file, unseen by
+            # `status`, while a `subscribe` made a new store no run ever read)
+            raise MetadataError(
+                f"the metadata store {self._path} was removed or replaced while this run "
+                "used it: its subscriptions and progress are not there any more — stop; "
+                "restore the file (or subscribe again) and start `pipeline run` again"
+            )
         fd, run_file, owner = self._claim
         held = os.fstat(fd)
         try:
@@ -470,22 +489,31 @@ class _PostgresBackend:
                 except Exception as exc:  # a connection gone meanwhile: nothing to break
                     log.debug("metadata watchdog: %s", exc)
 
-    def _connect(self) -> None:
+    def _connect(self, *, wait: float = 0.0) -> None:
+        """Connect; a server that refuses is asked again for ``wait`` seconds (one just
+        restarted: QA, `pg_ctl restart` ended `pipeline run`)."""
         import psycopg
 
-        try:
-            # autocommit: each transaction is an explicit BEGIN/COMMIT block (conn.transaction).
-            self._conn = psycopg.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._connect_timeout)),
-                application_name="litecdc-pipeline",
-            )
-        except psycopg.Error as exc:
-            raise MetadataError(
-                f"cannot connect to the metadata database {self.description}: "
-                f"{str(exc).strip()} (is the server running and the URL right?)"
-            ) from exc
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                # autocommit: each transaction is an explicit BEGIN/COMMIT block
+                # (conn.transaction)
+                self._conn = psycopg.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self._connect_timeout)),
+                    application_name="litecdc-pipeline",
+                )
+                return
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise MetadataError(
+                    f"cannot connect to the metadata database {self.description}: "
+                    f"{str(exc).strip()} (is the server running and the URL right?)"
+                ) from exc
 
     def claim(self, owner: str) -> None:
         """A session advisory lock for the owner, on a connection of its own: the server
@@ -495,26 +523,34 @@ class _PostgresBackend:
                 raise MetadataError("the metadata store is closed")
             self._claim_unlocked(owner)
 
-    def _claim_unlocked(self, owner: str) -> None:
+    def _claim_unlocked(self, owner: str, *, wait: float = 0.0) -> None:
+        """Take the owner's lock; a server that refuses is asked again for ``wait``
+        seconds (taken again after a restart: QA, the retake met it still starting)."""
         import psycopg
 
         key = _owner_lock_key(owner)
-        try:
-            conn = psycopg.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._connect_timeout)),
-                application_name=f"{RUN_LOCK_APPLICATION}{_holder()}",
-                # the server ends the session (and the lock) within ~25 s of this host
-                # going silent (a crash, a partition): its default waits 2 hours (review)
-                options="-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
-                "-c tcp_keepalives_count=3",
-            )
-        except psycopg.Error as exc:
-            raise MetadataError(
-                f"cannot connect to the metadata database {self.description}: "
-                f"{str(exc).strip()} (is the server running and the URL right?)"
-            ) from exc
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                conn = psycopg.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self._connect_timeout)),
+                    application_name=f"{RUN_LOCK_APPLICATION}{_holder()}",
+                    # the server ends the session (and the lock) within ~25 s of this host
+                    # going silent (a crash, a partition): its default waits 2 hours
+                    options="-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
+                    "-c tcp_keepalives_count=3",
+                )
+                break
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise MetadataError(
+                    f"cannot connect to the metadata database {self.description}: "
+                    f"{str(exc).strip()} (is the server running and the URL right?)"
+                ) from exc
         try:
             taken = _try_advisory_lock(conn, key)
             holder_pid, holder = (None, None) if taken else _advisory_holder(conn, key)
@@ -557,20 +593,31 @@ class _PostgresBackend:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
             self._claim_conn = None
-            self._claim_unlocked(owner)
+            self._claim_unlocked(owner, wait=RECONNECT_WAIT_S)
 
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[_Tx]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            # A restarted server or dropped connection: one reconnect per call.
-            log.info("reconnecting to the metadata database %s", self.description)
-            self._connect()
         import psycopg
 
         self._timed_out = False
         self._tx_started = time.monotonic()
         try:
-            with self._conn.transaction(), self._conn.cursor() as cur:
+            with contextlib.ExitStack() as stack:
+                for attempt in range(2):
+                    if self._conn is None or self._conn.closed or self._conn.broken:
+                        # a restarted server or dropped connection: one reconnect per call
+                        log.info("reconnecting to the metadata database %s", self.description)
+                        self._connect(wait=RECONNECT_WAIT_S)
+                    try:
+                        stack.enter_context(self._conn.transaction())
+                        break
+                    except psycopg.OperationalError:
+                        # a connection the server ended since its last use (a restart,
+                        # pg_terminate_backend), found at BEGIN, before anything ran: QA,
+                        # that one error ended `pipeline run` with the server up
+                        if attempt or not self._conn.broken or self._timed_out:
+                            raise  # (timed out: a frozen server, not a dropped connection)
+                cur = stack.enter_context(self._conn.cursor())
                 yield _PostgresTx(cur)
         except psycopg.Error as exc:
             if self._timed_out:

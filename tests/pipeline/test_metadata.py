@@ -467,6 +467,26 @@ def test_a_run_that_lost_its_postgresql_claim_takes_it_again_or_stops(
             run.check_owner_claim()
 
 
+def test_a_store_connection_the_server_ended_is_connected_again(postgresql_db_url: str) -> None:
+    """QA: pg_terminate_backend of the store's connection (the server up all along; a
+    restart alike) failed the next call, and that ended `pipeline run`. A connection
+    found ended when a transaction begins is connected again, once, before anything
+    ran; a server down stays an error."""
+    dbname = postgresql_db_url.rsplit("/", 1)[1]
+    admin_url = postgresql_db_url.rsplit("/", 1)[0] + "/postgres"
+    with MetadataStore.open(postgresql_db_url, owner="a") as store:
+        add(store, name="kept")
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                "WHERE datname = %s AND application_name = 'litecdc-pipeline'",
+                [dbname],
+            ).fetchall()
+        assert ended == [(True,)]
+        assert store.get_subscription("kept").name == "kept"
+        assert [s.name for s in store.list_subscriptions()] == ["kept"]
+
+
 def test_a_run_refuses_no_one_with_its_own_session_left_on_the_server(
     postgresql_db_url: str,
 ) -> None:
@@ -494,6 +514,24 @@ def test_a_run_refuses_no_one_with_its_own_session_left_on_the_server(
             pytest.raises(MetadataError, match=f"pid {os.getpid()} on "),
         ):
             other.claim_owner()
+
+
+def test_a_sqlite_store_removed_under_a_run_stops_it(tmp_path: Path) -> None:
+    """QA: a run went on writing into the deleted store file (unseen by `status`), while a
+    new `subscribe` made another store that no run would read."""
+    url = sqlite_url(tmp_path / "meta.db")
+    with MetadataStore.open(url, owner="a") as run:
+        add(run)
+        run.claim_owner()
+        run.check_owner_claim()  # (the store as it opened)
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / f"meta.db{suffix}").unlink(missing_ok=True)
+        with pytest.raises(MetadataError, match="was removed or replaced while this run used it"):
+            run.check_owner_claim()
+        with MetadataStore.open(url) as new:  # another store made there meanwhile
+            add(new, name="other")
+        with pytest.raises(MetadataError, match="was removed or replaced while this run used it"):
+            run.check_owner_claim()
 
 
 def test_a_sqlite_run_lock_removed_or_linked_is_still_one_run(tmp_path: Path) -> None:
