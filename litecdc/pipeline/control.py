@@ -19,6 +19,7 @@ from litecdc.errors import (
     NotFoundError,
     PositionUnavailableError,
     SourceError,
+    UnknownSubscriptionError,
 )
 from litecdc.pipeline.metadata import MetadataStore, Progress, Subscription
 from litecdc.pipeline.parquet_log import ParquetLog, is_parquet_url, parse_parquet_url
@@ -366,10 +367,15 @@ def status(store: MetadataStore, name: str | None = None) -> list[StatusReport]:
         [store.get_subscription(name)] if name else store.list_subscriptions(include_cancelled=True)
     )
     # (the metadata store's connection is this thread's: read before any thread starts)
-    reports = [
-        StatusReport(sub, store.progress(sub.name), None, None, failure=store.failure(sub.name))
-        for sub in subs
-    ]
+    reports = []
+    for sub in subs:
+        try:
+            progress, failure = store.progress(sub.name), store.failure(sub.name)
+        except UnknownSubscriptionError:
+            if name:
+                raise
+            continue  # unsubscribed since the list was read (QA: `status` failed)
+        reports.append(StatusReport(sub, progress, None, None, failure=failure))
     groups: dict[tuple[Any, ...], list[StatusReport]] = {}
     for report in reports:
         groups.setdefault(_source_key(report.subscription), []).append(report)

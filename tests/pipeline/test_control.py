@@ -97,6 +97,28 @@ def test_status_says_when_the_source_is_unreachable(
     assert "source: unreachable" in report.describe()
 
 
+def test_status_of_all_skips_one_unsubscribed_while_it_reads(
+    node: Node, store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metadata QA: `status` read the list, then each one's progress: one removed in
+    between (a `run` finishing its unsubscribe) failed the whole command."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    for name in ("going", "staying"):
+        control.subscribe(
+            store, name=name, sources=node.url, table="t", sink=f"delta:{tmp_path}/{name}"
+        )
+    listed = store.list_subscriptions
+
+    def listed_then_one_removed(**kwargs: Any) -> Any:
+        subs = listed(**kwargs)
+        store.remove_subscription("going")
+        return subs
+
+    monkeypatch.setattr(store, "list_subscriptions", listed_then_one_removed)
+    assert [r.subscription.name for r in control.status(store)] == ["staying"]
+
+
 def test_status_does_not_wait_long_for_a_frozen_source(
     node: Node, store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
