@@ -690,6 +690,7 @@ class PipelineServer:
                 # log said "unknown subscription … (retrying in 0.5s)", and did not)
                 log.info("subscription %s: removed while a step ran; it stops here", name)
                 self._forget_connections(name)
+                self._release_left_hold(sub)
                 return None
             if self._stopping and _cancelled_read(exc):
                 log.info("subscription %s: stopped while reading; the next run reads it", name)
@@ -892,6 +893,24 @@ class PipelineServer:
         self.meta.remove_subscription(sub.name)
         self._forget(sub.name)
         log.info("subscription %s: unsubscribed, hold released", sub.name)
+
+    @staticmethod
+    def _release_left_hold(sub: Subscription) -> None:
+        """Release the hold a step may have placed for ``sub`` just as it was unsubscribed:
+        an `unsubscribe` that released it before the step's registration left the new
+        hold on the node for good (QA: the change log kept past it, the name refused)."""
+        try:
+            with (
+                SourceClient(list(sub.sources), **_auth(sub.options)) as client,
+                contextlib.suppress(NotFoundError),  # (none: released already, or never)
+            ):
+                client.unsubscribe(sub.name)
+        except LitecdcError as exc:
+            log.warning(
+                "subscription %s: removed; its hold on the source may be left there (%s): "
+                "release it with DELETE /cdc/subscriptions/%s on the node",
+                sub.name, exc, sub.name,
+            )  # fmt: skip
 
     # -- stages ------------------------------------------------------------------------
     def _step(self, running: _Running) -> bool:

@@ -63,6 +63,35 @@ def test_until_caught_up_gives_up_on_a_subscription_that_keeps_failing(
         store.close()
 
 
+def test_an_unsubscribe_racing_the_registration_leaves_no_hold(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA: `unsubscribe` released the hold (there was none yet), `run` registered one, then
+    the subscription was removed, and `run` only said "removed while a step ran": the
+    hold stayed on the node (its changes kept, the name refused to a new subscribe)."""
+    with node.client() as c:
+        execute(c, ["CREATE TABLE t(id INTEGER PRIMARY KEY)"])
+    store = MetadataStore.open(sqlite_url(tmp_path / "meta.db"))
+    try:
+        control.subscribe(
+            store, name="raced", sources=node.url, table="t", sink=f"delta:{tmp_path / 'lake'}"
+        )
+        start_register = store.start_register
+
+        def unsubscribed_meanwhile(name: str, cid: int) -> Progress:
+            store.remove_subscription(name)  # (what `unsubscribe` does once it released)
+            return start_register(name, cid)
+
+        monkeypatch.setattr(store, "start_register", unsubscribed_meanwhile)
+        server = PipelineServer(store, spark=None, poll_interval=0.01, retry_delay=0.01)  # type: ignore[arg-type]
+        server.run_round()
+        holds = httpx.get(f"{node.url}/cdc/subscriptions").json()["subscriptions"]
+        assert [h["name"] for h in holds] == []
+        assert "raced" not in server.states or server.states["raced"].last_error is None
+    finally:
+        store.close()
+
+
 def test_until_caught_up_gives_up_on_an_unsubscribe_the_source_refuses_saying_how_to_end_it(
     tmp_path: Path,
 ) -> None:
