@@ -788,6 +788,7 @@ class ChangePosition:
     first_cid: int | None  # the cid of the batch's first event (None: no events)
     after_mark: str | None  # commit_mark of ``after`` and of end_cid (None: not journaled)
     end_mark: str | None
+    reshaped_cid: int = 0  # the table's (SourceTable.reshaped_cid)
 
 
 def change_position(
@@ -804,6 +805,7 @@ def change_position(
         first_cid,
         commit_mark(conn, after),
         commit_mark(conn, walk.end),
+        table.reshaped_cid,
     )
 
 

@@ -1239,6 +1239,7 @@ class _Api:
                 "first_cid": position.first_cid,
                 "after_mark": position.after_mark,
                 "end_mark": position.end_mark,
+                "reshaped_cid": position.reshaped_cid,
             },
             pretty="pretty" in params,
         )

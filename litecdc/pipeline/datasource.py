@@ -45,7 +45,7 @@ subscription's retention hold on the node forward::
     query.awaitTermination()
     spark.sql("SELECT * FROM orders_changes ORDER BY _litecdc_cid, _litecdc_seq").show()
 
-Options (all strings, as Spark passes them):
+Options (all strings, as Spark passes them; any other is an error):
 
 ==============  ==========================================================================
 url             node address(es), comma-separated; the next one is tried on connection
@@ -64,10 +64,11 @@ after_cid       ``changes`` batch read: events after this cid (default 0)
 until_cid       ``changes`` batch read: up to this cid, greater than after_cid (default:
                 the node's head when the read is planned; no events after after_cid
                 yet make an empty DataFrame)
-starting_cid    stream: ``latest`` (default) or a cid to start after; with
-                ``subscription``, ``latest`` means the subscription's hold (it is
-                registered first when the node does not know it; an expired hold
-                is an error, not a silent restart at the head)
+starting_cid    stream: ``latest`` (default) or a cid to start after (not beyond the
+                node's head); with ``subscription``, ``latest`` means the
+                subscription's hold (the subscription is registered first when the
+                node does not know it, whatever starting_cid; an expired hold is an
+                error, not a silent restart at the head)
 max_events      stream: events per micro-batch, whole transactions (default 100000)
 subscription    stream: the subscriber whose hold each commit moves forward
 user, password  basic auth, when the node requires it
@@ -114,7 +115,9 @@ from litecdc.errors import (
     ConfigError,
     NotFoundError,
     PositionUnavailableError,
+    SchemaMismatchError,
     SourceError,
+    TableReshapedError,
 )
 from litecdc.pipeline.tables import OP_COLUMN, TableSpec
 
@@ -153,6 +156,12 @@ def register(spark: SparkSession) -> None:
 
 # -- options --------------------------------------------------------------------------
 
+#: every option (this module's docstring says what each does)
+OPTIONS = (
+    "url", "table", "mode", "partitions", "page_rows", "ranges", "min_cid", "after_cid",
+    "until_cid", "starting_cid", "max_events", "subscription", "user", "password", "ca_cert",
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ChunkRange:
@@ -190,6 +199,14 @@ class LitecdcOptions:
 
         # Spark hands over a case-insensitive dict of strings; a caller may not
         opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+        unknown = sorted(set(opts) - set(OPTIONS))
+        if unknown:
+            # (QA: a misspelt option — `startingcid`, `partition` — was ignored: the read
+            # went on with the default, silently)
+            raise ConfigError(
+                f"litecdc data source: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"its options are {', '.join(OPTIONS)}"
+            )
 
         url = opts.get("url", "").strip()
         if not url:
@@ -386,13 +403,21 @@ class LitecdcDataSource(DataSource):
 
 
 class KeyRangePartition(InputPartition):
-    """Rows with after_key < key <= until_key (None = unbounded), at most max_rows."""
+    """Rows with after_key < key <= until_key (None = unbounded), at most max_rows, of
+    the table as it was since its reshape at ``reshaped_cid`` (None: not checked)."""
 
-    def __init__(self, after_key: Key | None, until_key: Key | None, max_rows: int | None) -> None:
+    def __init__(
+        self,
+        after_key: Key | None,
+        until_key: Key | None,
+        max_rows: int | None,
+        reshaped_cid: int | None = None,
+    ) -> None:
         super().__init__((after_key, until_key, max_rows))
         self.after_key = after_key
         self.until_key = until_key
         self.max_rows = max_rows
+        self.reshaped_cid = reshaped_cid
 
 
 class SnapshotReader(DataSourceReader):
@@ -403,13 +428,17 @@ class SnapshotReader(DataSourceReader):
         self.names = names
 
     def partitions(self) -> Sequence[InputPartition]:
-        if self.opts.ranges is not None:
-            return [
-                KeyRangePartition(r.after_key, r.until_key, r.max_rows) for r in self.opts.ranges
-            ]
         with self.opts.client() as client:
+            # the table's version: its pages are separate reads, and one dropped and
+            # created again (or reshaped) while they run must not mix into one snapshot
+            reshaped = client.table_info(self.opts.table, min_cid=self.opts.min_cid).reshaped_cid
+            if self.opts.ranges is not None:
+                return [
+                    KeyRangePartition(r.after_key, r.until_key, r.max_rows, reshaped)
+                    for r in self.opts.ranges
+                ]
             splits = client.splits(self.opts.table, self.opts.partitions, min_cid=self.opts.min_cid)
-        return [KeyRangePartition(after, until, None) for after, until in splits.ranges()]
+        return [KeyRangePartition(after, until, None, reshaped) for after, until in splits.ranges()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if _nothing_to_read(partition):
@@ -425,6 +454,7 @@ class SnapshotReader(DataSourceReader):
                 self.opts.page_rows,
                 self.names,
                 min_cid=self.opts.min_cid,
+                reshaped_cid=partition.reshaped_cid,
             )
 
 
@@ -438,9 +468,12 @@ def read_key_range(
     names: Sequence[str],
     *,
     min_cid: int | None = None,
+    reshaped_cid: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Page through one key range; every page is one read transaction on the node, at
-    ``min_cid`` or later (SourceClient.rows).
+    ``min_cid`` or later (SourceClient.rows). With ``reshaped_cid``, TableReshapedError
+    once a page was read after another reshape of the table (QA: a table dropped and
+    created again during a read gave rows of both, without an error).
 
     The next page is fetched while Spark consumes this one (a thread a page ahead): the
     node builds and sends a page while the JVM converts the previous one.
@@ -453,6 +486,15 @@ def read_key_range(
             page = client.rows(
                 table, after_key=after, until_key=until_key, limit=limit, min_cid=min_cid
             )
+            if reshaped_cid is not None:
+                now = client.table_info(table, min_cid=page.cid).reshaped_cid
+                if now != reshaped_cid:
+                    raise TableReshapedError(
+                        f"table {table} was reshaped at cid {now} (created again, renamed to "
+                        "its name, or changed other than by adding a column) while it was "
+                        f"being read (its read began at reshape cid {reshaped_cid}): its pages "
+                        "would mix two versions of it; read it again"
+                    )
             yield page
             if remaining is not None:
                 remaining -= page.table.num_rows
@@ -521,9 +563,24 @@ def read_changes(
     page_events: int,
     names: Sequence[str],
 ) -> Iterator[pa.RecordBatch]:
-    """Events of (after, until] page by page, in (cid, seq) order."""
+    """Events of (after, until] page by page, in (cid, seq) order, with the columns
+    ``names``: SchemaMismatchError at a page with a value in another column (one added
+    at the source since the read's columns were taken: its values would be lost — QA:
+    a running stream left them out), SourceError at a page without one of them."""
     while after < until:
         page = client.changes(table, after=after, until=until, limit=page_events)
+        columns = page.table.column_names
+        # the node serves today's columns: events from before a column was added have it
+        # NULL, so only a value in it is lost by leaving it out
+        added = [
+            n for n in columns if n not in names and page.table[n].null_count < len(page.table)
+        ]
+        if added:
+            raise SchemaMismatchError(
+                f"table {table} gained column(s) {', '.join(added)} after cid {after}, since "
+                "this change read took its columns: read again (start the query again) to "
+                "have them"
+            )
         yield from _output(page.table, names)
         if page.end_cid <= after:
             raise SourceError(
@@ -561,15 +618,38 @@ class ChangesReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         until = self.opts.until_cid
-        if until is None:  # fixed when planned, so retried tasks read the same events
-            with self.opts.client() as client:
+        with self.opts.client() as client:
+            if until is None:  # fixed when planned, so retried tasks read the same events
                 until = client.subscriptions().last_cid
+                _check_reached(client, self.opts.table, "after_cid", self.opts.after_cid)
+            else:
+                _check_reached(client, self.opts.table, "until_cid", until)
         if until <= self.opts.after_cid:
             return []  # nothing after after_cid yet: an empty DataFrame
         return [ChangesRange(self.opts.after_cid, until)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_changes_range(self.opts, self.names, partition)
+
+
+def _check_reached(client: SourceClient, table: str, option: str, cid: int) -> None:
+    """ConfigError when the node's history does not reach ``cid``, given as ``option``
+    (QA: a stream starting after a cid beyond the head skipped every change up to it,
+    silently; an until_cid beyond it failed in a task, naming a min_cid never given). A
+    cluster node behind the leader is waited for (``min_cid``), as for a read."""
+    head = client.subscriptions().last_cid
+    if cid <= head:
+        return
+    try:
+        client.position(table, after=head, max_events=1, min_cid=cid)
+    except SourceError as exc:
+        if "(HTTP 409)" not in str(exc):  # (409: a standalone node's whole history)
+            raise
+        raise ConfigError(
+            f'litecdc data source: option "{option}" ({cid}) is beyond the node\'s head '
+            f"(cid {head}): no change has that cid yet — give one the node has reached (a "
+            "cid read from another node or database is not this one's)"
+        ) from None
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -583,6 +663,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._committed: int | None = None  # the last offset Spark committed
         self._idle_batch_at = 0.0  # when the last batch without events was let through
         self._retention: int | None = None  # the node's retention cap, in cids
+        self._reshaped: int | None = None  # the table's reshape cid when the query began
         self._client: SourceClient | None = None
 
     @property
@@ -598,11 +679,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     def initialOffset(self) -> dict[str, int]:
-        if self.opts.starting_cid is not None:
-            return {"cid": self.opts.starting_cid}
+        start = self.opts.starting_cid
+        if start is not None:
+            _check_reached(self.client, self.opts.table, "starting_cid", start)
         name = self.opts.subscription
         if name is None:
-            return {"cid": self.client.subscriptions().last_cid}
+            return {"cid": self.client.subscriptions().last_cid if start is None else start}
         sub = self.client.subscriptions().get(name)
         if sub is not None and sub.expired:
             # starting over at the head would skip what the node pruned: say so instead
@@ -611,10 +693,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "and its hold expired: changes it had not read are gone; take a new snapshot "
                 "(or delete the subscription on the node to start from its head)"
             )
-        if sub is not None:
-            return {"cid": sub.cid}
-        # register: the node keeps the changes from this cid on for us
-        return {"cid": self.client.register(name).cid}
+        # register (with a starting_cid too: QA, a hold was never placed, and each commit
+        # only warned): the node keeps the changes from this cid on for us
+        held = sub.cid if sub is not None else self.client.register(name).cid
+        return {"cid": held if start is None else start}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_events)
@@ -637,6 +719,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.debug("litecdc stream: read limit %r treated as all available", limit)
             position = self.client.position(self.opts.table, after=after, max_events=1)
             end_cid = position.last_cid
+        self._check_not_reshaped(position.reshaped_cid, after)
         if self._target is not None:
             end_cid = min(end_cid, self._target)
         if position.events == 0 and end_cid > after:
@@ -650,6 +733,24 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return {"cid": after}
             self._idle_batch_at = now
         return {"cid": max(end_cid, after)}
+
+    def _check_not_reshaped(self, reshaped: int, after: int) -> None:
+        """TableReshapedError once the table was reshaped while this query ran (dropped
+        and created again, a column dropped or renamed…): no change event tells of it —
+        QA, a running stream went on with the new table's inserts, the old rows kept.
+        (Older nodes say 0: not checked.)"""
+        if reshaped == 0:
+            return
+        if self._reshaped is None:
+            self._reshaped = reshaped
+        elif reshaped != self._reshaped:
+            raise TableReshapedError(
+                f"litecdc stream: table {self.opts.table} was reshaped at cid {reshaped} "
+                "(created again, renamed to its name, or changed other than by adding a "
+                f"column) while this stream read its changes (after cid {after}): its events "
+                "cannot bring what was built from the earlier table up to date — take a new "
+                "copy of the table and stream from there"
+            )
 
     def _idle_cids(self) -> int:
         """How far an idle stream may trail the head before a batch moves its hold: a

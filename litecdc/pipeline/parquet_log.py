@@ -30,20 +30,16 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadLimit
 
-from litecdc.errors import SchemaMismatchError, SinkError, SourceError
+from litecdc.errors import SinkError
 from litecdc.pipeline.datasource import (
-    ChangesRange,
     LitecdcDataSource,
-    LitecdcOptions,
     StreamReader,
 )
 from litecdc.pipeline.sinks.base import check_case_blind_names
@@ -177,8 +173,9 @@ class ChangeLogSource(LitecdcDataSource):
 
 class ChangeLogStreamReader(StreamReader):
     """``StreamReader`` that plans no batch once the table has columns beyond its own
-    (the server starts the query again with them), and whose batches refuse events
-    with such columns (a column added after the batch was planned)."""
+    (the server starts the query again with them); its batches refuse events with such
+    columns, as every change read does (``datasource.read_changes``: a column added
+    after the batch was planned)."""
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         end = super().latestOffset(start, limit)
@@ -193,44 +190,3 @@ class ChangeLogStreamReader(StreamReader):
                 )  # fmt: skip
                 return dict(start)
         return end
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, ChangesRange):  # no partition: nothing to read
-            return iter(())
-        return read_exact_changes(self.opts, self.names, partition)
-
-
-def read_exact_changes(
-    opts: LitecdcOptions, names: Sequence[str], partition: ChangesRange
-) -> Iterator[pa.RecordBatch]:
-    """The events of ``partition`` page by page, with the columns ``names``:
-    SchemaMismatchError at a page with a value in another column (one added at the
-    source since the query started), SourceError at a page without one of them."""
-    after, until = partition.after, partition.until
-    with opts.client() as client:
-        while after < until:
-            page = client.changes(opts.table, after=after, until=until, limit=opts.page_rows)
-            columns = page.table.column_names
-            # the node serves today's columns: a value in one the query lacks would be
-            # lost (NULL in all its events: none — events from before the column have it
-            # NULL, and a log read with mergeSchema shows NULL where a file lacks it)
-            added = [
-                n for n in columns if n not in names and page.table[n].null_count < len(page.table)
-            ]
-            if added:
-                raise SchemaMismatchError(
-                    f"table {opts.table} gained column(s) {', '.join(added)} after cid "
-                    f"{after}, since this change stream started: it starts again with them"
-                )
-            missing = [n for n in names if n not in columns]
-            if missing:
-                raise SourceError(
-                    f"source table {opts.table} no longer has column(s) {', '.join(missing)}"
-                )
-            yield from page.table.select(list(names)).to_batches()
-            if page.end_cid <= after:
-                raise SourceError(
-                    f"source: changes of {opts.table} after cid {after} did not advance "
-                    f"(end_cid {page.end_cid}, until {until})"
-                )
-            after = page.end_cid

@@ -142,6 +142,8 @@ class Position:
     #: that cid (None: the journal no longer holds it, or an older node)
     after_mark: str | None = None
     end_mark: str | None = None
+    #: the table's last reshape (TableInfo.reshaped_cid; 0: not known, an older node)
+    reshaped_cid: int = 0
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -367,7 +369,9 @@ class SourceClient:
             int(doc["events"]),
             int(doc["last_cid"]),
             int(first) if first is not None else None,
-            *(str(m) if m is not None else None for m in marks),
+            after_mark=str(marks[0]) if marks[0] is not None else None,
+            end_mark=str(marks[1]) if marks[1] is not None else None,
+            reshaped_cid=int(doc.get("reshaped_cid") or 0),
         )
 
     def commit_time_ms(self, after: int) -> int | None:

@@ -955,6 +955,7 @@ def test_changes_keep_transactions_whole_and_respect_until_and_table(
                     "first_cid": p.column("_litecdc_cid")[0].as_py() if p.num_rows else None,
                     "after_mark": mark(start),
                     "end_mark": mark(end),
+                    "reshaped_cid": c.get("/cdc/tables/tx").json()["reshaped_cid"],
                 }, (start, max_events)
 
 

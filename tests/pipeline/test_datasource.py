@@ -413,3 +413,148 @@ def test_stream_of_an_expired_subscription_fails_instead_of_skipping(
             query.awaitTermination(60)
     finally:
         capped.stop()
+
+
+# -- QA of the data source used directly -------------------------------------------------
+
+
+def test_misspelt_options_are_refused(spark: SparkSession, node: Node, kinds: Any) -> None:
+    """QA: `startingcid`, `subscriptoin`, `partition` were ignored — the read went on with
+    the defaults (a stream from the head, without a hold), silently."""
+    with pytest.raises(Exception, match=r"unknown option\(s\) 'partition'; its options are url"):
+        read(spark, node, "kinds", partition=4).count()
+    with pytest.raises(Exception, match=r"unknown option\(s\) 'startingcid', 'subscriptoin'"):
+        LitecdcOptions.parse(
+            {"url": "http://a:1", "table": "t", "startingCid": "5", "subscriptoin": "s"}
+        )
+
+
+def test_a_cid_beyond_the_head_is_refused(spark: SparkSession, node: Node, moves: Any) -> None:
+    """QA: a stream starting after a cid beyond the node's head returned nothing, and on
+    restart skipped every change up to that cid, silently; an until_cid beyond the head
+    failed inside a task, naming a min_cid the user never gave and blaming a restore."""
+    with SourceClient([node.url]) as client:
+        head = client.subscriptions().last_cid
+    beyond = rf"option \"{{}}\" \({head + 95}\) is beyond the node's head \(cid {head}\)"
+    query = (
+        stream(spark, node, starting_cid=head + 95)
+        .writeStream.format("memory")
+        .queryName("beyond_changes")
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=beyond.format("starting_cid")):
+        query.awaitTermination(60)
+    with pytest.raises(Exception, match=beyond.format("until_cid")):
+        read(spark, node, "moves", mode="changes", after_cid=1, until_cid=head + 95).count()
+    with pytest.raises(Exception, match=beyond.format("after_cid")):
+        read(spark, node, "moves", mode="changes", after_cid=head + 95).count()
+    assert read(spark, node, "moves", mode="changes", after_cid=head).count() == 0
+
+
+def test_a_stream_from_a_starting_cid_places_its_subscriptions_hold(
+    spark: SparkSession, node: Node, moves: Any
+) -> None:
+    """QA: with a starting_cid, the subscription was never registered: each commit only
+    warned that the node knew no such subscriber, and nothing held the changes."""
+    start, expected = moves
+    with SourceClient([node.url]) as client:
+        head = client.subscriptions().last_cid  # (the last event's: the hold goes past it)
+    query = (
+        stream(spark, node, starting_cid=start, subscription="from-a-cid")
+        .writeStream.format("memory")
+        .queryName("from_a_cid")
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(60) and query.exception() is None
+    rows = spark.sql("SELECT * FROM from_a_cid ORDER BY _litecdc_cid, _litecdc_seq").collect()
+    assert [(r[OP_COLUMN], r["id"], r["v"]) for r in rows] == expected
+    with SourceClient([node.url]) as client:
+        hold = client.subscriptions().get("from-a-cid")
+        assert hold is not None and hold.cid >= head  # (moving it is a commit itself)
+        client.unsubscribe("from-a-cid")
+
+
+def test_a_column_added_under_a_change_read_fails_it(spark: SparkSession, node: Node) -> None:
+    """QA: a change read (a running stream's batches too) whose columns were taken before
+    ALTER TABLE … ADD COLUMN left the new column's values out, silently."""
+    execute(node, ["CREATE TABLE grows (id INTEGER PRIMARY KEY, v TEXT)"])
+    with SourceClient([node.url]) as client:
+        start = client.subscriptions().last_cid
+    execute(node, ["INSERT INTO grows VALUES (1, 'a')"])
+    df = read(spark, node, "grows", mode="changes", after_cid=start)  # (its columns now)
+    execute(node, ["ALTER TABLE grows ADD COLUMN w INTEGER"])
+    execute(node, ["INSERT INTO grows VALUES (2, 'b', 33)"])
+    with pytest.raises(Exception, match=r"table grows gained column\(s\) w after cid"):
+        df.collect()
+    again = read(spark, node, "grows", mode="changes", after_cid=start).collect()
+    assert [(r["id"], r["v"], r["w"]) for r in again] == [(1, "a", None), (2, "b", 33)]
+
+
+def test_a_table_created_again_during_a_snapshot_read_fails_it(node: Node) -> None:
+    """QA: a table dropped and created again while a snapshot paged through it gave rows
+    of both versions (594 old, 2406 new), without an error."""
+    from litecdc.errors import TableReshapedError
+    from litecdc.pipeline.datasource import read_key_range
+
+    create = "CREATE TABLE twice (id INTEGER PRIMARY KEY, gen TEXT)"
+
+    def fill(gen: str) -> list[Any]:
+        return [["INSERT INTO twice VALUES (?, ?)", i, gen] for i in range(1, 13)]
+
+    execute(node, [create, *fill("old")])
+    with SourceClient([node.url]) as client:
+        reshaped = client.table_info("twice").reshaped_cid
+        pages = read_key_range(
+            client, "twice", None, None, None, 3, ("id", "gen"), reshaped_cid=reshaped
+        )
+        first = next(pages)
+        assert first.column("gen").to_pylist() == ["old"] * 3
+        execute(node, ["DROP TABLE twice"])
+        execute(node, [create, *fill("new")])
+        with pytest.raises(TableReshapedError, match="while it was being read"):
+            list(pages)
+        # read again: the new version, whole
+        pages = read_key_range(
+            client, "twice", None, None, None, 3, ("id", "gen"),
+            reshaped_cid=client.table_info("twice").reshaped_cid,
+        )  # fmt: skip
+        assert [g for page in pages for g in page.column("gen").to_pylist()] == ["new"] * 12
+
+
+def test_a_table_created_again_under_a_running_stream_stops_it(
+    spark: SparkSession, node: Node
+) -> None:
+    """QA: DROP TABLE then CREATE TABLE under a running stream: no event tells of the drop,
+    and the stream went on with the new table's inserts — the old rows kept by whatever
+    it built. The stream stops, saying the table was reshaped."""
+    execute(node, ["CREATE TABLE again (id INTEGER PRIMARY KEY, v TEXT)"])
+    with SourceClient([node.url]) as client:
+        head = client.subscriptions().last_cid
+    query = (
+        spark.readStream.format("litecdc")
+        .option("url", node.url)
+        .option("table", "again")
+        .option("mode", "changes")
+        .option("starting_cid", head)
+        .load()
+        .writeStream.format("memory")
+        .queryName("again_changes")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        execute(node, ["INSERT INTO again VALUES (1, 'old')"])
+        deadline = time.monotonic() + 60
+        while not spark.sql("SELECT * FROM again_changes").collect():
+            assert time.monotonic() < deadline and query.exception() is None
+            time.sleep(0.2)
+        # (one commit: while the table is missing, a stream fails with "not found")
+        execute(node, ["DROP TABLE again", "CREATE TABLE again (id INTEGER PRIMARY KEY, v TEXT)"])
+        execute(node, ["INSERT INTO again VALUES (2, 'new')"])
+        with pytest.raises(Exception, match=r"table again was reshaped at cid \d+ .* while this"):
+            query.awaitTermination(60)
+        assert [r["id"] for r in spark.sql("SELECT id FROM again_changes").collect()] == [1]
+    finally:
+        query.stop()
