@@ -230,7 +230,11 @@ class LitecdcOptions:
             )
         starting = opts.get("starting_cid", "latest").strip().lower()
         after_cid = _int_option(opts, "after_cid", 0, minimum=0)
-        until_cid = _int_option(opts, "until_cid", 0, minimum=0) if opts.get("until_cid") else None
+        until_cid = (
+            _int_option(opts, "until_cid", 0, minimum=0)
+            if opts.get("until_cid", "").strip()  # (blank: QA, read as 0 and refused as such)
+            else None
+        )
         if until_cid is not None and until_cid <= after_cid:
             raise ConfigError(
                 f'litecdc data source: option "until_cid" ({until_cid}) must be greater than '
@@ -313,7 +317,9 @@ def _ranges_option(raw: str | None) -> tuple[ChunkRange, ...] | None:
         max_rows = item[2] if len(item) == 3 else None
         if any(k is not None and not isinstance(k, list) for k in (after, until)):
             raise ConfigError(problem)
-        if max_rows is not None and (not isinstance(max_rows, int) or max_rows < 1):
+        if max_rows is not None and (
+            not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1
+        ):
             raise ConfigError(problem)
         out.append(ChunkRange(after, until, max_rows))
     return tuple(out)

@@ -385,6 +385,19 @@ def test_options_parse_once_and_pickle() -> None:
         LitecdcOptions.parse({"url": "https://a:1", "table": "t", "ca_cert": "/nonexistent"})
     with pytest.raises(Exception, match='"mode" must be'):
         LitecdcOptions.parse({"url": "http://a:1", "table": "t", "mode": "stream"})
+    # QA: a max_rows of `true` passed (a bool is an int); a blank until_cid was 0
+    with pytest.raises(Exception, match='"ranges" must be a JSON list'):
+        LitecdcOptions.parse({"url": "http://a:1", "table": "t", "ranges": "[[null, null, true]]"})
+    assert (
+        LitecdcOptions.parse({"url": "http://a:1", "table": "t", "until_cid": " "}).until_cid
+        is None
+    )
+    # QA: credentials in the address were ignored (a 401), and the error showed them
+    with pytest.raises(
+        Exception, match=r"http://alice:\*\*\*@a:1: credentials go in the user"
+    ) as e:
+        LitecdcOptions.parse({"url": "http://alice:secret@a:1", "table": "t"})
+    assert "secret" not in str(e.value)
 
 
 def test_stream_of_an_expired_subscription_fails_instead_of_skipping(
