@@ -207,11 +207,12 @@ def subscribe(
             )
 
         new_file = sqlite_path(meta or default_meta_url())
-        if new_file is not None and not new_file.exists():
-            # a store this would make: everything is checked first against an empty one
+        if new_file is None or not new_file.exists():
+            # a store this may make: everything is checked first against an empty one
             # of its own, so that a subscribe refused makes no store (pipeline QA: its
-            # empty store said "no subscriptions" where there was none). Never a store
-            # removed afterwards: another subscribe may have opened it meanwhile (review).
+            # empty store said "no subscriptions" where there was none; metadata QA: a
+            # PostgreSQL database kept the tables). Never a store removed afterwards:
+            # another subscribe may have opened it meanwhile (review).
             with (
                 tempfile.TemporaryDirectory(prefix="litecdc-subscribe-") as scratch_dir,
                 MetadataStore.open(sqlite_url(Path(scratch_dir) / "check.db")) as scratch,

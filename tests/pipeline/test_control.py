@@ -994,6 +994,29 @@ def test_a_subscribe_that_fails_leaves_no_store_it_made(node: Node, tmp_path: Pa
             assert [s.name for s in made.list_subscriptions()] == ["n"]
 
 
+def test_a_subscribe_that_fails_makes_no_postgresql_store(postgresql_db_url: str) -> None:
+    """Metadata QA: a subscribe refused (its table missing) on an empty PostgreSQL
+    database left the store's five tables there: `status` then said "no subscriptions"
+    instead of "no metadata store in PostgreSQL …"."""
+    import psycopg
+    from click.testing import CliRunner
+
+    from litecdc.cli import cli
+
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(
+        cli,
+        ["pipeline", "subscribe", "--meta", postgresql_db_url, "--source", unreachable,
+         "--table", "t", "--name", "n", "--sink", "delta:/tmp/never-made"],
+    )  # fmt: skip
+    assert result.exit_code == 1 and "unreachable" in result.output, result.output
+    with psycopg.connect(postgresql_db_url) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchall()
+    assert tables == []
+
+
 def test_a_foreign_or_missing_sqlite_file_is_never_made_a_metadata_store(tmp_path: Path) -> None:
     """QA: `pipeline list --meta sqlite:///NODE/db.sqlite` put the store's tables into a
     litecdc node's own database (no journal entry, no change event: its replicas differ),
