@@ -670,6 +670,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._idle_batch_at = 0.0  # when the last batch without events was let through
         self._retention: int | None = None  # the node's retention cap, in cids
         self._reshaped: int | None = None  # the table's reshape cid when the query began
+        self._fresh = False  # the query began here (initialOffset), not at its checkpoint
         self._client: SourceClient | None = None
 
     @property
@@ -685,6 +686,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     def initialOffset(self) -> dict[str, int]:
+        self._fresh = True  # (Spark asks only a query without offsets in its checkpoint)
         start = self.opts.starting_cid
         if start is not None:
             _check_reached(self.client, self.opts.table, "starting_cid", start)
@@ -749,6 +751,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         if self._reshaped is None:
             self._reshaped = reshaped
+            if reshaped > after and not self._fresh:
+                # a query going on from its checkpoint, whose last run read the table
+                # before it was reshaped (a new query may start before a table's creation)
+                raise TableReshapedError(
+                    f"litecdc stream: table {self.opts.table} was reshaped at cid "
+                    f"{reshaped} (created again, renamed to its name, or changed other than "
+                    f"by adding a column), after this stream's position (cid {after}) in "
+                    "its checkpoint: its events cannot bring what was built from the "
+                    "earlier table up to date — take a new copy of the table and stream "
+                    "from there (a new checkpoint)"
+                )
         elif reshaped != self._reshaped:
             raise TableReshapedError(
                 f"litecdc stream: table {self.opts.table} was reshaped at cid {reshaped} "

@@ -466,15 +466,20 @@ def test_a_cid_beyond_the_head_is_refused(spark: SparkSession, node: Node, moves
 
 
 def test_a_stream_from_a_starting_cid_places_its_subscriptions_hold(
-    spark: SparkSession, node: Node, moves: Any
+    spark: SparkSession, node: Node
 ) -> None:
     """QA: with a starting_cid, the subscription was never registered: each commit only
     warned that the node knew no such subscriber, and nothing held the changes."""
-    start, expected = moves
+    execute(node, ["CREATE TABLE placed (id INTEGER PRIMARY KEY, v TEXT)"])
+    with SourceClient([node.url]) as client:
+        start = client.register("placed-keeper").cid  # (keeps them until the stream holds)
+    execute(node, [["INSERT INTO placed VALUES (?, ?)", i, f"v{i}"] for i in (1, 2)])
+    execute(node, ["DELETE FROM placed WHERE id = 1"])
+    expected = [("upsert", 1, "v1"), ("upsert", 2, "v2"), ("delete", 1, "v1")]
     with SourceClient([node.url]) as client:
         head = client.subscriptions().last_cid  # (the last event's: the hold goes past it)
     query = (
-        stream(spark, node, starting_cid=start, subscription="from-a-cid")
+        stream(spark, node, starting_cid=start, subscription="from-a-cid", table="placed")
         .writeStream.format("memory")
         .queryName("from_a_cid")
         .trigger(availableNow=True)
@@ -487,6 +492,7 @@ def test_a_stream_from_a_starting_cid_places_its_subscriptions_hold(
         hold = client.subscriptions().get("from-a-cid")
         assert hold is not None and hold.cid >= head  # (moving it is a commit itself)
         client.unsubscribe("from-a-cid")
+        client.unsubscribe("placed-keeper")
 
 
 def test_a_column_added_under_a_change_read_fails_it(spark: SparkSession, node: Node) -> None:
@@ -571,3 +577,45 @@ def test_a_table_created_again_under_a_running_stream_stops_it(
         assert [r["id"] for r in spark.sql("SELECT id FROM again_changes").collect()] == [1]
     finally:
         query.stop()
+
+
+def test_a_stream_started_again_after_its_table_was_created_again_stops(
+    spark: SparkSession, node: Node, tmp_path: Path
+) -> None:
+    """QA: run 1 of a checkpointed stream read rows 1 to 3; the table was dropped and created
+    again with row 4; run 2 on the checkpoint added row 4 only — its sink then held rows
+    1 to 4 where the source held 4. Run 2 stops instead, saying why."""
+    execute(node, ["CREATE TABLE later (id INTEGER PRIMARY KEY, v TEXT)"])
+    with SourceClient([node.url]) as client:
+        head = client.register("later-keeper").cid  # (the node keeps the changes)
+    execute(node, [["INSERT INTO later VALUES (?, 'old')", i] for i in (1, 2, 3)])
+
+    def run(starting_cid: int, out: str) -> list[int]:
+        query = (
+            spark.readStream.format("litecdc")
+            .option("url", node.url)
+            .option("table", "later")
+            .option("mode", "changes")
+            .option("starting_cid", starting_cid)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / out))
+            .option("checkpointLocation", str(tmp_path / f"{out}-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(60)
+        return sorted(r["id"] for r in spark.read.parquet(str(tmp_path / out)).collect())
+
+    assert run(head, "out") == [1, 2, 3]
+    with SourceClient([node.url]) as client:
+        before = client.subscriptions().last_cid
+    execute(node, ["DROP TABLE later", "CREATE TABLE later (id INTEGER PRIMARY KEY, v TEXT)"])
+    execute(node, ["INSERT INTO later VALUES (4, 'new')"])
+    with pytest.raises(Exception, match="after this stream's position"):
+        run(head, "out")
+    assert sorted(r["id"] for r in spark.read.parquet(str(tmp_path / "out")).collect()) == [1, 2, 3]
+    # a new query may start before the table's creation: from its first change on
+    assert run(before, "new") == [4]
+    with SourceClient([node.url]) as client:
+        client.unsubscribe("later-keeper")
