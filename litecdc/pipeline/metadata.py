@@ -490,22 +490,24 @@ class _PostgresBackend:
                     log.debug("metadata watchdog: %s", exc)
 
     def _connect(self, *, wait: float = 0.0) -> None:
-        """Connect; a server that refuses is asked again for ``wait`` seconds (one just
-        restarted: QA, `pg_ctl restart` ended `pipeline run`)."""
+        # autocommit: each transaction is an explicit BEGIN/COMMIT block (conn.transaction)
+        self._conn = self._new_connection("litecdc-pipeline", wait=wait)
+
+    def _new_connection(self, application: str, *, wait: float = 0.0, **options: Any) -> Any:
+        """An autocommit connection; a server that refuses is asked again for ``wait``
+        seconds (one just restarted: QA, `pg_ctl restart` ended `pipeline run`)."""
         import psycopg
 
         deadline = time.monotonic() + wait
         while True:
             try:
-                # autocommit: each transaction is an explicit BEGIN/COMMIT block
-                # (conn.transaction)
-                self._conn = psycopg.connect(
+                return psycopg.connect(
                     self._url,
                     autocommit=True,
                     connect_timeout=max(1, round(self._connect_timeout)),
-                    application_name="litecdc-pipeline",
+                    application_name=application,
+                    **options,
                 )
-                return
             except psycopg.Error as exc:
                 if isinstance(exc, psycopg.OperationalError) and time.monotonic() < deadline:
                     time.sleep(0.5)
@@ -529,28 +531,14 @@ class _PostgresBackend:
         import psycopg
 
         key = _owner_lock_key(owner)
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                conn = psycopg.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self._connect_timeout)),
-                    application_name=f"{RUN_LOCK_APPLICATION}{_holder()}",
-                    # the server ends the session (and the lock) within ~25 s of this host
-                    # going silent (a crash, a partition): its default waits 2 hours
-                    options="-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
-                    "-c tcp_keepalives_count=3",
-                )
-                break
-            except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError) and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                    continue
-                raise MetadataError(
-                    f"cannot connect to the metadata database {self.description}: "
-                    f"{str(exc).strip()} (is the server running and the URL right?)"
-                ) from exc
+        conn = self._new_connection(
+            f"{RUN_LOCK_APPLICATION}{_holder()}",
+            wait=wait,
+            # the server ends the session (and the lock) within ~25 s of this host going
+            # silent (a crash, a partition): its default waits 2 hours (review)
+            options="-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 "
+            "-c tcp_keepalives_count=3",
+        )
         try:
             taken = _try_advisory_lock(conn, key)
             holder_pid, holder = (None, None) if taken else _advisory_holder(conn, key)
