@@ -87,6 +87,7 @@ from litecdc.pipeline.sinks.base import (
 )
 from litecdc.pipeline.sinks.registry import open_sink, sink_server
 from litecdc.pipeline.source_client import KeyRange, Position, SourceClient, TableInfo
+from litecdc.pipeline.source_client import Subscription as Hold
 from litecdc.pipeline.spark import DEFAULT_DRIVER_MEMORY, jvm_exit_status
 from litecdc.pipeline.tables import (
     CID_COLUMN,
@@ -871,12 +872,7 @@ class PipelineServer:
 
     def _unsubscribe(self, sub: Subscription) -> None:
         try:
-            # NotFoundError: never registered, or released already
-            with (
-                SourceClient(list(sub.sources), **_auth(sub.options)) as client,
-                contextlib.suppress(NotFoundError),
-            ):
-                client.unsubscribe(sub.name)
+            _release_hold(sub)
         except LitecdcError as exc:
             # (docs QA: the bare 401 did not say this was a pending unsubscribe, nor
             # how to end it)
@@ -900,11 +896,7 @@ class PipelineServer:
         an `unsubscribe` that released it before the step's registration left the new
         hold on the node for good (QA: the change log kept past it, the name refused)."""
         try:
-            with (
-                SourceClient(list(sub.sources), **_auth(sub.options)) as client,
-                contextlib.suppress(NotFoundError),  # (none: released already, or never)
-            ):
-                client.unsubscribe(sub.name)
+            _release_hold(sub)
         except LitecdcError as exc:
             log.warning(
                 "subscription %s: removed; its hold on the source may be left there (%s): "
@@ -1380,20 +1372,22 @@ class PipelineServer:
         )
 
     @staticmethod
-    def _held_cid(running: _Running) -> int | None:
-        """The cid of this subscription's hold on the node, unless it is gone or expired."""
+    def _hold(running: _Running) -> Hold | None:
+        """This subscription's hold on the node; None when it has none, or cannot be
+        asked (the caller's own error says more)."""
         try:
-            hold = running.client.subscriptions().get(running.subscription.name)
+            return running.client.subscriptions().get(running.subscription.name)
         except LitecdcError:
             return None
+
+    def _held_cid(self, running: _Running) -> int | None:
+        """The cid of this subscription's hold on the node, unless it is gone or expired."""
+        hold = self._hold(running)
         return None if hold is None or hold.expired else hold.cid
 
     def _hold_expired(self, running: _Running) -> bool:
         """Whether the node dropped this subscription's hold (past its retention cap)."""
-        try:
-            hold = running.client.subscriptions().get(running.subscription.name)
-        except LitecdcError:
-            return False  # the query's own error says more
+        hold = self._hold(running)
         return hold is not None and hold.expired
 
     def _move_hold(self, running: _Running, cid: int, *, applied: bool) -> None:
@@ -1577,6 +1571,16 @@ def _cancelled_read(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _release_hold(sub: Subscription) -> None:
+    """Release ``sub``'s hold on its source (none there — never registered, released
+    already — is no error)."""
+    with (
+        SourceClient(list(sub.sources), **_auth(sub.options)) as client,
+        contextlib.suppress(NotFoundError),
+    ):
+        client.unsubscribe(sub.name)
 
 
 def _history_replaced(name: str, what: str, *, may_catch_up: bool = True) -> SourceError:
