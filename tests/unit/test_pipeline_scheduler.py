@@ -5,6 +5,7 @@ frozen PostgreSQL/MariaDB servers)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -192,12 +193,17 @@ def test_a_subscription_removed_while_its_step_ran_stops_without_a_retry(
         raise UnknownSubscriptionError("big")
 
     monkeypatch.setattr(server, "_start", vanished)
-    sub: Any = SimpleNamespace(name="big", cancel=False)
+    with socket.socket() as unused:  # (a source nobody listens on)
+        unused.bind(("127.0.0.1", 0))
+        source = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    sub: Any = SimpleNamespace(name="big", cancel=False, sources=[source], options={})
     with caplog.at_level("INFO", logger="litecdc.pipeline"):
         assert server._step_one(sub, server.states["big"], None) is None  # retired
     state = server.states["big"]
     assert state.last_error is None and state.failures == 0
     assert "removed while a step ran" in caplog.text and "retrying" not in caplog.text
+    # the hold its step may have placed is released — or said to be left, here
+    assert "its hold on the source may be left there" in caplog.text
 
 
 def test_schema_reads_ask_a_node_as_far_as_the_last_description_read() -> None:
