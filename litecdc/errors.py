@@ -175,6 +175,13 @@ class TableReshapedError(LitecdcError):
     http_status = 409
 
 
+class UnloggedChangesError(LitecdcError):
+    """A table's changes asked for reach across a commit that changed its rows without
+    change events (db/reshape.py): they cannot bring a copy from before it up to date."""
+
+    http_status = 409
+
+
 class NotFoundError(LitecdcError):
     """A named table, subscription or other object does not exist."""
 

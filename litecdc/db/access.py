@@ -162,6 +162,9 @@ class Access:
     #: table's name now, or None when it is gone (dropped, renamed away). Noted as the
     #: statements run, never cached with the SQL text.
     reshaped: dict[str, str | None] = field(default_factory=dict)
+    #: tables whose rows the transaction changed without row changes (db/reshape.py), by
+    #: ``reshape.fold``-ed name; noted like ``reshaped``
+    unlogged: set[str] = field(default_factory=set)
 
     @property
     def barrier(self) -> bool:
@@ -182,6 +185,7 @@ class Access:
         self.reads_everything = self.reads_everything or other.reads_everything
         self.writes_sqlite_tables = self.writes_sqlite_tables or other.writes_sqlite_tables
         self.reshaped.update(other.reshaped)
+        self.unlogged |= other.unlogged
 
 
 class AccessCache:

@@ -63,6 +63,7 @@ from litecdc.db.schema import (
     SCHEMA_OBJECT,
     SEQ_BITS,
     TABLE_CIDS_TABLE,
+    UNLOGGED_TABLE,
     USER_OBJECTS,
     last_change_id,
 )
@@ -1395,6 +1396,7 @@ class Engine:
             self._access_cache.put(statement.sql, access)
         combined.merge(access)
         combined.reshaped.update(watch.reshaped)  # (what this run did: not in the cache)
+        combined.unlogged |= watch.unlogged
         if access.schema:
             self._schema_changed()
         result = StatementResult(seconds=time.perf_counter() - started)
@@ -1463,6 +1465,12 @@ class Engine:
                 )
             if access.reshaped:
                 self._record_reshapes(entry.cid, access.reshaped)
+            if access.unlogged:
+                writer.executemany(
+                    f"INSERT INTO {UNLOGGED_TABLE}(name, cid) VALUES (?, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET cid = excluded.cid",
+                    [(key, entry.cid) for key in sorted(access.unlogged)],
+                )
             if state:
                 self._write_state(state)
         finally:
@@ -1490,6 +1498,13 @@ class Engine:
         one recorded."""
         with self._write_lock:
             rows = self._internal(f"SELECT name, cid FROM {RESHAPES_TABLE}")
+            return {str(name): int(cid) for name, cid in rows}
+
+    def unlogged_cids(self) -> dict[str, int]:
+        """table name (``reshape.fold``-ed; dropped ones too) -> the last cid that changed
+        its rows without row changes (db/reshape.py)."""
+        with self._write_lock:
+            rows = self._internal(f"SELECT name, cid FROM {UNLOGGED_TABLE}")
             return {str(name): int(cid) for name, cid in rows}
 
     def _reshape_watch(self) -> ReshapeWatch:
@@ -1573,6 +1588,7 @@ class Engine:
                             raise StatementError(access.refused)
                         watch.finish()
                         access.reshaped.update(watch.reshaped)
+                        access.unlogged |= watch.unlogged
                     finally:
                         self._authorizer.recording = None
                         self._authorizer.reset()

@@ -21,6 +21,17 @@ no record any more. This is judged statement by statement: a transaction that dr
 column and adds it back, or drops a table and creates it again, ends with the columns it
 started with.
 
+Some of that DDL also changes the table's *rows* without a row change
+(``_litecdc_unlogged``, db/schema.py): ``DROP TABLE`` and ``RENAME TO`` of a table that
+had rows (they vanish from its name), ``CREATE TABLE … AS SELECT`` or ``RENAME TO`` that
+brings rows under a name, ``DROP``/``RENAME COLUMN`` on a table with rows (values gone
+or renamed), and ``ADD COLUMN`` with a DEFAULT other than NULL on one (every row gains
+that value). The change log after a cid before such a commit cannot rebuild the table
+past it: a changes read across it is refused (db/source.py). A plain ``CREATE TABLE``
+(empty) is not one — its change events are the whole table — and the record of a
+dropped name is kept, so a reader from before the drop still learns of it once the
+name is created again.
+
 Every replica runs the same statements on the same schema (the journal's SQL text), so
 each records the same cids: on the leader (``Engine.run_write``), on a follower or a
 replay (``Engine.apply_entry``) and in a database rebuilt from the journal alike.
@@ -57,6 +68,26 @@ def reshaped(before: Shape, after: Shape) -> bool:
     return after[: len(before)] != before
 
 
+def gives_rows_a_value(default: str | None) -> bool:
+    """Whether a column added with this ``dflt_value`` gives existing rows a value (one
+    other than NULL) without any row change."""
+    return default is not None and default.strip().upper() != "NULL"
+
+
+def unlogged(before: Shape, after: Shape, had_rows: bool, has_rows: bool) -> bool:
+    """Whether a statement that took a table from ``before`` to ``after`` changed its rows
+    without row changes (see the module's description)."""
+    if before is None:
+        return after is not None and has_rows  # created from a query, or renamed here
+    if after is None:
+        return had_rows  # dropped, or renamed away
+    if not has_rows:
+        return False
+    if reshaped(before, after):
+        return True
+    return any(gives_rows_a_value(column[3]) for column in after[len(before) :])
+
+
 class ReshapeWatch:
     """Notes the tables reshaped by the statements of one write, as they run.
 
@@ -68,11 +99,12 @@ class ReshapeWatch:
     def __init__(self, query: Query, take_table_ddl: Callable[[], list[tuple[str, bool]]]) -> None:
         self._query = query
         self._take = take_table_ddl
-        #: the statement running now: its tables' shapes before it, and (for ALTER TABLE,
-        #: which may rename) the root pages of the tables it alters
-        self._shapes: dict[str, tuple[str, Shape]] | None = None
+        #: the statement running now: its tables' shapes before it and whether they had
+        #: rows, and (for ALTER TABLE, which may rename) the root pages of those it alters
+        self._shapes: dict[str, tuple[str, Shape, bool]] | None = None
         self._roots: list[tuple[str, int]] | None = None
         self.reshaped: dict[str, str | None] = {}
+        self.unlogged: set[str] = set()
 
     def statement(self) -> None:
         """A statement was prepared and is about to run: settle the one before it, and
@@ -81,7 +113,11 @@ class ReshapeWatch:
         ddl = self._take()
         if not ddl:
             return
-        self._shapes = {fold(name): (name, self._shape(name)) for name, _ in ddl}
+        shapes = {fold(name): (name, self._shape(name)) for name, _ in ddl}
+        self._shapes = {
+            key: (name, shape, shape is not None and self._has_rows(name))
+            for key, (name, shape) in shapes.items()
+        }
         altered = [name for name, alter in ddl if alter]
         self._roots = [(fold(n), r) for n in altered for r in self._root(n)] or None
 
@@ -96,13 +132,15 @@ class ReshapeWatch:
         self._shapes = self._roots = None
         if shapes is None:
             return
-        for key, (name, before) in shapes.items():
+        for key, (name, before, had_rows) in shapes.items():
             after = self._shape(name)
             if after is None:
                 if before is not None:
                     self.reshaped[key] = None  # dropped, or renamed away
             elif reshaped(before, after):
                 self.reshaped[key] = name  # (SQLite names it as it is stored)
+            if unlogged(before, after, had_rows, after is not None and self._has_rows(name)):
+                self.unlogged.add(key)
         # ALTER TABLE … RENAME TO: the table under its new name, found by its root page
         # (a rename moves no page; the name it left is the one the statement named, gone
         # above). One lookup, not a list of every table before and after (QA: each ALTER
@@ -112,6 +150,8 @@ class ReshapeWatch:
                 for new in self._named_at(root):
                     if fold(new) != key:
                         self.reshaped[fold(new)] = new
+                        if self._has_rows(new):
+                            self.unlogged.add(fold(new))
 
     def _shape(self, name: str) -> Shape:
         rows = self._query(
@@ -122,6 +162,10 @@ class ReshapeWatch:
             (name,),
         )
         return tuple(rows) if rows else None
+
+    def _has_rows(self, name: str) -> bool:
+        quoted = '"' + name.replace('"', '""') + '"'
+        return bool(self._query(f"SELECT EXISTS (SELECT 1 FROM main.{quoted})", None)[0][0])
 
     def _root(self, name: str) -> list[int]:
         rows = self._query(

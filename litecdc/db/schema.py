@@ -17,6 +17,7 @@ CHANGES_TABLE = "_litecdc_changes"
 TABLE_CIDS_TABLE = "_litecdc_table_cids"
 NODE_STATE_TABLE = "_litecdc_node_state"
 RESHAPES_TABLE = "_litecdc_reshapes"
+UNLOGGED_TABLE = "_litecdc_unlogged"
 
 #: Version of the on-disk layout (the internal tables and what their values mean), kept
 #: in _litecdc_node_state under DATA_FORMAT_KEY. Raise it with any change to that layout
@@ -25,8 +26,9 @@ RESHAPES_TABLE = "_litecdc_reshapes"
 #:
 #: 1. the journal, changes, node state and table cids (and the CDC state and holds);
 #: 2. ``_litecdc_reshapes`` (db/reshape.py): a format-1 file gets it, empty, when opened —
-#:    its tables' reshapes are unknown (0) until their next one.
-DATA_FORMAT = 2
+#:    its tables' reshapes are unknown (0) until their next one;
+#: 3. ``_litecdc_unlogged`` (db/reshape.py): likewise, a format-2 file gets it empty.
+DATA_FORMAT = 3
 DATA_FORMAT_KEY = "data_format"
 
 CREATE_INTERNAL = f"""
@@ -69,6 +71,12 @@ CREATE TABLE IF NOT EXISTS {RESHAPES_TABLE}(
     cid INTEGER NOT NULL       -- the commit that created it (or renamed it to this name), or
                                -- last changed it other than by adding a column (db/reshape.py)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS {UNLOGGED_TABLE}(
+    name TEXT PRIMARY KEY COLLATE NOCASE, -- a table name (kept once the table is dropped)
+    cid INTEGER NOT NULL       -- the last commit that changed the rows under that name
+                               -- without row changes: dropped, renamed, created from a
+                               -- query, a column dropped or given a default (db/reshape.py)
+) WITHOUT ROWID;
 """
 
 #: the name under which _litecdc_table_cids keeps the cid of the last schema change
@@ -110,6 +118,7 @@ INTERNAL_TABLES = frozenset(
         TABLE_CIDS_TABLE,
         NODE_STATE_TABLE,
         RESHAPES_TABLE,
+        UNLOGGED_TABLE,
         CDC_STATE_TABLE,
         HOLDS_TABLE,
     }

@@ -3,9 +3,11 @@
 Three reads, each inside ONE SQLite read transaction (``Engine.read_consistent``) so
 that it reports the cid it saw (the journal's head in that transaction):
 
-- ``describe``: a table's columns, the Arrow type each is mirrored as, its key, and the
+- ``describe``: a table's columns, the Arrow type each is mirrored as, its key, the
   cid of its last reshape (``reshaped_cid``: created, or changed other than by adding a
-  column — a copy from before it is stale; see db/reshape.py);
+  column — a copy from before it is stale) and the last cid that changed the rows under
+  its name without row changes (``unlogged_cid``: a changes read across it is refused;
+  see db/reshape.py);
 - ``read_rows``: a snapshot chunk — rows of a key range in key order (keyset paging by
   the last key, so a chunk costs one index seek whatever its position);
 - ``read_table_changes``: a table's row changes in a cid range, as typed events
@@ -48,6 +50,7 @@ from litecdc.db.schema import (
     JOURNAL_TABLE,
     RESHAPES_TABLE,
     SEQ_BITS,
+    UNLOGGED_TABLE,
     last_change_id,
 )
 from litecdc.errors import (
@@ -56,6 +59,7 @@ from litecdc.errors import (
     PositionUnavailableError,
     RequestError,
     TableReshapedError,
+    UnloggedChangesError,
 )
 from litecdc.wire import (
     ARROW_TYPES,
@@ -143,6 +147,11 @@ class SourceTable:
     #: (db/reshape.py): a copy of it from before then misses what that did. 0: unknown (a
     #: table of a data directory from before litecdc recorded it, untouched since)
     reshaped_cid: int = 0
+    #: the last cid that changed the rows under the table's name without row changes
+    #: (dropped, renamed, created from a query, a column dropped or given a DEFAULT; see
+    #: db/reshape.py): its change events after an earlier cid cannot rebuild it past
+    #: then. 0: none recorded
+    unlogged_cid: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,6 +166,7 @@ class SourceTable:
             ],
             "key": list(self.key),
             "reshaped_cid": self.reshaped_cid,
+            "unlogged_cid": self.unlogged_cid,
         }
 
     @property
@@ -244,6 +254,16 @@ def reshaped_cid(conn: apsw.Connection, table: str) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+def unlogged_cid(conn: apsw.Connection, table: str) -> int:
+    """The last cid that changed the rows under the name ``table`` without row changes
+    (db/reshape.py); 0 when none is recorded."""
+    try:
+        rows = _rows(conn, f"SELECT cid FROM {UNLOGGED_TABLE} WHERE name = ?", (table,))
+    except apsw.SQLError:  # a file the engine has not opened yet (a page worker's read)
+        return 0
+    return int(rows[0][0]) if rows else 0
+
+
 def user_tables(conn: apsw.Connection) -> list[str]:
     rows = _rows(
         conn,
@@ -276,6 +296,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
     _refuse_our_column_names(name, [c[0] for c in info], rowid_key=not pk)
     rowid_name = None if without_rowid else _rowid_name([c[0] for c in info])
     reshaped = reshaped_cid(conn, name)
+    unlogged = unlogged_cid(conn, name)
     if pk:
         # an INTEGER PRIMARY KEY is the rowid (never NULL) and has no index of its own;
         # any other key of a rowid table is a UNIQUE index, which lets NULLs in
@@ -293,6 +314,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
             rowid_name=rowid_name,
             key_is_rowid=not key_index and not without_rowid,
             reshaped_cid=reshaped,
+            unlogged_cid=unlogged,
         )
     if without_rowid:  # cannot happen: WITHOUT ROWID needs a primary key
         raise NotFoundError(f"table {name!r} has no key")
@@ -307,6 +329,7 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         rowid_name=rowid_name,
         key_is_rowid=True,
         reshaped_cid=reshaped,
+        unlogged_cid=unlogged,
     )
 
 
@@ -789,6 +812,7 @@ class ChangePosition:
     after_mark: str | None  # commit_mark of ``after`` and of end_cid (None: not journaled)
     end_mark: str | None
     reshaped_cid: int = 0  # the table's (SourceTable.reshaped_cid)
+    unlogged_cid: int = 0  # the table's (SourceTable.unlogged_cid)
 
 
 def change_position(
@@ -806,6 +830,7 @@ def change_position(
         commit_mark(conn, after),
         commit_mark(conn, walk.end),
         table.reshaped_cid,
+        table.unlogged_cid,
     )
 
 
@@ -830,6 +855,18 @@ def read_table_changes(
     walk = _ChangeWalk(conn, table, after, until, max_events)
     with contextlib.closing(iter(walk)) as rows:
         batches = _change_batches(conn, table, rows)
+    if after < table.unlogged_cid <= walk.end:
+        # (QA: across a DROP TABLE and CREATE again with no events between, only the new
+        # table's inserts were served — the old rows never deleted; likewise the rows a
+        # CREATE … AS SELECT or RENAME TO brought, and the values ADD COLUMN … DEFAULT gave)
+        raise UnloggedChangesError(
+            f"table {table.name}: commit {table.unlogged_cid} changed the rows under this "
+            "name without change events (the table dropped or renamed, created from a "
+            "query or renamed to this name, a column dropped or renamed, or a column with "
+            f"a DEFAULT added): its changes after cid {after} cannot bring a copy past it; "
+            f"read them up to cid {table.unlogged_cid - 1} at most, and take a new copy of "
+            f"the table (a snapshot) at cid {table.unlogged_cid} or later"
+        )
     meta = {
         b"litecdc.end_cid": str(walk.end).encode(),
         b"litecdc.last_cid": str(walk.head).encode(),
@@ -844,6 +881,9 @@ def _change_batches(
     """Change-log ``rows`` as event batches of about CHANGE_BATCH_ROWS rows each."""
     batches: list[pa.RecordBatch] = []
     chunk: list[tuple[Any, ...]] = []
+    # the first cid a read may start after: not before the reshape's commit (whose own
+    # events are of the new shape), nor across a change of rows without events
+    since = max(table.reshaped_cid - 1, table.unlogged_cid)
     for row in rows:
         if not batches and not chunk and row[0] < table.reshaped_cid:
             # (schema QA: images of before the reshape were served under today's columns
@@ -853,8 +893,8 @@ def _change_batches(
                 f"table {table.name} was reshaped at cid {table.reshaped_cid} (created "
                 "again, renamed to its name, or changed other than by adding a column): its "
                 f"changes before that, from cid {row[0]} on, have another shape than its "
-                f"description; read its changes after cid {table.reshaped_cid - 1}, from a "
-                "copy of the table made since"
+                f"description; read its changes after cid {since}, from a copy of the table "
+                "made since"
             )
         chunk.append(row)
         if len(chunk) >= CHANGE_BATCH_ROWS:
@@ -1076,5 +1116,6 @@ __all__ = [
     "read_table_changes",
     "reshaped_cid",
     "splits",
+    "unlogged_cid",
     "user_tables",
 ]

@@ -1240,6 +1240,7 @@ class _Api:
                 "after_mark": position.after_mark,
                 "end_mark": position.end_mark,
                 "reshaped_cid": position.reshaped_cid,
+                "unlogged_cid": position.unlogged_cid,
             },
             pretty="pretty" in params,
         )

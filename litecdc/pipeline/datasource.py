@@ -118,6 +118,7 @@ from litecdc.errors import (
     SchemaMismatchError,
     SourceError,
     TableReshapedError,
+    UnloggedChangesError,
 )
 from litecdc.pipeline.tables import OP_COLUMN, TableSpec
 
@@ -630,12 +631,30 @@ class ChangesReader(DataSourceReader):
                 _check_reached(client, self.opts.table, "after_cid", self.opts.after_cid)
             else:
                 _check_reached(client, self.opts.table, "until_cid", until)
+            if until > self.opts.after_cid:
+                unlogged = client.table_info(self.opts.table).unlogged_cid
+                if self.opts.after_cid < unlogged <= until:
+                    raise _unlogged_error(self.opts.table, unlogged, self.opts.after_cid)
         if until <= self.opts.after_cid:
             return []  # nothing after after_cid yet: an empty DataFrame
         return [ChangesRange(self.opts.after_cid, until)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_changes_range(self.opts, self.names, partition)
+
+
+def _unlogged_error(table: str, unlogged: int, after: int) -> UnloggedChangesError:
+    """The refusal of a changes read after ``after`` across commit ``unlogged``, which
+    changed the table's rows without change events (the node refuses it too; said before
+    a task fails on it)."""
+    return UnloggedChangesError(
+        f"litecdc data source: table {table}: commit {unlogged} changed the rows under "
+        "this name without change events (the table dropped or renamed, created from a "
+        "query or renamed to this name, a column dropped or renamed, or a column with a "
+        f"DEFAULT added): its changes after cid {after} cannot bring a copy past it — read "
+        f"them up to cid {unlogged - 1} at most, then take a new copy of the table "
+        f"(mode=snapshot) and read its changes from there"
+    )
 
 
 def _check_reached(client: SourceClient, table: str, option: str, cid: int) -> None:
@@ -728,6 +747,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             position = self.client.position(self.opts.table, after=after, max_events=1)
             end_cid = position.last_cid
         self._check_not_reshaped(position.reshaped_cid, after)
+        unlogged = position.unlogged_cid
+        if after < unlogged <= end_cid:
+            if unlogged - 1 <= after:
+                # every change before it is read: this stream's events end here
+                raise _unlogged_error(self.opts.table, unlogged, after)
+            end_cid = unlogged - 1
         if self._target is not None:
             end_cid = min(end_cid, self._target)
         if position.events == 0 and end_cid > after:

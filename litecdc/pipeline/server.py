@@ -63,6 +63,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from litecdc import errors
+from litecdc.db.reshape import gives_rows_a_value
 from litecdc.errors import (
     LitecdcError,
     NotFoundError,
@@ -1506,22 +1507,27 @@ class PipelineServer:
         try:
             while True:
                 position = running.client.position(table, after=after, max_events=max_events)
-                if position.end_cid <= after:
+                end = position.end_cid
+                if after < position.unlogged_cid <= end:
+                    # up to the commit that changed rows without row changes (the reason
+                    # for the re-copy, perhaps): the node refuses changes across it
+                    end = position.unlogged_cid - 1
+                if end <= after:
                     return
                 if position.events:
                     options = {"mode": "changes", "after_cid": str(after)}
-                    events = self._read(running, {**options, "until_cid": str(position.end_cid)})
+                    events = self._read(running, {**options, "until_cid": str(end)})
                     # the new column's values come with the re-copy; the sink knows the old
                     events = events.select([n for n in events.column_names if n in known])
                     applicable = self._null_key_changes(running, events)
                     if applicable is None:
                         return
-                    sink.write_changes(applicable, ChangeBatch(name, after, position.end_cid))
-                self.meta.record_log_position(name, position.end_cid)
-                after = position.end_cid
+                    sink.write_changes(applicable, ChangeBatch(name, after, end))
+                self.meta.record_log_position(name, end)
+                after = end
                 log.info("subscription %s: sent its changes through cid %d before the re-copy",
                          name, after)  # fmt: skip
-                if position.end_cid >= position.last_cid:
+                if end >= position.last_cid or end < position.end_cid:
                     return
         except Exception as exc:
             error = worker_error(exc)
@@ -1640,11 +1646,10 @@ def _need_recopy(added: list[Column]) -> bool:
     """Whether columns the source added (to the description the sink mirrors) have a
     DEFAULT: SQLite gave existing rows that value without any row change, so only a new
     snapshot brings it to the sink — a mirror's rows, or a log's consumers."""
-    for column in added:
-        default = column.default
-        if default is not None and default.strip().upper() != "NULL":
-            return True
-    return False
+    # (the node counts such a column's commit as changing rows without row changes the
+    # same way, db/reshape.py: a change read across it is refused, and the re-copy is
+    # what brings it)
+    return any(gives_rows_a_value(column.default) for column in added)
 
 
 #: the line a Python traceback ends with: ``module.Class: message``

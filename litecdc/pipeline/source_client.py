@@ -101,6 +101,10 @@ class TableInfo:
     #: before it is stale. 0: not known (a node that does not say, or a table from before
     #: the node recorded it)
     reshaped_cid: int = 0
+    #: the last cid that changed the table's rows without change events (DROP TABLE,
+    #: RENAME TO, CREATE … AS SELECT, ADD COLUMN … DEFAULT…): changes read across it are
+    #: refused. 0: none, or an older node
+    unlogged_cid: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class Position:
     end_mark: str | None = None
     #: the table's last reshape (TableInfo.reshaped_cid; 0: not known, an older node)
     reshaped_cid: int = 0
+    unlogged_cid: int = 0  # TableInfo.unlogged_cid
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -300,6 +305,7 @@ class SourceClient:
             int(rows) if rows is not None else None,
             int(doc["last_cid"]),
             int(doc.get("reshaped_cid") or 0),
+            int(doc.get("unlogged_cid") or 0),
         )
 
     def table_spec(self, table: str) -> TableSpec:
@@ -383,6 +389,7 @@ class SourceClient:
             after_mark=str(marks[0]) if marks[0] is not None else None,
             end_mark=str(marks[1]) if marks[1] is not None else None,
             reshaped_cid=int(doc.get("reshaped_cid") or 0),
+            unlogged_cid=int(doc.get("unlogged_cid") or 0),
         )
 
     def commit_time_ms(self, after: int) -> int | None:

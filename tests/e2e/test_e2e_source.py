@@ -386,6 +386,7 @@ def test_table_descriptions(node: Node, client: httpx.Client) -> None:
         "_litecdc_journal",
         "_litecdc_changes",
         "_litecdc_reshapes",
+        "_litecdc_unlogged",
         "sqlite_sequence",
         "sqlite_schema",
     ):
@@ -489,14 +490,105 @@ def test_changes_from_before_a_reshape_are_refused_not_shown_in_todays_columns(
         f"table q7r was reshaped at cid {reshaped} (created again, renamed to its name, or "
         f"changed other than by adding a column): its changes before that, from cid "
         f"{start + 1} on, have another shape than its description; read its changes after "
-        f"cid {reshaped - 1}, from a copy of the table made since"
+        f"cid {reshaped}, from a copy of the table made since"
     )
-    r = c.get("/cdc/tables/q7r/changes", params={"after": reshaped - 1, "format": "json"})
+    # (the RENAME COLUMN itself changed the rows without events: after it, not before)
+    r = c.get("/cdc/tables/q7r/changes", params={"after": reshaped, "format": "json"})
     assert r.status_code == 200, r.text
     assert [row[3:] for row in r.json()["rows"]] == [[1, "z", 1]]
     # the events before it, as they were, stay in the raw change log
     raw = c.get("/cdc/changes", params={"after": start, "limit": 2}).json()["changes"]
     assert [ch["after"] for ch in raw] == [{"id": 1, "a": "x", "b": 1}, {"id": 1, "a": "y", "b": 1}]
+
+
+def test_changes_across_rows_changed_without_events_are_refused(
+    node: Node, client: httpx.Client
+) -> None:
+    """Data-source QA: a changes read across a DROP TABLE and CREATE of the same name, with
+    no events of the table between, served only the new table's inserts — the old rows
+    were never deleted. Likewise CREATE … AS SELECT and RENAME TO (rows came without
+    events) and ADD COLUMN … DEFAULT (every row gained a value). The node records the last
+    such commit per name (``unlogged_cid``, kept for a dropped name) and refuses a changes
+    read across it; DDL that leaves the rows as the events tell them is not one."""
+    c = client
+
+    def commit(*sql: str) -> int:
+        body = node.execute(c, list(sql))
+        assert not [r["error"] for r in body["results"] if "error" in r], body
+        return head(c)
+
+    def unlogged(table: str) -> int:
+        r = c.get(f"/cdc/tables/{table}")
+        assert r.status_code == 200, r.text
+        return int(r.json()["unlogged_cid"])
+
+    def changes(table: str, after: int, until: int | None = None) -> httpx.Response:
+        params = {"after": after, "format": "json"} | ({"until": until} if until else {})
+        return c.get(f"/cdc/tables/{table}/changes", params=params)
+
+    def refusal(table: str, at: int, after: int) -> str:
+        return (
+            f"table {table}: commit {at} changed the rows under this name without change "
+            "events (the table dropped or renamed, created from a query or renamed to this "
+            "name, a column dropped or renamed, or a column with a DEFAULT added): its "
+            f"changes after cid {after} cannot bring a copy past it; read them up to cid "
+            f"{at - 1} at most, and take a new copy of the table (a snapshot) at cid {at} "
+            "or later"
+        )
+
+    # what leaves every row as its events tell: DDL on an empty table, ADD COLUMN without
+    # a default (or DEFAULT NULL), indexes, CREATE TABLE IF NOT EXISTS of one that is there
+    created = commit("CREATE TABLE uq(id INTEGER PRIMARY KEY, a TEXT)")
+    commit("ALTER TABLE uq ADD COLUMN early TEXT DEFAULT 'e'")  # (no rows yet)
+    commit("INSERT INTO uq(id, a) VALUES(1, 'one'), (2, 'two')")
+    for sql in (
+        "ALTER TABLE uq ADD COLUMN b INTEGER",
+        "ALTER TABLE uq ADD COLUMN c TEXT DEFAULT NULL",
+        "CREATE INDEX uq_a ON uq(a)",
+        "CREATE TABLE IF NOT EXISTS uq(x)",
+        "UPDATE uq SET b = 5 WHERE id = 2",
+    ):
+        commit(sql)
+        assert unlogged("uq") == 0, sql
+    assert changes("uq", created - 1).status_code == 200
+    start = head(c)
+
+    # dropped with its rows and created again (two commits): no event between tells of it
+    dropped = commit("DROP TABLE uq")
+    recreated = commit("CREATE TABLE uq(id INTEGER PRIMARY KEY, a TEXT)")
+    inserted = commit("INSERT INTO uq VALUES(7, 'seven')")
+    assert unlogged("uq") == dropped  # (the dropped name's record was kept)
+    for until in (None, dropped, inserted):
+        assert error_of(changes("uq", start, until), 409) == refusal("uq", dropped, start)
+    r = c.get("/cdc/tables/uq/position", params={"after": start})
+    assert r.status_code == 200 and r.json()["unlogged_cid"] == dropped, r.text
+    assert changes("uq", start, dropped - 1).status_code == 200  # up to it: fine
+    r = changes("uq", dropped)
+    assert r.status_code == 200 and [row[3:] for row in r.json()["rows"]] == [[7, "seven"]]
+    assert recreated > dropped
+
+    # ADD COLUMN with a default on a table with rows; CREATE … AS SELECT; RENAME TO (the
+    # name it left and the one it took)
+    defaulted = commit("ALTER TABLE uq ADD COLUMN d TEXT DEFAULT 'dflt'")
+    assert unlogged("uq") == defaulted
+    assert error_of(changes("uq", inserted), 409) == refusal("uq", defaulted, inserted)
+    selected = commit("CREATE TABLE uq_copy AS SELECT * FROM uq")
+    assert unlogged("uq_copy") == selected
+    assert error_of(changes("uq_copy", selected - 1), 409) == refusal(
+        "uq_copy", selected, selected - 1
+    )
+    renamed = commit("ALTER TABLE uq_copy RENAME TO uq_moved")
+    assert unlogged("uq_moved") == renamed
+    commit("CREATE TABLE uq_copy(x)")
+    assert unlogged("uq_copy") == renamed
+    assert changes("uq_moved", renamed).status_code == 200
+    # a failed statement records nothing; the record is internal, clients cannot write it
+    r = c.post("/db/execute", json=["DROP TABLE uq", "INSERT INTO nope VALUES(1)"],
+               params={"transaction": ""})  # fmt: skip
+    assert "error" in r.json()["results"][-1]
+    assert unlogged("uq") == defaulted
+    refused = node.execute(c, ["DELETE FROM _litecdc_unlogged"])["results"][0]
+    assert "internal to litecdc" in refused["error"]
 
 
 # -- snapshot rows ---------------------------------------------------------------------
@@ -956,6 +1048,7 @@ def test_changes_keep_transactions_whole_and_respect_until_and_table(
                     "after_mark": mark(start),
                     "end_mark": mark(end),
                     "reshaped_cid": c.get("/cdc/tables/tx").json()["reshaped_cid"],
+                    "unlogged_cid": 0,
                 }, (start, max_events)
 
 

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from e2e.litecdc_node import Node, free_port
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 import litecdc.pipeline.datasource as datasource_module
-from litecdc.pipeline.datasource import DEFAULT_PAGE_ROWS, LitecdcOptions
+from litecdc.errors import UnloggedChangesError
+from litecdc.pipeline.datasource import DEFAULT_PAGE_ROWS, LitecdcOptions, StreamReader
 from litecdc.pipeline.source_client import SourceClient
 from litecdc.pipeline.tables import CID_COLUMN, OP_COLUMN, ROWID_COLUMN, SEQ_COLUMN
 
@@ -584,7 +586,8 @@ def test_a_stream_started_again_after_its_table_was_created_again_stops(
 ) -> None:
     """QA: run 1 of a checkpointed stream read rows 1 to 3; the table was dropped and created
     again with row 4; run 2 on the checkpoint added row 4 only — its sink then held rows
-    1 to 4 where the source held 4. Run 2 stops instead, saying why."""
+    1 to 4 where the source held 4. Run 2 stops instead, saying why; so does a new query
+    or a batch read from before the drop."""
     execute(node, ["CREATE TABLE later (id INTEGER PRIMARY KEY, v TEXT)"])
     with SourceClient([node.url]) as client:
         head = client.register("later-keeper").cid  # (the node keeps the changes)
@@ -615,7 +618,48 @@ def test_a_stream_started_again_after_its_table_was_created_again_stops(
     with pytest.raises(Exception, match="after this stream's position"):
         run(head, "out")
     assert sorted(r["id"] for r in spark.read.parquet(str(tmp_path / "out")).collect()) == [1, 2, 3]
-    # a new query may start before the table's creation: from its first change on
-    assert run(before, "new") == [4]
+    # data-source QA: a new query, or a batch read, from before the DROP went on with the
+    # new table's rows, no event telling of the rows dropped. The node records the drop
+    # (unlogged_cid): reads across it are refused; from it on they are the new table's
+    with SourceClient([node.url]) as client:
+        dropped = client.table_info("later").unlogged_cid
+    assert dropped == before + 1
+    refused = rf"table later: commit {dropped} changed the rows under this name without change"
+    with pytest.raises(Exception, match=refused):
+        run(before, "new")
+    with pytest.raises(Exception, match=refused):
+        read(spark, node, "later", mode="changes", after_cid=before).collect()
+    assert run(dropped, "new") == [4]
     with SourceClient([node.url]) as client:
         client.unsubscribe("later-keeper")
+
+
+def test_a_stream_reads_up_to_rows_changed_without_events_then_stops(node: Node) -> None:
+    """Data-source QA: a stream went past ADD COLUMN … DEFAULT on a table with rows (the
+    rows gained the value, no event told). It reads every change before that commit —
+    a delete there still reaches its consumer — then stops, saying why. (The planning
+    side of a stream, run here without Spark: what it asks of the node is the same.)"""
+    execute(node, ["CREATE TABLE gains (id INTEGER PRIMARY KEY, v TEXT)"])
+    execute(node, [["INSERT INTO gains VALUES (?, 'x')", i] for i in (1, 2)])
+    with SourceClient([node.url]) as client:
+        start = client.register("gains-keeper").cid
+    execute(node, ["DELETE FROM gains WHERE id = 1"])
+    execute(node, ["ALTER TABLE gains ADD COLUMN d TEXT DEFAULT 'dflt'"])
+    execute(node, ["INSERT INTO gains(id) VALUES (3)"])
+    opts = LitecdcOptions.parse(
+        {"url": node.url, "table": "gains", "mode": "changes", "starting_cid": str(start)}
+    )
+    reader = StreamReader(opts, ("id", "v", "d"))
+    try:
+        with SourceClient([node.url]) as client:
+            added = client.table_info("gains").unlogged_cid
+        assert start < added - 1
+        assert reader.initialOffset() == {"cid": start}
+        for limit in (ReadAllAvailable(), ReadMaxRows(1000)):
+            assert reader.latestOffset({"cid": start}, limit) == {"cid": added - 1}
+        with pytest.raises(UnloggedChangesError, match=rf"commit {added} changed the rows"):
+            reader.latestOffset({"cid": added - 1}, ReadAllAvailable())
+    finally:
+        reader.stop()
+        with SourceClient([node.url]) as client:
+            client.unsubscribe("gains-keeper")

@@ -121,11 +121,12 @@ def test_column_with_a_default_added_while_stopped_is_copied_again_to_message_si
         execute(c, [[f"INSERT INTO {table}(id, a) VALUES(?, ?)", 4, "a4"]])
     assert run(store, spark).states[table].last_error is None
     docs = sent()
-    # first the changes it had not had: the new snapshot cannot tell a consumer about the
-    # row deleted meanwhile (pipeline QA: such deletes were lost, consumers kept the rows)
-    assert [(d["op"], d["row"]["id"]) for d in docs[:2]] == [("delete", 2), ("upsert", 4)]
+    # first the changes it had not had, up to the ADD COLUMN (the node refuses a read
+    # across it): the new snapshot cannot tell a consumer about the row deleted meanwhile
+    # (pipeline QA: such deletes were lost, consumers kept the rows)
+    assert [(d["op"], d["row"]["id"]) for d in docs[:1]] == [("delete", 2)]
     # then every row again, with the value SQLite gave it, and the end of that snapshot
-    assert by_key(docs[2:]) == [
+    assert by_key(docs[1:]) == [
         ("snapshot", {"id": i, "a": f"a{i}", "c": "dflt"}) for i in (1, 3, 4)
     ]
     assert docs[-1]["op"] == "snapshot_done" and snapshot_ends(docs) == [docs[-1]["cid"]]

@@ -22,6 +22,7 @@ from litecdc.db.schema import (
     INTERNAL_TABLES,
     NODE_STATE_TABLE,
     RESHAPES_TABLE,
+    UNLOGGED_TABLE,
 )
 from litecdc.errors import ConfigError, DataFileError, LoadError
 
@@ -204,29 +205,39 @@ def test_a_file_from_before_the_format_stamp_is_opened_and_stamped(tmp_path: Pat
         store.close()
 
 
-def _as_data_format_1(path: Path) -> None:
-    """Make a litecdc file what a litecdc of data format 1 left: no _litecdc_reshapes."""
+def _as_data_format(path: Path, version: int) -> None:
+    """Make a litecdc file what a litecdc of an older data format left: format 1 had no
+    _litecdc_reshapes, formats 1 and 2 no _litecdc_unlogged."""
     conn = apsw.Connection(str(path))
-    conn.execute(f"DROP TABLE {RESHAPES_TABLE}")
-    conn.execute(f"UPDATE {NODE_STATE_TABLE} SET value = 1 WHERE name = ?", (DATA_FORMAT_KEY,))
+    conn.execute(f"DROP TABLE {UNLOGGED_TABLE}")
+    if version < 2:
+        conn.execute(f"DROP TABLE {RESHAPES_TABLE}")
+    conn.execute(
+        f"UPDATE {NODE_STATE_TABLE} SET value = ? WHERE name = ?", (version, DATA_FORMAT_KEY)
+    )
     conn.close()
 
 
-def test_a_file_of_data_format_1_is_upgraded(tmp_path: Path) -> None:
-    """Format 2 added the record of each table's last reshape: an older file gets the
-    table, its tables' reshapes unknown (0) until their next one, and the new stamp (an
-    older litecdc would neither keep the record nor let DDL pass its name)."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_file_of_an_older_data_format_is_upgraded(tmp_path: Path, version: int) -> None:
+    """Format 2 added the record of each table's last reshape, format 3 that of the last
+    commit that changed a table's rows without row changes: an older file gets the tables
+    it lacks, its tables' cids unknown (0) until their next such commit, and the new stamp
+    (an older litecdc would neither keep the records nor let DDL pass their names)."""
     store = open_store(tmp_path)
     store.execute([S("CREATE TABLE t(x, y)"), S("INSERT INTO t VALUES(1, 2)")])
+    store.execute([S("ALTER TABLE t ADD COLUMN z DEFAULT 3")])
     store.close()
-    _as_data_format_1(db_file(tmp_path))
+    _as_data_format(db_file(tmp_path), version)
     store = open_store(tmp_path)
     try:
-        assert store.engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT == 2
-        assert store.source_table("t")[0].reshaped_cid == 0
+        assert store.engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT == 3
+        table = store.source_table("t")[0]
+        assert (table.unlogged_cid, table.reshaped_cid > 0) == (0, version == 2)
         dropped = store.execute([S("ALTER TABLE t DROP COLUMN y")]).cid
-        assert store.source_table("t")[0].reshaped_cid == dropped
-        assert store.query([S("SELECT x FROM t")])[0].rows == [(1,)]
+        table = store.source_table("t")[0]
+        assert (table.reshaped_cid, table.unlogged_cid) == (dropped, dropped)
+        assert store.query([S("SELECT x, z FROM t")])[0].rows == [(1, 3)]
     finally:
         store.close()
 
@@ -237,10 +248,10 @@ def test_a_snapshot_of_data_format_1_is_installed_with_what_it_lacks(tmp_path: P
         peer = Engine(tmp_path / "peer.sqlite", background_checkpoints=False)
         peer.backup(str(tmp_path / "snapshot.sqlite"))
         peer.close()
-        _as_data_format_1(tmp_path / "snapshot.sqlite")
+        _as_data_format(tmp_path / "snapshot.sqlite", 1)
         assert engine.restore_from(str(tmp_path / "snapshot.sqlite"))[DATA_FORMAT_KEY] == 1
         assert engine.node_state(DATA_FORMAT_KEY) == DATA_FORMAT
-        assert engine.reshaped_cids() == {}
+        assert engine.reshaped_cids() == {} == engine.unlogged_cids()
     finally:
         engine.close()
 

@@ -272,7 +272,8 @@ def test_statements_after_a_rename_depend_on_it(tmp_path: Path) -> None:
 
 def test_replicas_record_the_same_reshapes(tmp_path: Path) -> None:
     """The cid of each table's last reshape (db/reshape.py: what the pipeline re-copies a
-    table for) is decided statement by statement as the entries run, so a follower —
+    table for), and of the last commit that changed its rows without row changes, are
+    decided statement by statement as the entries run, so a follower —
     applying the journal in order or in any order its snapshots allow — records what the
     leader did. A failed statement records nothing, on either."""
     leader = Store(NodeConfig(data_dir=tmp_path / "leader"))
@@ -294,11 +295,18 @@ def test_replicas_record_the_same_reshapes(tmp_path: Path) -> None:
         "INSERT INTO d VALUES(1, 2)",
     )
     assert leader.source_table("d")[0].column_names[1:] == ["y", "w"]  # (after the rowid)
-    expected = {"a": cid["a"], "c": cid["c"], "d": cid["d"]}
+    commit("e", "INSERT INTO d VALUES(1, 2)", "ALTER TABLE d RENAME TO E")
+    expected = {"a": cid["a"], "c": cid["c"], "E": cid["e"]}
     assert leader.engine.reshaped_cids() == expected
+    # rows changed without row changes: a column dropped from a table with rows, a table
+    # with rows dropped (kept once the name is created again) or renamed (both names);
+    # not DDL on empty tables (b again, renamed to c; d before its insert)
+    unlogged = {"a": cid["a"], "b": cid["b"], "d": cid["e"], "e": cid["e"]}
+    assert leader.engine.unlogged_cids() == unlogged
     for seed in (None, 1, 2):
         follower = _follower_replay(leader, tmp_path / f"f{seed}", seed=seed)
         assert follower.engine.reshaped_cids() == expected, seed
+        assert follower.engine.unlogged_cids() == unlogged, seed
         assert contents_of_store(follower) == contents_of_store(leader)
         follower.close()
     leader.close()
