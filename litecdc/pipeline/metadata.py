@@ -147,6 +147,16 @@ _SCHEMA = (
     )""",
 )
 
+#: every table and index _SCHEMA makes
+_SCHEMA_OBJECTS = (
+    "litecdc_metadata_schema",
+    "litecdc_subscriptions",
+    "litecdc_subscriptions_owner",
+    "litecdc_progress",
+    "litecdc_subscription_state",
+    "litecdc_source_marks",
+)
+
 _SUBSCRIPTION_COLUMNS = (
     "name, cluster, db, table_name, subscriber, sources, sink, options, owner, cancel, "
     "created_at, updated_at"
@@ -722,6 +732,8 @@ class MetadataStore:
                 ) from exc
 
     def _create_schema(self, *, create: bool) -> None:
+        if self._schema_is_current():
+            return
         with self._tx() as tx:
             if self._dialect == "postgresql":
                 # Two servers starting at once would race on CREATE TABLE IF NOT EXISTS.
@@ -742,11 +754,39 @@ class MetadataStore:
             if not rows:
                 tx.execute("INSERT INTO litecdc_metadata_schema (version) VALUES (?)",
                            [SCHEMA_VERSION])  # fmt: skip
-            elif rows[0][0] > SCHEMA_VERSION:
-                raise MetadataError(
-                    f"the metadata database {self._backend.description} has schema version "
-                    f"{rows[0][0]}, newer than this litecdc ({SCHEMA_VERSION}): upgrade litecdc"
-                )
+            else:
+                self._check_not_newer(rows[0][0])
+
+    def _schema_is_current(self) -> bool:
+        """Whether every table and index of the store is there, at this version: opening it
+        then writes nothing (QA: `status`, `list` and `verify` failed for a role that may
+        only read, and waited 30 s beside a writer holding a SQLite store's lock)."""
+        with self._tx(write=False) as tx:
+            if self._dialect == "postgresql":
+                found = tx.execute(
+                    "SELECT " + ", ".join(f"to_regclass('{name}')" for name in _SCHEMA_OBJECTS)
+                )[0]
+                if any(each is None for each in found):
+                    return False
+            else:
+                marks = ", ".join("?" for _ in _SCHEMA_OBJECTS)
+                count = tx.execute(
+                    f"SELECT count(*) FROM sqlite_master WHERE name IN ({marks})", _SCHEMA_OBJECTS
+                )[0][0]
+                if count != len(_SCHEMA_OBJECTS):
+                    return False
+            rows = tx.execute("SELECT version FROM litecdc_metadata_schema")
+        if len(rows) != 1:
+            return False
+        self._check_not_newer(rows[0][0])
+        return bool(rows[0][0] == SCHEMA_VERSION)
+
+    def _check_not_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise MetadataError(
+                f"the metadata database {self._backend.description} has schema version "
+                f"{version}, newer than this litecdc ({SCHEMA_VERSION}): upgrade litecdc"
+            )
 
     def _lock_suffix(self) -> str:
         # SQLite's BEGIN IMMEDIATE already serialises writers; PostgreSQL locks the row.

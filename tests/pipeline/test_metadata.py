@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -650,6 +651,48 @@ def test_unknown_postgresql_database(postgresql_url: str) -> None:
     url = postgresql_url.rsplit("/", 1)[0] + "/no_such_database"
     with pytest.raises(MetadataError, match="no_such_database"):
         MetadataStore.open(url)
+
+
+def test_a_store_opens_for_reading_with_a_role_that_may_only_read(postgresql_db_url: str) -> None:
+    """Metadata QA: `status`, `list` and `verify` open the store without creating it, yet
+    opening ran CREATE TABLE IF NOT EXISTS in a write transaction: a role granted SELECT
+    only was refused ("permission denied for schema public"). A store that has every
+    table at this version is opened without a write."""
+    with MetadataStore.open(postgresql_db_url) as store:
+        add(store)
+    role = f"reader_{os.getpid()}_{threading.get_ident() % 10_000}"
+    with psycopg.connect(postgresql_db_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        admin.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {role}")
+        admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    try:
+        host_db = postgresql_db_url.split("@", 1)[1]
+        with MetadataStore.open(f"postgresql://{role}:pw@{host_db}", create=False) as reader:
+            assert [sub.name for sub in reader.list_subscriptions()] == ["orders-lake"]
+            with pytest.raises(MetadataError, match="permission denied"):
+                add(reader, "another")
+    finally:
+        with psycopg.connect(postgresql_db_url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
+def test_a_sqlite_store_opens_for_reading_beside_a_writer_holding_its_lock(
+    tmp_path: Path,
+) -> None:
+    """Metadata QA: with another client in a write transaction of a SQLite store, `status`
+    waited out the busy timeout (30 s) and failed: opening wrote (CREATE TABLE IF NOT
+    EXISTS). Reading needs no lock in WAL mode, and now opening writes nothing either."""
+    url = sqlite_url(tmp_path / "meta.db")
+    with MetadataStore.open(url) as store:
+        add(store)
+    writer = sqlite3.connect(tmp_path / "meta.db", isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        with MetadataStore.open(url, create=False, busy_timeout=0.5) as reader:
+            assert [sub.name for sub in reader.list_subscriptions()] == ["orders-lake"]
+    finally:
+        writer.close()
 
 
 def test_redact_url() -> None:
