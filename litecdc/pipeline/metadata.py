@@ -462,6 +462,20 @@ class _PostgresTx:
         return rows
 
 
+def _connect_hint(said: str) -> str:
+    """What to do about a PostgreSQL server's refusal to connect, by what it said (QA: "too
+    many clients already" came with "is the server running and the URL right?")."""
+    if "too many clients" in said or "connection slots are reserved" in said:
+        return "the server has no connection left: end idle clients or raise max_connections"
+    if "too many connections for role" in said:
+        return "the user's connection limit is reached: end its idle clients or raise the limit"
+    if "password authentication failed" in said or "no password supplied" in said:
+        return "check the user and password in the URL"
+    if "database" in said and "does not exist" in said:
+        return "create that database, or fix its name in the URL"
+    return "is the server running and the URL right?"
+
+
 class _PostgresBackend:
     def __init__(self, url: str, connect_timeout: float) -> None:
         import psycopg  # only PostgreSQL deployments load the driver
@@ -522,9 +536,10 @@ class _PostgresBackend:
                 if isinstance(exc, psycopg.OperationalError) and time.monotonic() < deadline:
                     time.sleep(0.5)
                     continue
+                said = str(exc).strip()
                 raise MetadataError(
-                    f"cannot connect to the metadata database {self.description}: "
-                    f"{str(exc).strip()} (is the server running and the URL right?)"
+                    f"cannot connect to the metadata database {self.description}: {said} "
+                    f"({_connect_hint(said)})"
                 ) from exc
 
     def claim(self, owner: str) -> None:

@@ -649,8 +649,26 @@ def test_unreachable_postgresql_fails_without_leaking_the_password() -> None:
 
 def test_unknown_postgresql_database(postgresql_url: str) -> None:
     url = postgresql_url.rsplit("/", 1)[0] + "/no_such_database"
-    with pytest.raises(MetadataError, match="no_such_database"):
+    with pytest.raises(MetadataError, match="no_such_database") as err:
         MetadataStore.open(url)
+    assert str(err.value).endswith("(create that database, or fix its name in the URL)")
+
+
+def test_a_server_refusing_more_connections_is_said_so(postgresql_db_url: str) -> None:
+    """QA: "too many clients" came with "is the server running and the URL right?"."""
+    role = f"limited_{os.getpid()}_{threading.get_ident() % 10_000}"
+    with psycopg.connect(postgresql_db_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' CONNECTION LIMIT 0")
+    try:
+        host_db = postgresql_db_url.split("@", 1)[1]
+        with pytest.raises(MetadataError, match="too many connections for role") as err:
+            MetadataStore.open(f"postgresql://{role}:pw@{host_db}", connect_timeout=2)
+        assert str(err.value).endswith(
+            "(the user's connection limit is reached: end its idle clients or raise the limit)"
+        )
+    finally:
+        with psycopg.connect(postgresql_db_url, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE {role}")
 
 
 def test_a_store_opens_for_reading_with_a_role_that_may_only_read(postgresql_db_url: str) -> None:
