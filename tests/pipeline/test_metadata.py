@@ -713,6 +713,27 @@ def test_a_sqlite_store_opens_for_reading_beside_a_writer_holding_its_lock(
         writer.close()
 
 
+def test_a_lock_another_client_holds_on_the_store_is_said_so(
+    postgresql_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metadata QA: a table lock another client held was reported as "no answer within
+    30 s (its connection was broken …)", as if the server had frozen."""
+    monkeypatch.setattr(metadata, "LOCK_WAIT", 0.5)
+    with MetadataStore.open(postgresql_db_url) as store:
+        add(store)
+        with psycopg.connect(postgresql_db_url) as other:
+            other.execute("LOCK TABLE litecdc_subscriptions IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(MetadataError) as err:
+                store.list_subscriptions()
+            assert "another client of the database has held a lock on the store's tables " in (
+                str(err.value)
+            )
+            assert str(err.value).endswith(
+                "end its transaction (pg_stat_activity and pg_locks show it)"
+            )
+        assert [sub.name for sub in store.list_subscriptions()] == ["orders-lake"]
+
+
 def test_redact_url() -> None:
     assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
