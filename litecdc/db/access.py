@@ -342,8 +342,9 @@ class WriteAuthorizer:
                 self._pragma_tables.setdefault(table, trigger_or_view)  # judged in prepared
             if _is_internal(table):
                 return self._refuse(
-                    f"table {table} is internal to litecdc and cannot be read in a write: its "
-                    "contents differ between replicas"
+                    f"table {table} is internal to litecdc and cannot be read in a write: it is "
+                    "litecdc's own record, which a write must not depend on (parts of it "
+                    "differ between replicas, or change as litecdc prunes)"
                 )
             if table in _LAYOUT_TABLES:
                 return self._refuse(

@@ -71,7 +71,12 @@ def reshaped(before: Shape, after: Shape) -> bool:
 def gives_rows_a_value(default: str | None) -> bool:
     """Whether a column added with this ``dflt_value`` gives existing rows a value (one
     other than NULL) without any row change."""
-    return default is not None and default.strip().upper() != "NULL"
+    if default is None:
+        return False
+    bare = default.strip()
+    while bare.startswith("(") and bare.endswith(")"):  # ((NULL)) is NULL too
+        bare = bare[1:-1].strip()
+    return bare.upper() != "NULL"
 
 
 def unlogged(before: Shape, after: Shape, had_rows: bool, has_rows: bool) -> bool:

@@ -281,7 +281,10 @@ def describe(conn: apsw.Connection, table: str) -> SourceTable:
         (table,),
     )
     if not found or found[0][1] != "table" or _is_hidden(found[0][0]):
-        raise NotFoundError(f"no table {table!r} in this database")
+        gone = unlogged_cid(conn, table) if not found and not _is_hidden(table) else 0
+        # (QA: a reader of a table dropped since was told no more than "no table")
+        since = f" (a table of that name was dropped or renamed at cid {gone})" if gone else ""
+        raise NotFoundError(f"no table {table!r} in this database{since}")
     name, _, without_rowid, strict = found[0]
     info = _rows(
         conn, 'SELECT name, type, "notnull", pk, dflt_value FROM pragma_table_xinfo(?)', (name,)
@@ -859,13 +862,15 @@ def read_table_changes(
         # (QA: across a DROP TABLE and CREATE again with no events between, only the new
         # table's inserts were served — the old rows never deleted; likewise the rows a
         # CREATE … AS SELECT or RENAME TO brought, and the values ADD COLUMN … DEFAULT gave)
+        at = table.unlogged_cid
+        before = f"read them up to cid {at - 1} at most, and " if after < at - 1 else ""
         raise UnloggedChangesError(
-            f"table {table.name}: commit {table.unlogged_cid} changed the rows under this "
-            "name without change events (the table dropped or renamed, created from a "
-            "query or renamed to this name, a column dropped or renamed, or a column with "
-            f"a DEFAULT added): its changes after cid {after} cannot bring a copy past it; "
-            f"read them up to cid {table.unlogged_cid - 1} at most, and take a new copy of "
-            f"the table (a snapshot) at cid {table.unlogged_cid} or later"
+            f"table {table.name}: commit {at} changed the rows under this name without "
+            "change events (the table dropped or renamed, created from a query or renamed "
+            "to this name, a column dropped or renamed, or a column with a DEFAULT added: "
+            f"its journal entry, GET /journal?after={at - 1}&limit=1, says which): its "
+            f"changes after cid {after} cannot bring a copy past it; {before}take a new copy "
+            f"of the table (a snapshot) at cid {at} or later"
         )
     meta = {
         b"litecdc.end_cid": str(walk.end).encode(),

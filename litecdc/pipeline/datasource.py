@@ -647,12 +647,13 @@ def _unlogged_error(table: str, unlogged: int, after: int) -> UnloggedChangesErr
     """The refusal of a changes read after ``after`` across commit ``unlogged``, which
     changed the table's rows without change events (the node refuses it too; said before
     a task fails on it)."""
+    before = f"read them up to cid {unlogged - 1} at most, then " if after < unlogged - 1 else ""
     return UnloggedChangesError(
         f"litecdc data source: table {table}: commit {unlogged} changed the rows under "
         "this name without change events (the table dropped or renamed, created from a "
         "query or renamed to this name, a column dropped or renamed, or a column with a "
-        f"DEFAULT added): its changes after cid {after} cannot bring a copy past it — read "
-        f"them up to cid {unlogged - 1} at most, then take a new copy of the table "
+        f"DEFAULT added: the node's journal entry {unlogged} says which): its changes after "
+        f"cid {after} cannot bring a copy past it — {before}take a new copy of the table "
         f"(mode=snapshot) and read its changes from there"
     )
 
