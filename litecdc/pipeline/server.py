@@ -1514,7 +1514,8 @@ class PipelineServer:
                     end = position.unlogged_cid - 1
                 if end <= after:
                     return
-                if position.events:
+                first = position.first_cid
+                if position.events and (first is None or first <= end):
                     options = {"mode": "changes", "after_cid": str(after)}
                     events = self._read(running, {**options, "until_cid": str(end)})
                     # the new column's values come with the re-copy; the sink knows the old
