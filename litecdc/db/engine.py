@@ -1467,8 +1467,7 @@ class Engine:
                 self._record_reshapes(entry.cid, access.reshaped)
             if access.unlogged:
                 writer.executemany(
-                    f"INSERT INTO {UNLOGGED_TABLE}(name, cid) VALUES (?, ?) "
-                    "ON CONFLICT(name) DO UPDATE SET cid = excluded.cid",
+                    f"INSERT INTO {UNLOGGED_TABLE}(name, cid) VALUES (?, ?)",
                     [(key, entry.cid) for key in sorted(access.unlogged)],
                 )
             if state:
@@ -1500,12 +1499,14 @@ class Engine:
             rows = self._internal(f"SELECT name, cid FROM {RESHAPES_TABLE}")
             return {str(name): int(cid) for name, cid in rows}
 
-    def unlogged_cids(self) -> dict[str, int]:
-        """table name (``reshape.fold``-ed; dropped ones too) -> the last cid that changed
-        its rows without row changes (db/reshape.py)."""
+    def unlogged_cids(self) -> dict[str, list[int]]:
+        """table name (``reshape.fold``-ed; dropped ones too) -> the cids that changed its
+        rows without row changes (db/reshape.py), in order."""
         with self._write_lock:
-            rows = self._internal(f"SELECT name, cid FROM {UNLOGGED_TABLE}")
-            return {str(name): int(cid) for name, cid in rows}
+            found: dict[str, list[int]] = {}
+            for name, cid in self._internal(f"SELECT name, cid FROM {UNLOGGED_TABLE}"):
+                found.setdefault(str(name), []).append(int(cid))
+            return found
 
     def _reshape_watch(self) -> ReshapeWatch:
         return ReshapeWatch(self._internal, self._authorizer.take_table_ddl)

@@ -72,10 +72,11 @@ CREATE TABLE IF NOT EXISTS {RESHAPES_TABLE}(
                                -- last changed it other than by adding a column (db/reshape.py)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS {UNLOGGED_TABLE}(
-    name TEXT PRIMARY KEY COLLATE NOCASE, -- a table name (kept once the table is dropped)
-    cid INTEGER NOT NULL       -- the last commit that changed the rows under that name
-                               -- without row changes: dropped, renamed, created from a
-                               -- query, a column dropped or given a default (db/reshape.py)
+    name TEXT NOT NULL COLLATE NOCASE, -- a table name (kept once the table is dropped)
+    cid INTEGER NOT NULL,      -- a commit that changed the rows under that name without
+                               -- row changes: dropped, renamed, created from a query, a
+                               -- column dropped or given a default (db/reshape.py)
+    PRIMARY KEY (name, cid)
 ) WITHOUT ROWID;
 """
 

@@ -254,14 +254,24 @@ def reshaped_cid(conn: apsw.Connection, table: str) -> int:
     return int(rows[0][0]) if rows else 0
 
 
-def unlogged_cid(conn: apsw.Connection, table: str) -> int:
+def unlogged_cid(conn: apsw.Connection, table: str, *, after: int | None = None) -> int:
     """The last cid that changed the rows under the name ``table`` without row changes
-    (db/reshape.py); 0 when none is recorded."""
+    (db/reshape.py) — with ``after``, the first such cid after it; 0 when there is none."""
+    sql = f"SELECT max(cid) FROM {UNLOGGED_TABLE} WHERE name = ?"
+    params: tuple[Any, ...] = (table,)
+    if after is not None:
+        sql, params = (
+            f"SELECT min(cid) FROM {UNLOGGED_TABLE} WHERE name = ? AND cid > ?",
+            (
+                table,
+                after,
+            ),
+        )
     try:
-        rows = _rows(conn, f"SELECT cid FROM {UNLOGGED_TABLE} WHERE name = ?", (table,))
+        rows = _rows(conn, sql, params)
     except apsw.SQLError:  # a file the engine has not opened yet (a page worker's read)
         return 0
-    return int(rows[0][0]) if rows else 0
+    return int(rows[0][0] or 0) if rows else 0
 
 
 def user_tables(conn: apsw.Connection) -> list[str]:
@@ -815,7 +825,9 @@ class ChangePosition:
     after_mark: str | None  # commit_mark of ``after`` and of end_cid (None: not journaled)
     end_mark: str | None
     reshaped_cid: int = 0  # the table's (SourceTable.reshaped_cid)
-    unlogged_cid: int = 0  # the table's (SourceTable.unlogged_cid)
+    #: the first cid after ``after`` that changed the table's rows without row changes
+    #: (db/reshape.py): a batch must end before it. 0: none
+    unlogged_cid: int = 0
 
 
 def change_position(
@@ -833,7 +845,7 @@ def change_position(
         commit_mark(conn, after),
         commit_mark(conn, walk.end),
         table.reshaped_cid,
-        table.unlogged_cid,
+        unlogged_cid(conn, table.name, after=after),
     )
 
 
@@ -858,11 +870,12 @@ def read_table_changes(
     walk = _ChangeWalk(conn, table, after, until, max_events)
     with contextlib.closing(iter(walk)) as rows:
         batches = _change_batches(conn, table, rows)
-    if after < table.unlogged_cid <= walk.end:
+    at = unlogged_cid(conn, table.name, after=after) if table.unlogged_cid > after else 0
+    if 0 < at <= walk.end:
         # (QA: across a DROP TABLE and CREATE again with no events between, only the new
         # table's inserts were served — the old rows never deleted; likewise the rows a
-        # CREATE … AS SELECT or RENAME TO brought, and the values ADD COLUMN … DEFAULT gave)
-        at = table.unlogged_cid
+        # CREATE … AS SELECT or RENAME TO brought, and the values ADD COLUMN … DEFAULT gave;
+        # and across the first of two such commits, the last being the one recorded)
         before = f"read them up to cid {at - 1} at most, and " if after < at - 1 else ""
         raise UnloggedChangesError(
             f"table {table.name}: commit {at} changed the rows under this name without "

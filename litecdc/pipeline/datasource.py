@@ -632,8 +632,11 @@ class ChangesReader(DataSourceReader):
             else:
                 _check_reached(client, self.opts.table, "until_cid", until)
             if until > self.opts.after_cid:
-                unlogged = client.table_info(self.opts.table).unlogged_cid
-                if self.opts.after_cid < unlogged <= until:
+                # (the first such commit after after_cid: QA, a read across an earlier one
+                # passed while a later one was recorded)
+                after = self.opts.after_cid
+                unlogged = client.position(self.opts.table, after=after, max_events=1).unlogged_cid
+                if after < unlogged <= until:
                     raise _unlogged_error(self.opts.table, unlogged, self.opts.after_cid)
         if until <= self.opts.after_cid:
             return []  # nothing after after_cid yet: an empty DataFrame

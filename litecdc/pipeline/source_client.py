@@ -149,7 +149,10 @@ class Position:
     end_mark: str | None = None
     #: the table's last reshape (TableInfo.reshaped_cid; 0: not known, an older node)
     reshaped_cid: int = 0
-    unlogged_cid: int = 0  # TableInfo.unlogged_cid
+    #: the first cid after ``after`` that changed the table's rows without change events
+    #: (see TableInfo.unlogged_cid; 0: none, or an older node): changes read across it
+    #: are refused
+    unlogged_cid: int = 0
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:

@@ -588,6 +588,18 @@ def test_changes_across_rows_changed_without_events_are_refused(
     commit("CREATE TABLE uq_copy(x)")
     assert unlogged("uq_copy") == renamed
     assert changes("uq_moved", renamed).status_code == 200
+    # every such commit is kept, not only the last (pipeline QA: a read across the first
+    # of two was served); the position gives the first after its cid, to end a batch before
+    more = commit("INSERT INTO uq_moved(id, a) VALUES(8, 'eight')")
+    again = commit("ALTER TABLE uq_moved ADD COLUMN e TEXT DEFAULT 'e'")
+    assert unlogged("uq_moved") == again
+    assert error_of(changes("uq_moved", renamed - 1, more), 409) == refusal(
+        "uq_moved", renamed, renamed - 1
+    )
+    for after, first in ((renamed - 1, renamed), (renamed, again), (again, 0)):
+        r = c.get("/cdc/tables/uq_moved/position", params={"after": after})
+        assert r.status_code == 200 and r.json()["unlogged_cid"] == first, (after, r.text)
+    assert changes("uq_moved", renamed, more).status_code == 200
     # a failed statement records nothing; the record is internal, clients cannot write it
     r = c.post("/db/execute", json=["DROP TABLE uq", "INSERT INTO nope VALUES(1)"],
                params={"transaction": ""})  # fmt: skip

@@ -166,6 +166,31 @@ def test_column_with_a_default_added_while_running_sends_the_pending_changes_fir
     assert docs[-1]["op"] == "snapshot_done"
 
 
+def test_a_table_created_again_after_changes_not_sent_yet_is_copied_again(
+    node: Node, spark: SparkSession, store: MetadataStore, request: pytest.FixtureRequest
+) -> None:
+    """Pipeline QA: a delete not sent yet, then DROP TABLE and CREATE again: sending the
+    changes it had not had before the re-copy read events from before the reshape, which
+    the node refuses (another shape) — the subscription failed on every retry and was
+    never copied again. It is copied again; the snapshot's end tells of the rows gone."""
+    table = f"drc_{tag()}"
+    create = f"CREATE TABLE {table}(id INTEGER PRIMARY KEY, a TEXT)"
+    with node.client() as c:
+        execute(c, [create])
+        execute(c, [[f"INSERT INTO {table} VALUES(?, ?)", i, f"a{i}"] for i in (1, 2, 3)])
+    url, sent = message_sink("nats", request)
+    control.subscribe(store, name=table, sources=node.url, table=table, sink=url)
+    assert run(store, spark).states[table].last_error is None
+    first = sent()
+    with node.client() as c:  # while no server runs
+        execute(c, [f"DELETE FROM {table} WHERE id = 1"])
+        execute(c, [f"DROP TABLE {table}", create, f"INSERT INTO {table} VALUES(3, 'new')"])
+    assert run(store, spark).states[table].last_error is None
+    docs = sent()
+    assert docs[-1]["op"] == "snapshot_done"
+    assert consume(first + docs) == {(3,): {"id": 3, "a": "new"}}
+
+
 @pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
 def test_consumer_drops_rows_deleted_while_the_position_expired_at_the_snapshot_done_message(
     spark: SparkSession,

@@ -301,7 +301,7 @@ def test_replicas_record_the_same_reshapes(tmp_path: Path) -> None:
     # rows changed without row changes: a column dropped from a table with rows, a table
     # with rows dropped (kept once the name is created again) or renamed (both names);
     # not DDL on empty tables (b again, renamed to c; d before its insert)
-    unlogged = {"a": cid["a"], "b": cid["b"], "d": cid["e"], "e": cid["e"]}
+    unlogged = {"a": [cid["a"]], "b": [cid["b"]], "d": [cid["e"]], "e": [cid["e"]]}
     assert leader.engine.unlogged_cids() == unlogged
     for seed in (None, 1, 2):
         follower = _follower_replay(leader, tmp_path / f"f{seed}", seed=seed)
