@@ -257,18 +257,13 @@ def reshaped_cid(conn: apsw.Connection, table: str) -> int:
 def unlogged_cid(conn: apsw.Connection, table: str, *, after: int | None = None) -> int:
     """The last cid that changed the rows under the name ``table`` without row changes
     (db/reshape.py) — with ``after``, the first such cid after it; 0 when there is none."""
-    sql = f"SELECT max(cid) FROM {UNLOGGED_TABLE} WHERE name = ?"
-    params: tuple[Any, ...] = (table,)
-    if after is not None:
-        sql, params = (
-            f"SELECT min(cid) FROM {UNLOGGED_TABLE} WHERE name = ? AND cid > ?",
-            (
-                table,
-                after,
-            ),
-        )
+    which = "max(cid)" if after is None else "min(cid)"
     try:
-        rows = _rows(conn, sql, params)
+        rows = _rows(
+            conn,
+            f"SELECT {which} FROM {UNLOGGED_TABLE} WHERE name = ? AND cid > ?",
+            (table, -1 if after is None else after),
+        )
     except apsw.SQLError:  # a file the engine has not opened yet (a page worker's read)
         return 0
     return int(rows[0][0] or 0) if rows else 0

@@ -53,6 +53,20 @@ def head(c: httpx.Client) -> int:
     return int(r.json()["last_cid"])
 
 
+def commit_all(node: Node, c: httpx.Client, *sql: str, transaction: bool = False) -> int:
+    """Run ``sql`` as one request (every statement must succeed); the head after it."""
+    body = node.execute(c, list(sql), **({"transaction": ""} if transaction else {}))
+    assert not [r["error"] for r in body["results"] if "error" in r], body
+    return head(c)
+
+
+def described(c: httpx.Client, table: str, field: str) -> int:
+    """A cid field of the table's description (``reshaped_cid``, ``unlogged_cid``)."""
+    r = c.get(f"/cdc/tables/{table}")
+    assert r.status_code == 200, r.text
+    return int(r.json()[field])
+
+
 def holds(c: httpx.Client) -> dict[str, dict[str, Any]]:
     r = c.get("/cdc/subscriptions")
     assert r.status_code == 200, r.text
@@ -402,14 +416,10 @@ def test_description_says_when_the_table_was_last_reshaped(
     c = client
 
     def commit(*sql: str, transaction: bool = False) -> int:
-        body = node.execute(c, list(sql), **({"transaction": ""} if transaction else {}))
-        assert not [r["error"] for r in body["results"] if "error" in r], body
-        return head(c)
+        return commit_all(node, c, *sql, transaction=transaction)
 
     def reshaped(table: str) -> int:
-        r = c.get(f"/cdc/tables/{table}")
-        assert r.status_code == 200, r.text
-        return int(r.json()["reshaped_cid"])
+        return described(c, table, "reshaped_cid")
 
     created = commit("CREATE TABLE rs_t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER)")
     assert reshaped("rs_t") == created
@@ -513,14 +523,10 @@ def test_changes_across_rows_changed_without_events_are_refused(
     c = client
 
     def commit(*sql: str) -> int:
-        body = node.execute(c, list(sql))
-        assert not [r["error"] for r in body["results"] if "error" in r], body
-        return head(c)
+        return commit_all(node, c, *sql)
 
     def unlogged(table: str) -> int:
-        r = c.get(f"/cdc/tables/{table}")
-        assert r.status_code == 200, r.text
-        return int(r.json()["unlogged_cid"])
+        return described(c, table, "unlogged_cid")
 
     def changes(table: str, after: int, until: int | None = None) -> httpx.Response:
         params = {"after": after, "format": "json"} | ({"until": until} if until else {})
