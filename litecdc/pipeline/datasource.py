@@ -400,7 +400,7 @@ class LitecdcDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         # schema() cannot tell a stream from a batch read: the mode option decides
         if OP_COLUMN not in schema.fieldNames():
-            raise ConfigError(
+            return _RefusedStreamReader(
                 'litecdc data source: a stream reads change events: add .option("mode", "changes")'
             )
         return StreamReader(self.opts, tuple(schema.fieldNames()))
@@ -679,6 +679,38 @@ def _check_reached(client: SourceClient, table: str, option: str, cid: int) -> N
             f"(cid {head}): no change has that cid yet — give one the node has reached (a "
             "cid read from another node or database is not this one's)"
         ) from None
+
+
+class _RefusedStreamReader(DataSourceStreamReader):
+    """A stream that fails with ``message`` when first asked anything.
+
+    Raising in ``streamReader()`` itself would do, but PySpark's stream runner then calls
+    ``stop()`` on a reader it never got and adds its own UnboundLocalError to the message.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def _refuse(self) -> ConfigError:
+        return ConfigError(self.message)
+
+    def initialOffset(self) -> dict[str, int]:
+        raise self._refuse()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        raise self._refuse()
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        raise self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self._refuse()
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

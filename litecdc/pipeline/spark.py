@@ -185,12 +185,15 @@ def _jvm_ignoring_sigterm() -> Iterator[None]:
 #: So are a file write's "Aborting job" (FileFormatWriter) and "Aborting task" (Utils)
 #: with their stacks (85 lines when a stop interrupts a Parquet log's micro-batch —
 #: retest QA): the write's exception says it too. (Utils also logs an uncaught exception
-#: in some of Spark's own threads: a bug of Spark's, which goes unsaid then.)
+#: in some of Spark's own threads: a bug of Spark's, which goes unsaid then.) Likewise a
+#: stream's "Query … terminated with error" (MicroBatchExecution, ~28 lines): the pipeline
+#: takes the error from the query (a Parquet log's, reshaped: it starts over) — pipeline QA.
 TASK_FAILURE_LOGGERS = (
     "org.apache.spark.executor.Executor",
     "org.apache.spark.scheduler.TaskSetManager",
     "org.apache.spark.sql.execution.datasources.FileFormatWriter",
     "org.apache.spark.util.Utils",
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
 )
 
 

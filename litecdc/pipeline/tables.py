@@ -146,23 +146,29 @@ def check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
     """SchemaMismatchError unless the source table ``spec`` only adds columns to the one
     the sink mirrors (a dropped or renamed column, a changed type or key cannot be
     followed: the mirror would keep stale columns or lose values)."""
-    old = {c.name: c.arrow for c in mirrored.columns}
-    changed = [c.name for c in spec.columns if c.name in old and old[c.name] != c.arrow]
-    dropped = [n for n in old if n not in spec.column_names]
+    # the rowid column comes and goes with the key (described as such below): compare
+    # the table's own columns
+    was = [c for c in mirrored.columns if c.name != ROWID_COLUMN]
+    now = [c for c in spec.columns if c.name != ROWID_COLUMN]
+    was_names = [c.name for c in was]
+    now_names = [c.name for c in now]
+    old = {c.name: c.arrow for c in was}
+    changed = [c.name for c in now if c.name in old and old[c.name] != c.arrow]
+    dropped = [n for n in old if n not in now_names]
     # SQLite adds a column at the end only: the mirrored columns stay a prefix, in order.
     # A name out of its place was dropped or renamed and added again (the mirror would
     # keep the old values under it)
-    prefix = spec.column_names[: len(mirrored.columns)]
-    moved = [n for n, was in zip(prefix, mirrored.column_names, strict=False) if n != was]
+    prefix = now_names[: len(was)]
+    moved = [n for n, before in zip(prefix, was_names, strict=False) if n != before]
     if not dropped:
-        dropped = [n for n in mirrored.column_names if n in moved or n not in prefix]
+        dropped = [n for n in was_names if n in moved or n not in prefix]
     if changed or dropped or spec.key != mirrored.key:
         found = [
             *([f"changed type: {changed}"] if changed else []),
             *([f"dropped or renamed: {dropped}"] if dropped else []),
             # (only when it changed: QA read "key ['id'] -> ['id']" as a key change)
             *(
-                [f"key {list(mirrored.key)} -> {list(spec.key)}"]
+                [f"key {_key_words(mirrored.key)} -> {_key_words(spec.key)}"]
                 if spec.key != mirrored.key
                 else []
             ),
@@ -172,3 +178,11 @@ def check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
             f"({', '.join(found)}); to rebuild the mirror, unsubscribe, delete it (or choose "
             "a new path or table) and subscribe again"
         )
+
+
+def _key_words(key: tuple[str, ...]) -> str:
+    # QA: CREATE TABLE … AS SELECT declares no PRIMARY KEY; "['id'] -> ['_litecdc_rowid']"
+    # did not say so
+    if key == (ROWID_COLUMN,):
+        return "the rowid (no PRIMARY KEY declared: CREATE TABLE … AS SELECT declares none)"
+    return str(list(key))

@@ -463,6 +463,27 @@ def test_a_column_dropped_or_renamed_and_added_again_is_not_followed(
     check_followable(mirrored, spec(*mirrored.column_names, "added"))  # still followed
 
 
+def test_a_key_become_the_rowid_is_said_so() -> None:
+    """Pipeline QA: CREATE TABLE t AS SELECT over a subscribed t (no PRIMARY KEY: the key
+    became the rowid) was reported as "dropped or renamed: ['id', 'v'], key ['id'] ->
+    ['_litecdc_rowid']": the rowid column, first, moved every column out of place."""
+    from litecdc.errors import SchemaMismatchError
+    from litecdc.pipeline.tables import ROWID_COLUMN, Column, TableSpec, check_followable
+
+    own = (Column("id", "INT", "int64"), Column("v", "TEXT", "string"))
+    mirrored = TableSpec("t", own, ("id",))
+    created_from_a_query = TableSpec(
+        "t", (Column(ROWID_COLUMN, "INTEGER", "int64"), *own), (ROWID_COLUMN,)
+    )
+    with pytest.raises(SchemaMismatchError) as refused:
+        check_followable(mirrored, created_from_a_query)
+    message = str(refused.value)
+    assert "cannot follow (key ['id'] -> the rowid (no PRIMARY KEY declared" in message
+    assert "dropped or renamed" not in message
+    with pytest.raises(SchemaMismatchError, match=r"key the rowid \(no PRIMARY KEY .*-> \['id'\]"):
+        check_followable(created_from_a_query, mirrored)
+
+
 def _mirror_is_exact(store: MetadataStore, name: str, rows: int) -> None:
     report = verify(store.get_subscription(name))
     assert report.ok and report.sink_rows == rows, [d.describe() for d in report.differences]
