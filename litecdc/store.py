@@ -434,12 +434,41 @@ class Store:
                 return hold
         raise NotFoundError(f"no subscriber {name!r} is registered on this node")
 
-    def register_subscriber(self, name: str) -> int:
+    def register_subscriber(self, name: str, cid: int | None = None) -> int:
         """Place (or restart) subscriber ``name``'s retention hold at the head; returns the
-        cid of the registration, the subscriber's initial snapshot version."""
+        cid of the registration, the subscriber's initial snapshot version.
+
+        With ``cid``, the hold is placed there instead (a reader that starts after it: QA,
+        a stream's ``starting_cid`` registered at the head let the node prune the changes
+        it was about to read); PositionUnavailableError when they are gone already."""
         _check_subscriber_name(name)
-        return self._internal_writer(
-            register_hold_sql(name, self.config.retention_cids, webhook=self._webhook)
+        if cid is None:
+            return self._internal_writer(
+                register_hold_sql(name, self.config.retention_cids, webhook=self._webhook)
+            )
+        if not 0 <= cid <= MAX_CID:
+            raise RequestError(f"cid must be between 0 and {MAX_CID}, got {cid}")
+        before = self.subscribers()
+        # (a follower's copy may lag: the leader, which the write goes to, judges)
+        judge = self.journal.mode is not Mode.FOLLOWER
+        if judge and cid > before.last_cid:
+            raise RequestError(
+                f"cid {cid} is beyond the head of this node's journal (cid {before.last_cid}): "
+                "a hold can only be placed on changes that exist"
+            )
+        if not judge or cid >= before.pruned_cid:
+            self._internal_writer(
+                register_hold_sql(name, self.config.retention_cids, webhook=self._webhook, cid=cid)
+            )
+        after = self.subscribers()  # (the write places it only if still not pruned)
+        if any(h.name == name and h.cid == cid and not h.expired for h in after.holds):
+            return cid
+        raise PositionUnavailableError(
+            f"cannot place the hold of subscriber {name!r} at cid {cid}: the change log was pruned "
+            f"through cid {after.pruned_cid} (changes the CDC service delivered, or every pull "
+            "subscriber has read, or beyond --retention-cids); register it at the head and "
+            "take a new snapshot",
+            pruned_cid=after.pruned_cid,
         )
 
     def advance_subscriber(self, name: str, cid: int) -> Hold:

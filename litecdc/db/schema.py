@@ -170,12 +170,20 @@ def prune_sql(retention_cids: int, *, webhook: bool, create: bool = True) -> str
     )
 
 
-def register_hold_sql(name: str, retention_cids: int, *, webhook: bool) -> str:
-    """Place (or restart) the hold of subscriber ``name`` at the current head."""
+def register_hold_sql(
+    name: str, retention_cids: int, *, webhook: bool, cid: int | None = None
+) -> str:
+    """Place (or restart) the hold of subscriber ``name`` at the current head, or at
+    ``cid`` — only while the change log still holds what follows it (not pruned through
+    it): the caller reads the hold back to tell."""
+    if cid is None:
+        placed = f"SELECT {sql_text(name)}, max(cid), 0 FROM {JOURNAL_TABLE} WHERE true "
+    else:
+        pruned = f"coalesce((SELECT value FROM {CDC_STATE_TABLE} WHERE name = 'pruned'), 0)"
+        placed = f"SELECT {sql_text(name)}, {int(cid)}, 0 WHERE {int(cid)} >= {pruned} "
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
-        f"INSERT INTO {HOLDS_TABLE}(name, cid, expired) "
-        f"SELECT {sql_text(name)}, max(cid), 0 FROM {JOURNAL_TABLE} WHERE true "
+        f"INSERT INTO {HOLDS_TABLE}(name, cid, expired) {placed}"
         "ON CONFLICT(name) DO UPDATE SET cid = excluded.cid, expired = 0;\n"
         + prune_sql(retention_cids, webhook=webhook, create=False)
     )

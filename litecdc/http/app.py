@@ -1001,11 +1001,14 @@ class _Api:
                 return r
             _check_params(request, set())
             doc = await self._json_object(request)
-            _check_keys(doc, {"name"}, "POST /cdc/subscriptions")
+            _check_keys(doc, {"name"}, "POST /cdc/subscriptions", frozenset({"cid"}))
             name = doc.get("name")
             if not isinstance(name, str):
                 raise RequestError(f"name must be a string, got {name!r}")
-            cid = await to_thread.run_sync(lambda: self.store.register_subscriber(name))
+            at = doc.get("cid")
+            if at is not None and (not isinstance(at, int) or isinstance(at, bool)):
+                raise RequestError(f"cid must be an integer, got {at!r}")
+            cid = await to_thread.run_sync(lambda: self.store.register_subscriber(name, at))
             return _json({"name": name, "cid": cid})
         if r := await self._gate(request, ("query",), ("GET", "POST")):
             return r
@@ -1392,12 +1395,14 @@ def _check_params(request: Request, allowed: set[str]) -> None:
         )
 
 
-def _check_keys(doc: Mapping[str, Any], allowed: set[str], what: str) -> None:
-    unknown = sorted(set(doc) - allowed)
+def _check_keys(
+    doc: Mapping[str, Any], allowed: set[str], what: str, optional: frozenset[str] = frozenset()
+) -> None:
+    unknown = sorted(set(doc) - allowed - optional)
     if unknown:
         raise RequestError(
             f"unknown field(s) {', '.join(unknown)} in the body of {what}; "
-            f"allowed: {', '.join(sorted(allowed))}"
+            f"allowed: {', '.join(sorted(allowed | optional))}"
         )
     missing = sorted(allowed - set(doc))
     if missing:

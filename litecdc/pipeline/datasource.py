@@ -67,8 +67,10 @@ until_cid       ``changes`` batch read: up to this cid, greater than after_cid (
 starting_cid    stream: ``latest`` (default) or a cid to start after (not beyond the
                 node's head); with ``subscription``, ``latest`` means the
                 subscription's hold (the subscription is registered first when the
-                node does not know it, whatever starting_cid; an expired hold is an
-                error, not a silent restart at the head)
+                node does not know it; an expired hold is an error, not a silent
+                restart at the head); with a cid, the subscription's hold is placed at
+                that cid (unless it is behind it already), so the node keeps what the
+                stream is to read
 max_events      stream: events per micro-batch, whole transactions (default 100000)
 subscription    stream: the subscriber whose hold each commit moves forward
 user, password  basic auth, when the node requires it
@@ -749,6 +751,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if name is None:
             return {"cid": self.client.subscriptions().last_cid if start is None else start}
         sub = self.client.subscriptions().get(name)
+        # register (with a starting_cid too: QA, a hold was never placed, and each commit
+        # only warned): the node keeps the changes from this cid on for us
+        if start is not None:
+            # the hold at starting_cid (410 when pruned past): registered at the head, or
+            # left past it, it let the node prune the changes this stream is to read
+            # (docs QA); an expired one is placed again
+            if sub is None or sub.expired or start < sub.cid:
+                self.client.register(name, start)
+            return {"cid": start}
         if sub is not None and sub.expired:
             # starting over at the head would skip what the node pruned: say so instead
             raise PositionUnavailableError(
@@ -756,10 +767,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "and its hold expired: changes it had not read are gone; take a new snapshot "
                 "(or delete the subscription on the node to start from its head)"
             )
-        # register (with a starting_cid too: QA, a hold was never placed, and each commit
-        # only warned): the node keeps the changes from this cid on for us
-        held = sub.cid if sub is not None else self.client.register(name).cid
-        return {"cid": held if start is None else start}
+        return {"cid": sub.cid if sub is not None else self.client.register(name).cid}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_events)

@@ -644,10 +644,12 @@ class _PostgresBackend:
                     "the next call connects again)"
                 ) from exc
             if isinstance(exc, psycopg.errors.LockNotAvailable):
-                # (QA: reported as "no answer within 30 s", as if the server had frozen)
+                # (QA: reported as "no answer within 30 s", as if the server had frozen;
+                # then with the server's "LINE 1: …" fragment of the statement: docs QA)
+                said = exc.diag.message_primary or str(exc).strip().splitlines()[0]
                 raise psycopg.OperationalError(
                     f"another client of the database has held a lock on the store's tables "
-                    f"for over {LOCK_WAIT:g} s ({str(exc).strip()}): end its transaction "
+                    f"for over {LOCK_WAIT:g} s ({said}): end its transaction "
                     "(pg_stat_activity and pg_locks show it)"
                 ) from exc
             raise

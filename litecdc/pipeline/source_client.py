@@ -263,10 +263,12 @@ class SourceClient:
 
     # -- subscriptions ---------------------------------------------------------------
 
-    def register(self, name: str) -> Subscription:
+    def register(self, name: str, cid: int | None = None) -> Subscription:
         """Register (or restart) subscriber ``name``: its cid is the initial snapshot
-        version, and the node keeps the changes after it."""
-        doc = self._json("POST", "/cdc/subscriptions", json={"name": name}, idempotent=True)
+        version, and the node keeps the changes after it. With ``cid``, its hold is placed
+        there (PositionUnavailableError when the node pruned past it)."""
+        body: dict[str, Any] = {"name": name} if cid is None else {"name": name, "cid": cid}
+        doc = self._json("POST", "/cdc/subscriptions", json=body, idempotent=True)
         return Subscription(str(doc["name"]), int(doc["cid"]))
 
     def subscriptions(self) -> Subscriptions:

@@ -223,6 +223,46 @@ def test_hold_keeps_changes_after_its_cid_and_older_ones_give_410(
         error_of(c.get("/cdc/tables/hk/changes", params={"after": cid}), 410)
 
 
+def test_register_at_a_cid_keeps_the_changes_after_it(node: Node, client: httpx.Client) -> None:
+    """A reader starting after a known cid (a stream's starting_cid) registers its hold
+    there: registered at the head, the hold let the node prune what it was to read (docs
+    QA). Bad input changes nothing; a cid pruned past is a clear 410."""
+    c = client
+    node.execute(c, ["CREATE TABLE ra (id INTEGER PRIMARY KEY)"])
+    with subscriber(c, "ra-keeper"):
+        start = head(c)
+        for i in range(3):
+            node.execute(c, [["INSERT INTO ra VALUES(?)", i]])
+        r = c.post("/cdc/subscriptions", json={"name": "ra-sub", "cid": start})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"name": "ra-sub", "cid": start}
+    assert holds(c)["ra-sub"]["cid"] == start  # the keeper gone, it holds the rest
+    assert c.get("/cdc/subscriptions").json()["pruned_cid"] <= start
+    assert changes(c, "ra", after=start).column("id").to_pylist() == [0, 1, 2]
+
+    listed = c.get("/cdc/subscriptions").json()
+    for bad, said in (
+        ("5", "cid must be an integer, got '5'"),
+        (True, "cid must be an integer, got True"),
+        (1.5, "cid must be an integer, got 1.5"),
+        (-1, "cid must be between 0 and"),
+        (head(c) + 100, "is beyond the head of this node's journal"),
+    ):
+        r = c.post("/cdc/subscriptions", json={"name": "ra-bad", "cid": bad})
+        assert said in error_of(r, 400)
+    assert c.get("/cdc/subscriptions").json() == listed  # nothing written
+
+    release(c, "ra-sub")
+    with subscriber(c, "ra-keeper"):  # the only hold, at the head: the node prunes to it
+        pruned = c.get("/cdc/subscriptions").json()["pruned_cid"]
+        assert pruned > start
+        r = c.post("/cdc/subscriptions", json={"name": "ra-late", "cid": start})
+        message = error_of(r, 410)
+        assert f"cannot place the hold of subscriber 'ra-late' at cid {start}" in message
+        assert f"pruned through cid {pruned}" in message
+        assert "ra-late" not in holds(c)
+
+
 @pytest.fixture(scope="module")
 def small_cap_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """A node keeping at most 20 commits of changes (needs ``serve --retention-cids``)."""
@@ -1292,7 +1332,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], Any, str]] = [
     ("POST", "/cdc/subscriptions", {}, {"name": "a\nb"}, "subscriber name"),
     ("POST", "/cdc/subscriptions", {}, {"name": "bad name/../x"}, "subscriber name"),
     ("POST", "/cdc/subscriptions", {}, {"name": ".."}, "subscriber name"),
-    ("POST", "/cdc/subscriptions", {}, {"name": "x", "cid": 1}, "unknown field(s) cid"),
+    ("POST", "/cdc/subscriptions", {}, {"name": "x", "at": 1}, "unknown field(s) at"),
+    ("POST", "/cdc/subscriptions", {}, {"name": "x", "cid": "1"}, "cid must be an integer"),
     ("POST", "/cdc/subscriptions/br-sub/progress", {}, {"cid": "5"}, "cid must be an integer"),
     ("POST", "/cdc/subscriptions/br-sub/progress", {}, {"cid": 5.0}, "cid must be an integer"),
     ("POST", "/cdc/subscriptions/br-sub/progress", {}, {"cid": True}, "cid must be an integer"),

@@ -432,6 +432,52 @@ def test_stream_of_an_expired_subscription_fails_instead_of_skipping(
         capped.stop()
 
 
+def test_a_stream_registered_at_its_starting_cid_reads_every_change_after_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Docs QA: with `starting_cid` and a subscription the node did not know, the hold was
+    placed at the head; the node (no other hold) pruned every change before it, and the
+    stream failed at once (changes after cid 0 no longer available)."""
+    fresh = Node(tmp_path / "fresh").start()
+    try:
+        execute(fresh, ["CREATE TABLE moves (id INTEGER PRIMARY KEY, v TEXT)"])
+        for i in range(4):
+            execute(fresh, [["INSERT INTO moves VALUES (?, ?)", i, f"v{i}"]])
+        execute(fresh, ["UPDATE moves SET v = 'new' WHERE id = 2"])
+        with SourceClient([fresh.url]) as c:
+            written = c.subscriptions().last_cid
+
+        def run(name: str, **options: Any) -> list[tuple[Any, ...]]:
+            query = (
+                stream(spark, fresh, subscription="from-start", **options)
+                .writeStream.format("memory")
+                .queryName(name)
+                .trigger(availableNow=True)
+                .start()
+            )
+            assert query.awaitTermination(60)
+            assert query.exception() is None
+            rows = spark.sql(f"SELECT {OP_COLUMN}, id, v FROM {name}").collect()
+            return sorted(tuple(r) for r in rows)
+
+        got = run("from_start", starting_cid=0)
+        assert got == sorted([*(("upsert", i, f"v{i}") for i in range(4)), ("upsert", 2, "new")])
+        with SourceClient([fresh.url]) as c:
+            hold = c.subscriptions().get("from-start")
+            assert hold is not None and hold.cid >= written  # moved on as it read
+            # past its hold now: a start before it cannot be served, and says so
+            c.unsubscribe("from-start")
+            c.register("keeper")
+            execute(fresh, [["INSERT INTO moves VALUES (?, ?)", 9, "late"]])
+            c.progress("keeper", c.subscriptions().last_cid)  # the node prunes to it
+        with pytest.raises(
+            Exception, match=r"cannot place the hold of subscriber 'from-start' at cid 1"
+        ):
+            run("pruned_past", starting_cid=1)
+    finally:
+        fresh.stop()
+
+
 # -- QA of the data source used directly -------------------------------------------------
 
 

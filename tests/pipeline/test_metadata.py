@@ -729,8 +729,10 @@ def test_a_lock_another_client_holds_on_the_store_is_said_so(
                 str(err.value)
             )
             assert str(err.value).endswith(
-                "end its transaction (pg_stat_activity and pg_locks show it)"
+                "(canceling statement due to lock timeout): end its transaction "
+                "(pg_stat_activity and pg_locks show it)"
             )
+            assert "LINE 1" not in str(err.value)  # (the server's statement fragment: QA)
         assert [sub.name for sub in store.list_subscriptions()] == ["orders-lake"]
 
 

@@ -108,6 +108,22 @@ def test_subscriptions_and_reads_through_a_follower(nodes: list[Node]) -> None:
     for node in nodes:
         _wait(lambda n=node: "pipe" not in _holds(n), f"the release on {node.url}")
 
+    # a hold placed at a given cid (a stream's starting_cid) through a follower: the
+    # leader judges the cid (a follower's copy may lag) and writes it
+    with followers[1].client() as c:
+        r = c.post("/cdc/subscriptions", json={"name": "at", "cid": last})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"name": "at", "cid": last}
+        r = c.post("/cdc/subscriptions", json={"name": "past", "cid": last + 10_000})
+        assert r.status_code == 400 and "beyond the head" in r.text, r.text
+        r = c.post("/cdc/subscriptions", json={"name": "pruned", "cid": last - 1})
+        assert r.status_code == 410 and f"pruned through cid {last}" in r.text, r.text
+    for node in nodes:
+        _wait(lambda n=node: _holds(n).get("at") == (last, False), f"the hold on {node.url}")
+        assert "past" not in _holds(node) and "pruned" not in _holds(node)
+    with follower.client() as c:
+        assert c.delete("/cdc/subscriptions/at").status_code == 200
+
     # a reshape (db/reshape.py) is recorded by each node as it applies the log: every one
     # describes the table as reshaped at the same cid
     with followers[1].client() as c:
