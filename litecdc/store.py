@@ -450,25 +450,48 @@ class Store:
             raise RequestError(f"cid must be between 0 and {MAX_CID}, got {cid}")
         before = self.subscribers()
         # (a follower's copy may lag: the leader, which the write goes to, judges)
-        judge = self.journal.mode is not Mode.FOLLOWER
-        if judge and cid > before.last_cid:
-            raise RequestError(
-                f"cid {cid} is beyond the head of this node's journal (cid {before.last_cid}): "
-                "a hold can only be placed on changes that exist"
-            )
-        if not judge or cid >= before.pruned_cid:
-            self._internal_writer(
-                register_hold_sql(name, self.config.retention_cids, webhook=self._webhook, cid=cid)
-            )
-        after = self.subscribers()  # (the write places it only if still not pruned)
+        if self.journal.mode is not Mode.FOLLOWER:
+            if cid > before.last_cid:
+                raise RequestError(
+                    f"cid {cid} is beyond the head of this node's journal (cid "
+                    f"{before.last_cid}): a hold can only be placed on changes that exist"
+                )
+            # refused before anything is written (QA: the hold was written, expired at
+            # once by the pruning of the same commit, and a live one so destroyed)
+            self._check_hold_place(name, cid, before)
+        self._internal_writer(
+            register_hold_sql(name, self.config.retention_cids, webhook=self._webhook, cid=cid)
+        )
+        after = self.subscribers()  # (the write places it only if still allowed)
         if any(h.name == name and h.cid == cid and not h.expired for h in after.holds):
             return cid
-        raise PositionUnavailableError(
-            f"cannot place the hold of subscriber {name!r} at cid {cid}: the change log was pruned "
-            f"through cid {after.pruned_cid} (changes the CDC service delivered, or every pull "
-            "subscriber has read, or beyond --retention-cids); register it at the head and "
-            "take a new snapshot",
+        self._check_hold_place(name, cid, after)
+        raise PositionUnavailableError(  # (a hold of the name placed since, concurrently)
+            f"the hold of subscriber {name!r} was moved meanwhile; register it again",
             pruned_cid=after.pruned_cid,
+        )
+
+    def _check_hold_place(self, name: str, cid: int, subs: SubscriberList) -> None:
+        """PositionUnavailableError unless a hold at ``cid`` keeps what follows it: the
+        change log was not pruned through it, and it would not expire at once."""
+        cap = self.config.retention_cids
+        if cid < subs.pruned_cid:
+            reason = (
+                f"the change log was pruned through cid {subs.pruned_cid} (changes the CDC "
+                "service delivered, or every pull subscriber has read, or beyond "
+                "--retention-cids)"
+            )
+        elif cid < subs.last_cid - cap:
+            reason = (
+                f"it is more than --retention-cids ({cap}) commits behind the head (cid "
+                f"{subs.last_cid}): a hold there would expire at once"
+            )
+        else:
+            return
+        raise PositionUnavailableError(
+            f"cannot place the hold of subscriber {name!r} at cid {cid}: {reason}; register "
+            "it at the head and take a new snapshot",
+            pruned_cid=subs.pruned_cid,
         )
 
     def advance_subscriber(self, name: str, cid: int) -> Hold:

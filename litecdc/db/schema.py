@@ -175,12 +175,18 @@ def register_hold_sql(
 ) -> str:
     """Place (or restart) the hold of subscriber ``name`` at the current head, or at
     ``cid`` — only while the change log still holds what follows it (not pruned through
-    it): the caller reads the hold back to tell."""
+    it) and a hold there would not expire at once (at most ``retention_cids`` behind the
+    head); otherwise the hold stays as it was, and the caller reads it back to tell."""
     if cid is None:
         placed = f"SELECT {sql_text(name)}, max(cid), 0 FROM {JOURNAL_TABLE} WHERE true "
     else:
+        at = int(cid)
         pruned = f"coalesce((SELECT value FROM {CDC_STATE_TABLE} WHERE name = 'pruned'), 0)"
-        placed = f"SELECT {sql_text(name)}, {int(cid)}, 0 WHERE {int(cid)} >= {pruned} "
+        head = f"(SELECT max(cid) FROM {JOURNAL_TABLE})"
+        placed = (
+            f"SELECT {sql_text(name)}, {at}, 0 "
+            f"WHERE {at} >= {pruned} AND {at} >= {head} - {int(retention_cids)} "
+        )
     return (
         f"{CREATE_CDC_STATE}\n{CREATE_HOLDS}\n"
         f"INSERT INTO {HOLDS_TABLE}(name, cid, expired) {placed}"

@@ -168,7 +168,7 @@ def check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
             *([f"dropped or renamed: {dropped}"] if dropped else []),
             # (only when it changed: QA read "key ['id'] -> ['id']" as a key change)
             *(
-                [f"key {_key_words(mirrored.key)} -> {_key_words(spec.key)}"]
+                [f"key {_key_words(mirrored.key)} -> {_key_words(spec.key, now=True)}"]
                 if spec.key != mirrored.key
                 else []
             ),
@@ -180,9 +180,11 @@ def check_followable(mirrored: TableSpec, spec: TableSpec) -> None:
         )
 
 
-def _key_words(key: tuple[str, ...]) -> str:
+def _key_words(key: tuple[str, ...], *, now: bool = False) -> str:
     # QA: CREATE TABLE … AS SELECT declares no PRIMARY KEY; "['id'] -> ['_litecdc_rowid']"
-    # did not say so
-    if key == (ROWID_COLUMN,):
-        return "the rowid (no PRIMARY KEY declared: CREATE TABLE … AS SELECT declares none)"
-    return str(list(key))
+    # did not say so (the hint only where the table has lost its key: register QA)
+    if key != (ROWID_COLUMN,):
+        return str(list(key))
+    if now:
+        return "the rowid (no PRIMARY KEY declared, as after CREATE TABLE … AS SELECT)"
+    return "the rowid"

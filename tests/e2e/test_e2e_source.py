@@ -28,7 +28,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.ipc
 import pytest
-from litecdc_node import Node
+from litecdc_node import Node, free_port
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ROWID = "_litecdc_rowid"
@@ -280,6 +280,37 @@ def _wait_for(check: Any, what: str, timeout: float = 20.0) -> Any:
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_hold_that_would_expire_at_once_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """Register QA: a cid not pruned yet but more than --retention-cids behind the head
+    was written over a live hold of the name, expired at once by the same commit's
+    pruning (the hold destroyed), and answered "pruned through cid 0"."""
+    unreachable_hook = f"http://127.0.0.1:{free_port()}/hook"  # its watermark pins pruning
+    pinned = Node(
+        tmp_path / "pinned", "--retention-cids", "20", "--cdc-config", unreachable_hook
+    ).start()
+    try:
+        with pinned.client() as c:
+            pinned.execute(c, ["CREATE TABLE t (id INTEGER PRIMARY KEY)"])
+            for i in range(30):
+                pinned.execute(c, [["INSERT INTO t VALUES(?)", i]])
+            live = register(c, "s")
+            listed = c.get("/cdc/subscriptions").json()
+            assert listed["pruned_cid"] == 0 and holds(c)["s"]["expired"] is False
+            r = c.post("/cdc/subscriptions", json={"name": "s", "cid": 5})
+            message = error_of(r, 410)
+            assert "cannot place the hold of subscriber 's' at cid 5: it is more than " in message
+            assert "--retention-cids (20) commits behind the head" in message
+            assert c.get("/cdc/subscriptions").json() == listed  # no commit, the hold as it was
+            # within the cap it is placed, moved back from the head
+            back = head(c) - 20
+            r = c.post("/cdc/subscriptions", json={"name": "s", "cid": back})
+            assert r.status_code == 200, r.text
+            assert holds(c)["s"] == {"name": "s", "cid": back, "expired": False}
+            assert back < live
+    finally:
+        pinned.stop()
 
 
 def test_retention_cap_without_holds_keeps_the_newest_commits(small_cap_node: Node) -> None:

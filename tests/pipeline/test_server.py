@@ -480,7 +480,7 @@ def test_a_key_become_the_rowid_is_said_so() -> None:
     message = str(refused.value)
     assert "cannot follow (key ['id'] -> the rowid (no PRIMARY KEY declared" in message
     assert "dropped or renamed" not in message
-    with pytest.raises(SchemaMismatchError, match=r"key the rowid \(no PRIMARY KEY .*-> \['id'\]"):
+    with pytest.raises(SchemaMismatchError, match=r"\(key the rowid -> \['id'\]\)"):
         check_followable(created_from_a_query, mirrored)
 
 

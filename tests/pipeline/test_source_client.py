@@ -541,6 +541,52 @@ def test_a_node_older_than_min_cid_is_read_without_it(
         server.server_close()
 
 
+class _NodeWithoutHoldAtCid(_OlderNode):
+    """A node from before holds could be placed at a cid (2026-11-28): it refused a
+    ``cid`` in the registration's body, 400; everything else is forwarded, as _OlderNode."""
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.path == "/cdc/subscriptions" and "cid" in json.loads(body or b"{}"):
+            type(self).refused += 1
+            error = "unknown field(s) cid in the body of POST /cdc/subscriptions; allowed: name"
+            self.reply(
+                400, json.dumps({"error": error}).encode(), {"Content-Type": "application/json"}
+            )
+            return
+        answer = httpx.request(
+            self.command, type(self).target + self.path, content=body or None,
+            headers={"Content-Type": self.headers.get("Content-Type", "")},
+        )  # fmt: skip
+        framing = ("content-length", "transfer-encoding", "connection", "content-encoding")
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in framing}
+        self.reply(answer.status_code, answer.content, headers)
+
+
+def test_a_node_that_cannot_place_a_hold_at_a_cid_registers_at_its_head(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Register QA: a stream's starting_cid with a subscription failed against a node
+    from before (400 "unknown field(s) cid"); it registers there as it did then, with a
+    warning."""
+    _NodeWithoutHoldAtCid.target, _NodeWithoutHoldAtCid.refused = node.url, 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NodeWithoutHoldAtCid)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    older = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with SourceClient([older]) as c:
+            head = c.subscriptions().last_cid
+            registered = c.register("older-node-stream", 1)
+            assert _NodeWithoutHoldAtCid.refused == 1
+            assert registered.cid > head  # at the head, as before
+            assert "cannot place a hold at cid 1 (an older version)" in caplog.text
+            c.unsubscribe("older-node-stream")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class _Slow(_OlderNode):
     """Forwards to the real node, as _OlderNode, after ``delay`` seconds: a node busy
     building a very large answer (or hung, for a request that asks less of it)."""
