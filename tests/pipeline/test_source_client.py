@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trustme
 from e2e.litecdc_node import Node, free_port
+from fakes.http_server import serving
 
 from litecdc.errors import NotFoundError, PositionUnavailableError, SourceError
 from litecdc.pipeline.source_client import SourceClient, Splits
@@ -494,21 +495,28 @@ class _OlderNode(_StandIn):
         path, _, query = self.path.partition("?")
         names = sorted({part.split("=")[0] for part in query.split("&") if part})
         if path.startswith("/cdc/tables/") and "min_cid" in names:
-            type(self).refused += 1
-            error = f"unknown query parameter(s) min_cid for {path}; allowed: after, limit"
-            body = json.dumps({"error": error}).encode()
-            status, headers = 400, {"Content-Type": "application/json"}
+            self.refuse(f"unknown query parameter(s) min_cid for {path}; allowed: after, limit")
         else:
-            length = int(self.headers.get("Content-Length") or 0)
-            answer = httpx.request(
-                self.command, type(self).target + self.path,
-                content=self.rfile.read(length) if length else None,
-                headers={"Content-Type": self.headers.get("Content-Type", "")},
-            )  # fmt: skip
-            body, status = answer.content, answer.status_code
-            framing = ("content-length", "transfer-encoding", "connection", "content-encoding")
-            headers = {k: v for k, v in answer.headers.items() if k.lower() not in framing}
-        self.reply(status, body, headers)
+            self.forward(self.body())
+
+    def body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def refuse(self, error: str) -> None:
+        """Answer 400 with ``error``, as the node of its time did."""
+        type(self).refused += 1
+        self.reply(400, json.dumps({"error": error}).encode(), {"Content-Type": "application/json"})
+
+    def forward(self, body: bytes) -> None:
+        """Answer as the real node does."""
+        answer = httpx.request(
+            self.command, type(self).target + self.path, content=body or None,
+            headers={"Content-Type": self.headers.get("Content-Type", "")},
+        )  # fmt: skip
+        framing = ("content-length", "transfer-encoding", "connection", "content-encoding")
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in framing}
+        self.reply(answer.status_code, answer.content, headers)
 
 
 def test_a_node_older_than_min_cid_is_read_without_it(
@@ -546,22 +554,13 @@ class _NodeWithoutHoldAtCid(_OlderNode):
     ``cid`` in the registration's body, 400; everything else is forwarded, as _OlderNode."""
 
     def _handle(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.body()
         if self.path == "/cdc/subscriptions" and "cid" in json.loads(body or b"{}"):
-            type(self).refused += 1
-            error = "unknown field(s) cid in the body of POST /cdc/subscriptions; allowed: name"
-            self.reply(
-                400, json.dumps({"error": error}).encode(), {"Content-Type": "application/json"}
+            self.refuse(
+                "unknown field(s) cid in the body of POST /cdc/subscriptions; allowed: name"
             )
-            return
-        answer = httpx.request(
-            self.command, type(self).target + self.path, content=body or None,
-            headers={"Content-Type": self.headers.get("Content-Type", "")},
-        )  # fmt: skip
-        framing = ("content-length", "transfer-encoding", "connection", "content-encoding")
-        headers = {k: v for k, v in answer.headers.items() if k.lower() not in framing}
-        self.reply(answer.status_code, answer.content, headers)
+        else:
+            self.forward(body)
 
 
 def test_a_node_that_cannot_place_a_hold_at_a_cid_registers_at_its_head(
@@ -571,20 +570,13 @@ def test_a_node_that_cannot_place_a_hold_at_a_cid_registers_at_its_head(
     from before (400 "unknown field(s) cid"); it registers there as it did then, with a
     warning."""
     _NodeWithoutHoldAtCid.target, _NodeWithoutHoldAtCid.refused = node.url, 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NodeWithoutHoldAtCid)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    older = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        with SourceClient([older]) as c:
-            head = c.subscriptions().last_cid
-            registered = c.register("older-node-stream", 1)
-            assert _NodeWithoutHoldAtCid.refused == 1
-            assert registered.cid > head  # at the head, as before
-            assert "cannot place a hold at cid 1 (an older version)" in caplog.text
-            c.unsubscribe("older-node-stream")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_NodeWithoutHoldAtCid) as older, SourceClient([older]) as c:
+        head = c.subscriptions().last_cid
+        registered = c.register("older-node-stream", 1)
+        assert _NodeWithoutHoldAtCid.refused == 1
+        assert registered.cid > head  # at the head, as before
+        assert "cannot place a hold at cid 1 (an older version)" in caplog.text
+        c.unsubscribe("older-node-stream")
 
 
 class _Slow(_OlderNode):

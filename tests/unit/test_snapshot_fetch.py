@@ -3,11 +3,11 @@ against a real HTTP server answering as a node with an auth file does."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from fakes.http_server import serving
 
 from litecdc import Store
 from litecdc.cluster.node import Member
@@ -28,13 +28,8 @@ class _Refusing(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def refusing_peer() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_Refusing) as url:
+        yield url
 
 
 @pytest.mark.parametrize(
