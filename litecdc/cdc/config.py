@@ -49,6 +49,9 @@ STDOUT = "stdout"
 
 #: the longest duration any key takes: a day
 MAX_DURATION_S = 86_400.0
+#: a JSON number (nanoseconds, as rqlite's Go reads it) below 1ms is refused: no key is
+#: meant to be that short, and "5" meaning 5 seconds would otherwise be taken as 5 ns
+NUMBER_FLOOR_NS = 1_000_000
 
 
 def parse_duration(value: object, key: str) -> float:
@@ -58,6 +61,13 @@ def parse_duration(value: object, key: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f'cdc config: {key} must be a duration like "5s", got {value!r}')
     if isinstance(value, (int, float)):
+        if 0 < value < NUMBER_FLOOR_NS:
+            # (QA: "transmit_timeout": 5 meant seconds, was 5 ns, and nothing was delivered)
+            raise ConfigError(
+                f"cdc config: {key} is {value!r}: a JSON number is nanoseconds, so that is "
+                f'{value!r}ns; write a duration string like "5s" or "200ms" (numbers below '
+                f"{NUMBER_FLOOR_NS:,} ns, 1ms, are refused as a likely mistake)"
+            )
         seconds = float(value) / 1e9
     elif isinstance(value, str):
         try:

@@ -166,7 +166,11 @@ class CDCService:
 
     def _on_leadership(self, leader: bool) -> None:
         if not leader:
-            self._position = None  # resend from the persisted HWM when leading again
+            with self._lock:
+                self._position = None  # resend from the persisted HWM when leading again
+                # (QA: a node that lost the lead kept showing its last failure for good,
+                # while the new leader delivered everything)
+                self._last_error = None
         self._leadership_changed.set()
 
     # -- the reader ------------------------------------------------------------------------
@@ -255,8 +259,9 @@ class CDCService:
         """Whole transactions: up to max_batch_size of them, or what came within the delay;
         a transaction of more than max_batch_events changes alone, as a ``_Large``."""
         config = self.config
-        assert self._position is not None
         position = self._position
+        if position is None:  # (the lead was lost since _step looked: it takes over again)
+            return []
         events: list[RowChange] = []
         transactions = 0
         first_at: float | None = None
@@ -308,7 +313,7 @@ class CDCService:
                 service_id=config.service_id,
                 row_ids_only=config.row_ids_only,
             )
-            if not self._send(body, first_cid, last_cid, len(wanted)):
+            if not self._send(body, first_cid, last_cid, len(wanted), batch[-1].timestamp_ms):
                 return  # not delivered: the next leader (or restart) resends it
         self._delivered(last_cid, skipped=len(batch) - len(wanted))
 
@@ -326,13 +331,16 @@ class CDCService:
             page_size,
         )
 
+        committed_ms = 0  # (the commit's timestamp, for the message id)
+
         def pages() -> Iterator[list[RowChange]]:
+            nonlocal committed_ms
             after_seq = 0
             while True:
                 page = self._feed.transaction_changes(large.cid, after_seq, page_size)
                 if not page:
                     return
-                after_seq = page[-1].seq
+                after_seq, committed_ms = page[-1].seq, page[-1].timestamp_ms
                 yield page if pattern is None else [c for c in page if pattern.fullmatch(c.table)]
 
         body, wanted = large_transaction_body(
@@ -342,7 +350,7 @@ class CDCService:
             service_id=config.service_id,
             row_ids_only=config.row_ids_only,
         )
-        if wanted and not self._send(body, large.cid, large.cid, wanted):
+        if wanted and not self._send(body, large.cid, large.cid, wanted, committed_ms):
             return
         self._delivered(large.cid, skipped=large.changes - wanted)
 
@@ -351,13 +359,20 @@ class CDCService:
         with self._lock:
             self.counters.skipped_events += skipped
             self._hwm = max(self._hwm, last_cid)
-            self._position = last_cid
+            if self._position is not None:  # (None: the lead was lost; take over again)
+                self._position = last_cid
 
-    def _send(self, body: bytes, first_cid: int, last_cid: int, events: int) -> bool:
+    def _send(
+        self, body: bytes, first_cid: int, last_cid: int, events: int, last_commit_ms: int
+    ) -> bool:
         """Send one batch per the retry policy: True once it is delivered or dropped after
         its last attempt, False when stopping or no longer the leader."""
         config = self.config
-        message_id = f"{self._node_id}-{first_cid}-{last_cid}"
+        # the same on every retry and resend of the batch; the last commit's time tells a
+        # batch of cids numbered again (a restore from an older backup, a power cut under
+        # --synchronous below full) from the one sent before (QA: the same webhook-id came
+        # with another body, and a receiver deduplicating by it dropped new commits)
+        message_id = f"{self._node_id}-{first_cid}-{last_cid}-{last_commit_ms}"
         attempt = 0
         while True:
             if self._stop.is_set() or not self._leadership.is_leader():

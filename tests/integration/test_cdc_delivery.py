@@ -463,7 +463,12 @@ def test_requests_are_signed_per_standard_webhooks(
     assert not any(receiver.verify_standard_webhooks("whsec_" + "A" * 32))
     first, retry = receiver.requests[0], receiver.requests[1]
     assert first.headers["webhook-id"] == retry.headers["webhook-id"]  # stable across retries
-    assert first.headers["webhook-id"].startswith("127.0.0.1:14002-")
+    for request in receiver.requests:  # NODE-FIRST-LAST-MS (the last commit's time)
+        payload = request.json_body["payload"]
+        first_cid, last = payload[0]["index"], payload[-1]
+        assert request.headers["webhook-id"] == (
+            f"127.0.0.1:14002-{first_cid}-{last['index']}-{last['commit_timestamp']}"
+        )
     assert first.headers["x-team"] == "data"
 
 
@@ -652,6 +657,35 @@ def test_only_the_leader_sends_and_a_new_leader_resends_above_the_watermark(
         leadership.set(True)  # leads again: resends from the persisted watermark, no gaps
         wait_delivered(receiver, expected_for(second))
         assert sorted({cid for cid, _ in delivered(receiver)}) == first + second
+    finally:
+        service.stop()
+        store.close()
+
+
+def test_a_node_that_lost_the_lead_shows_no_stale_error(
+    tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    """QA: a leader whose deliveries failed, once another node led, kept showing the
+    failure in /status for good, while the new leader delivered everything."""
+    from litecdc import Store
+    from litecdc.cdc import CDCService
+
+    store = Store(NodeConfig(data_dir=tmp_path / "node"))
+    leadership = SwitchableLeadership(store)
+    config = CDCConfig(endpoint=receiver.url, **FAST_FIELDS)  # type: ignore[arg-type]
+    service = CDCService(config, store, leadership, node_id="n1")
+    receiver.status_code = 503
+    service.start()
+    try:
+        store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+        write_rows_store(store, 1)
+        leadership.set(True)
+        failing = wait_status(service, lambda s: s["failed_requests"] >= 1)
+        assert failing["last_error"] == "endpoint answered HTTP 503", failing
+        leadership.set(False)
+        follower = service.status()
+        assert (follower["is_leader"], follower["last_error"]) == (False, None), follower
+        assert follower["failed_requests"] >= 1  # (the counters stay)
     finally:
         service.stop()
         store.close()
@@ -1187,3 +1221,24 @@ def test_retries_of_an_endpoint_that_stays_down_are_logged_in_summary(
     drops = [r.getMessage() for r in caplog.records if "dropping batch" in r.getMessage()]
     assert status["dropped_batches"] >= 6, status
     assert 1 <= len(drops) < status["dropped_batches"], drops
+
+
+def test_cids_numbered_again_get_new_webhook_ids(tmp_path: Path, receiver: WebhookReceiver) -> None:
+    """QA: the id was NODE-FIRST-LAST alone. A node whose cids are numbered again (its data
+    restored from an older backup, or started anew) sent new commits under ids it had used
+    for others, and a receiver deduplicating by webhook-id (as Standard Webhooks advises)
+    dropped them."""
+    bodies: dict[str, bytes] = {}
+    for run in ("before", "again"):  # the same node id, the same cids, other commits
+        node = make_node(tmp_path / run, receiver.url, hmac_secret=SECRET)
+        try:
+            node.store.execute([S("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")])
+            for _ in range(3):  # one commit per batch: the same cid ranges in both runs
+                wait_delivered(receiver, expected_for(write_rows(node, 1)))
+        finally:
+            node.close()
+        for request in receiver.accepted:
+            seen = bodies.setdefault(request.headers["webhook-id"], request.body)
+            assert seen == request.body, f"{request.headers['webhook-id']} sent twice, differently"
+        receiver.reset()
+    assert len(bodies) == 6, sorted(bodies)

@@ -496,3 +496,24 @@ def test_files_that_would_crash_or_stall_the_parser_are_refused(tmp_path: Path) 
         parse_cdc_config(str(surrogate), known_schemes=SCHEMES)
     with pytest.raises(ConfigError, match="must be UTF-8 text"):
         parse_cdc_config("http://127.0.0.1:1/h\udcff", known_schemes=SCHEMES)
+
+
+@pytest.mark.parametrize(
+    ("key", "number", "fine", "seconds"),
+    [
+        ("transmit_timeout", 5, 1_000_000, 0.001),
+        ("max_batch_delay", 200, 0, 0.0),
+        ("transmit_max_backoff", 999_999.5, 2_000_000_000, 2.0),
+    ],
+)
+def test_a_number_below_a_millisecond_is_refused_as_a_likely_mistake(
+    tmp_path: Path, key: str, number: float, fine: int, seconds: float
+) -> None:
+    """QA: ``"transmit_timeout": 5`` (meant as seconds) was taken as 5 ns; the node started,
+    every request timed out at once and nothing was ever delivered."""
+    doc = {"endpoint": "http://x/h", key: number}
+    with pytest.raises(ConfigError, match=rf"{key} is {number!r}: a JSON number is nanoseconds"):
+        parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES)
+    # zero, and a millisecond or more in nanoseconds, still read as rqlite reads them
+    doc[key] = fine
+    assert getattr(parse_cdc_config(_file(tmp_path, doc), known_schemes=SCHEMES), key) == seconds
