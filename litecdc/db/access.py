@@ -78,8 +78,10 @@ INTROSPECTION_PRAGMAS = frozenset(
 BUILD_DEPENDENT_PRAGMAS = frozenset(
     {"function_list", "module_list", "compile_options", "pragma_list", "collation_list"}
 )
-#: introspection PRAGMAs that change the file header when given a value
-_HEADER_PRAGMAS = frozenset({"user_version", "application_id", "foreign_keys"})
+#: introspection PRAGMAs that change the file header (or connection) when given a value
+#: (encoding: a no-op on a node's file, but heading a journal replayed into an empty
+#: database it made a UTF-16 one — engine QA)
+_HEADER_PRAGMAS = frozenset({"user_version", "application_id", "foreign_keys", "encoding"})
 #: PRAGMAs a query may give an argument: the read-only ones
 _QUERY_PRAGMAS = (INTROSPECTION_PRAGMAS - _HEADER_PRAGMAS) | BUILD_DEPENDENT_PRAGMAS
 #: table-valued PRAGMAs are the eponymous virtual tables pragma_<name>

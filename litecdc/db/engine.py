@@ -181,6 +181,12 @@ def _bindable(sql: str, params: Any) -> Any:
         return params  # the common case, without the (slow) ABC check below
     if isinstance(params, Mapping):
         return named_values(params, parse_template(sql).names)
+    if isinstance(params, (str, bytes, bytearray, memoryview)) or not isinstance(params, Sequence):
+        # (engine QA: APSW bound a str as its characters, a bytes as its byte values)
+        raise StatementError(
+            "parameters must be a list or tuple of values, or a mapping of names to values; "
+            f"got {type(params).__name__}"
+        )
     return params
 
 
@@ -736,6 +742,25 @@ class Engine:
             )
             if rows:
                 return _virtual_column_error(table, str(rows[0][0]))
+        return None
+
+    def _check_foreign_keys(self, tables: set[str]) -> str | None:
+        """A foreign key to an internal table (CREATE TABLE … REFERENCES _litecdc_journal,
+        or ADD COLUMN …): with --fk, the node's own journal trim and change-log pruning
+        failed on it, or cascaded into the client's rows with no change event and
+        differently on each replica (QA)."""
+        for table in sorted(tables):
+            rows = self._internal(
+                'SELECT f."table" FROM sqlite_schema AS s, pragma_foreign_key_list(s.name) AS f '
+                "WHERE s.name = ? AND s.type = 'table' "
+                f"AND lower(substr(f.\"table\", 1, {len(INTERNAL_PREFIX)})) = '{INTERNAL_PREFIX}'",
+                (table,),
+            )
+            if rows:
+                return (
+                    f"{table}: a foreign key to {rows[0][0]}, one of litecdc's internal "
+                    "tables, is not allowed (their rows are trimmed and pruned by the node)"
+                )
         return None
 
     def _names_in_litecdcs_prefix(self) -> set[str]:
@@ -1349,6 +1374,7 @@ class Engine:
             if access.schema:
                 problem = (
                     self._check_capturable(access.writes)
+                    or self._check_foreign_keys(access.writes)
                     or self._check_internal_names(prefix_names[0] if prefix_names else None)
                     or self._check_triggers(access)
                 )
@@ -2002,6 +2028,8 @@ class Engine:
                 error=f"no value for parameter :{exc.args[0]}",
                 seconds=time.perf_counter() - started,
             )
+        except StatementError as exc:  # (parameters of a kind no statement binds)
+            return StatementResult(error=str(exc), seconds=time.perf_counter() - started)
         result = StatementResult(seconds=time.perf_counter() - started)
         result.columns = [d[0] for d in last.description or []]
         result.decltypes = [d[1] for d in last.description or []]
@@ -2048,8 +2076,8 @@ class Engine:
             pass
         except apsw.InterruptError:
             return True
-        except (apsw.Error, OverflowError, TypeError, KeyError, ValueError):
-            return False
+        except (apsw.Error, OverflowError, TypeError, KeyError, ValueError, StatementError):
+            return False  # (a write then: it reports the error)
         finally:
             if several and limit is not None:
                 conn.set_progress_handler(None)

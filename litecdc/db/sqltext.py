@@ -336,12 +336,20 @@ def _absent_character(text: str) -> str | None:
     return None
 
 
+#: +0.0 as SQL text: SQLite folds a minus before the literal 0.0 into -0.0, while the
+#: bound value negates to +0.0 (0 - x) — `-?` stored 0.0 on the node, -0.0 on replay
+#: (engine QA); an expression is negated at run time, as the bound value was
+POSITIVE_ZERO = "(0.0+0)"
+
+
 def _float_literal(number: float) -> str:
     if number != number:  # NaN
         return "NULL"
     if math.isinf(number):
         return "9e999" if number > 0 else "(-9e999)"
     text = repr(number)
+    if text == "0.0":
+        return POSITIVE_ZERO
     return f"({text})" if text.startswith("-") else text  # -0.0 too
 
 
@@ -433,7 +441,7 @@ def _column_literals(column: Sequence[SQLValue]) -> list[str]:
     if kinds == {float}:
         texts = list(map(repr, column))
         if not any(t[-1] in "fn" for t in texts):  # inf, nan
-            return [t if t[0] != "-" else f"({t})" for t in texts]
+            return [POSITIVE_ZERO if t == "0.0" else f"({t})" if t[0] == "-" else t for t in texts]
     elif kinds == {str}:
         strings = cast("Sequence[str]", column)
         if not any("\x00" in v for v in strings):

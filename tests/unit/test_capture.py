@@ -182,6 +182,51 @@ def test_litecdcs_names_are_taken_in_any_case(store: Store) -> None:
     assert ("_litecdc_cdc_state",) not in tables[0].rows and ("t",) not in tables[0].rows
 
 
+def test_foreign_keys_to_litecdcs_tables_are_refused(store: Store) -> None:
+    """Engine QA: CREATE TABLE … REFERENCES _litecdc_journal was accepted; with --fk the
+    node's journal trim then failed on it, or (ON DELETE CASCADE) deleted the client's
+    rows with no change event, differently on each replica."""
+    store.execute([S("CREATE TABLE t(x)"), S("CREATE TABLE p(id INTEGER PRIMARY KEY)")])
+    before = store.journal.last_cid()
+    for sql in (
+        "CREATE TABLE fk(x REFERENCES _litecdc_journal(cid))",
+        "CREATE TABLE fk(x REFERENCES _LITECDC_JOURNAL(cid) ON DELETE CASCADE)",
+        "CREATE TABLE fk(x, FOREIGN KEY(x) REFERENCES _litecdc_changes(cid))",
+        "ALTER TABLE t ADD COLUMN y REFERENCES _litecdc_holds(name)",
+    ):
+        out = store.execute([S(sql)])
+        assert out.cid is None, sql
+        assert "one of litecdc's internal tables, is not allowed" in str(out.results[0].error)
+    assert store.journal.last_cid() == before
+    columns = store.query([S("SELECT name FROM pragma_table_info('t')")])[0].rows
+    assert columns == [("x",)]
+    assert store.query([S("SELECT count(*) FROM sqlite_schema WHERE name = 'fk'")])[0].rows == [
+        (0,)
+    ]
+    # a foreign key between client tables is as before
+    assert store.execute([S("CREATE TABLE c(x REFERENCES p(id))")]).results[0].error is None
+
+
+@pytest.mark.parametrize("params", ["ab", b"ab", {1, 2}, 5])
+def test_parameters_that_are_not_a_sequence_or_mapping_are_refused(
+    store: Store, params: object
+) -> None:
+    """Engine QA: a str was bound as its characters (('ab') stored 'a', 'b'), a bytes as
+    its byte values; other kinds got APSW's words."""
+    store.execute([S("CREATE TABLE t(a, b)")])
+    before = store.journal.last_cid()
+    wanted = f"a mapping of names to values; got {type(params).__name__}"
+    for transaction in (False, True):
+        statements = [S("INSERT INTO t VALUES(?, ?)", params)] * 2  # type: ignore[arg-type]
+        out = store.execute(statements, transaction=transaction)
+        assert out.cid is None
+        assert wanted in str(out.results[0].error), out.results
+    read = store.query([S("SELECT ?, ?", params), S("SELECT 2")])  # type: ignore[arg-type]
+    assert wanted in str(read[0].error) and read[1].rows == [(2,)]
+    assert store.journal.last_cid() == before
+    assert store.query([S("SELECT count(*) FROM t")])[0].rows == [(0,)]
+
+
 def test_litecdcs_table_under_a_name_in_another_case_from_before_stays_internal(
     tmp_path: Path,
 ) -> None:

@@ -25,6 +25,9 @@ S = Statement
         ("CREATE TEMP TABLE tmp(x)", "temporary objects exist on one connection only"),
         ("ATTACH 'other.db' AS other", "attached databases are not replicated"),
         ("PRAGMA journal_mode=DELETE", "PRAGMA journal_mode changes connection or file state"),
+        # (engine QA: a no-op on the node, but heading a journal replayed into an empty file
+        # it made a UTF-16 one)
+        ("PRAGMA encoding = 'UTF-16le'", "PRAGMA encoding changes connection or file state"),
         (
             "PRAGMA foreign_keys = 1",
             "replicated; it is not allowed in writes: foreign key constraints are enforced on "

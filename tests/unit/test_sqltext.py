@@ -53,6 +53,21 @@ def test_special_floats() -> None:
     assert math.copysign(1.0, row[0][3]) == -1.0
 
 
+@pytest.mark.parametrize(
+    "sql", ["SELECT -?", "SELECT -(?)", "SELECT - +?", "SELECT -?*2", "SELECT ?e5", "SELECT ?"]
+)
+def test_a_positive_zero_stays_positive_under_a_minus(sql: str) -> None:
+    """Engine QA: SQLite folds a minus before the literal 0.0 into -0.0, while the bound
+    value negates to +0.0: `-?` stored 0.0 on the node and -0.0 wherever the journal was
+    replayed (render and render_many alike)."""
+    conn = apsw.Connection(":memory:")
+    for value in (0.0, -0.0):
+        bound = [_bits(v) for v in conn.execute(sql, (value,)).fetchall()[0]]
+        texts = [render(sql, (value,)), *render_many(sql, [(value,), (value,)])]
+        for text in texts:
+            assert [_bits(v) for v in conn.execute(text).fetchall()[0]] == bound, text
+
+
 def test_text_with_nul_and_quotes() -> None:
     conn = apsw.Connection(":memory:")
     text = "it's\x00here"
