@@ -9,7 +9,7 @@ from typing import Any
 import apsw
 
 from litecdc.db.schema import USER_OBJECTS
-from litecdc.db.sqltext import parse_template, sql_literal
+from litecdc.db.sqltext import POSITIVE_ZERO, parse_template, sql_literal
 from litecdc.errors import DataTypeError, RequestError
 
 
@@ -92,6 +92,13 @@ def _ended(sql: str) -> str:
     return sql.rstrip() + parse_template(sql).terminator
 
 
+def _value_literal(value: Any) -> str:
+    """A stored value as the dump writes it: no minus ever comes before a value of a
+    VALUES list, so +0.0 is written as sqlite3's .dump writes it."""
+    text = sql_literal(value)
+    return "0.0" if text == POSITIVE_ZERO else text
+
+
 def _rows(conn: apsw.Connection, name: str) -> Iterator[str]:
     """INSERT statements for the rows of table ``name``."""
     info = conn.execute(
@@ -105,7 +112,7 @@ def _rows(conn: apsw.Connection, name: str) -> Iterator[str]:
     insert = f"INSERT INTO {quoted}({listed}) VALUES("
     try:
         for row in conn.execute(f"SELECT {listed} FROM {quoted}"):
-            yield f"{insert}{','.join(map(sql_literal, row))});"
+            yield f"{insert}{','.join(map(_value_literal, row))});"
     except UnicodeDecodeError as exc:
         raise DataTypeError(
             f"table {name} holds text that is not valid UTF-8 ({exc.reason} at byte "

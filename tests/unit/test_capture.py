@@ -1030,3 +1030,17 @@ def test_a_utf16_database_loads_a_file(tmp_path: Path) -> None:
         assert _user_objects(store) == [("table", "f")]
     finally:
         store.close()
+
+
+def test_a_dump_writes_zeros_as_sqlite3_does_and_loads_them_exactly(
+    store: Store, tmp_path: Path
+) -> None:
+    """The journal writes +0.0 as (0.0+0) (a minus before it must not fold it into -0.0);
+    a dump has no minus before its values and writes 0.0, as sqlite3's .dump does."""
+    store.execute([S("CREATE TABLE z(a, b)"), S("INSERT INTO z VALUES(?, ?)", (0.0, -0.0))])
+    dump = store.dump_sql()
+    assert "VALUES(1,0.0,(-0.0));" in dump, dump
+    plain = apsw.Connection(":memory:")
+    plain.execute(dump)
+    a, b = plain.execute("SELECT a, b FROM z").fetchall()[0]
+    assert (math.copysign(1, a), math.copysign(1, b)) == (1.0, -1.0)
