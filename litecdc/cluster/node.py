@@ -116,6 +116,20 @@ def _member_address(kv: KeyValue) -> str | None:
         return None
 
 
+def _member_instance(kv: KeyValue) -> int | None:
+    """The process instance a member record was written by (None: an older version's)."""
+    try:
+        instance = json.loads(kv.value).get("instance")
+    except (ValueError, AttributeError):
+        return None
+    return instance if isinstance(instance, int) else None
+
+
+#: node state: the instance of the last process that ran this data directory as a member
+#: (its crashed record is this node's own, however like another's it looks)
+MEMBER_INSTANCE = "member_instance"
+
+
 def settings_key(cluster: str) -> str:
     """Settings every node of the cluster must share, recorded by the first to start."""
     return f"/litecdc/{cluster}/settings"
@@ -205,6 +219,10 @@ class ClusterNode:
         self.catch_up_timeout = catch_up_timeout
         self.member_interval = member_interval
         self.member_ttl = max(member_ttl, 2)
+        #: this process's mark in its member record: a record with the same id and address
+        #: but another mark is another process's (cluster QA: a second node given a running
+        #: node's id and URL took its place unchallenged)
+        self.instance = secrets.randbits(62) + 1
         self.client = EtcdClient(etcd_settings)
         self.election = Election(
             self.client,
@@ -346,8 +364,9 @@ class ClusterNode:
         if outcome is None:
             if unknown is not None:
                 raise OutcomeUnknownError(
-                    f"the write (cid {cid}) may or may not be in the log ({unknown}); check "
-                    f"with min_cid={cid} before retrying"
+                    f"the write (cid {cid}) may or may not be in the log ({unknown}); before "
+                    f"retrying, read with min_cid={cid} and check that its change is there (if "
+                    "it did not commit, the next write takes that cid)"
                 ) from unknown
             raise OutcomeUnknownError(
                 f"the write (cid {cid}) is in the log but was not applied on this node within "
@@ -722,6 +741,8 @@ class ClusterNode:
         # cluster kept that cluster's identity, and could then found no other)
         if self.store.engine.node_state(CLUSTER_IDENTITY) != identity:
             self.store.engine.set_node_state(CLUSTER_IDENTITY, identity)
+        # (before its member record is written: see _refuse_a_taken_node_id)
+        self.store.engine.set_node_state(MEMBER_INSTANCE, self.instance)
         if new_member and self.journal.applied_revision():
             # (so is the etcd revision it applied: a detached directory's is its old
             # cluster's etcd's — config QA)
@@ -894,34 +915,66 @@ class ClusterNode:
         )
 
     def _refuse_a_taken_node_id(self) -> None:
-        """A member record with this node id and another address that its owner keeps
-        rewriting is a second node started with the same --node-id: both would answer as
-        one member (cluster QA: /nodes flipped between them, one answered every write with
-        503). A live member rewrites its record every ``member_interval``; the record of a
-        node that crashed is only waiting for its lease to end (etcd may extend that after
-        its own restart), and this node's record replaces it."""
-        address_of = _member_address
-        kv = self.client.get(self._member_key)
-        if kv is None or address_of(kv) in (None, self.address):
-            return
-        first = kv.mod_revision
-        deadline = time.monotonic() + 2 * self.member_interval + 1
-        while time.monotonic() < deadline:
-            time.sleep(min(self.member_interval / 4, 0.5))
-            kv = self.client.get(self._member_key)
-            if kv is None or address_of(kv) in (None, self.address):
-                return
-            if kv.mod_revision != first:
-                raise ConfigError(
-                    f"cluster: node id {self.node_id!r} is in use by a running node at "
-                    f"{address_of(kv)}; each node needs a --node-id of its own"
-                )
+        """A live member record with this node id written by another process (another
+        address, or the same one with another instance mark), or another node's record
+        with this node's address, is a second node started with the same --node-id or
+        --advertise-url: both would answer as one member (cluster QA: /nodes flipped
+        between them, one answered every write with 503; a node given a running node's
+        URL, or another's, led and every forwarded write failed). A live member rewrites
+        its record every ``member_interval``; the record of a node that crashed is only
+        waiting for its lease to end (etcd may extend that after its own restart), and
+        this node's record replaces it. The last instance that ran this data directory is
+        remembered, so a restart after a crash does not wait for its own old record."""
+        previous = self.store.engine.node_state(MEMBER_INSTANCE)
+        suspects = self._records_of_others(previous)
+        if suspects:
+            first = {kv.key: kv.mod_revision for kv in suspects}
+            deadline = time.monotonic() + 2 * self.member_interval + 1
+            while suspects and time.monotonic() < deadline:
+                time.sleep(min(self.member_interval / 4, 0.5))
+                suspects = self._records_of_others(previous)
+                for kv in suspects:
+                    if kv.key in first and kv.mod_revision != first[kv.key]:
+                        raise ConfigError(self._taken(kv))
+
+    def _records_of_others(self, previous: int | None) -> list[KeyValue]:
+        """Member records that may be another running process's: this id's, unless written
+        here before (this address and no instance mark, as an older version wrote it, or
+        the mark of this directory's last process); and other ids' at this address."""
+        found = []
+        for kv in self.client.range(members_prefix(self.cluster), prefix=True).kvs:
+            address, instance = _member_address(kv), _member_instance(kv)
+            if kv.key == self._member_key:
+                if address is None or (
+                    address == self.address and instance in (None, previous, self.instance)
+                ):
+                    continue
+                found.append(kv)
+            elif address == self.address:
+                found.append(kv)
+        return found
+
+    def _taken(self, kv: KeyValue) -> str:
+        if kv.key == self._member_key:
+            return (
+                f"cluster: node id {self.node_id!r} is in use by a running node at "
+                f"{_member_address(kv)}; each node needs a --node-id of its own"
+            )
+        try:
+            other = str(json.loads(kv.value)["id"])
+        except (ValueError, KeyError, TypeError):
+            other = kv.key
+        return (
+            f"cluster: {self.address} is the address of running node {other!r}; each node "
+            "needs an --advertise-url (and --http-addr) of its own"
+        )
 
     def _member_value(self) -> bytes:
         return json.dumps(
             {
                 "id": self.node_id,
                 "address": self.address,
+                "instance": self.instance,
                 "mode": self.journal.mode.value,
                 "applied_cid": self.journal.last_cid(),
                 "applied_revision": self.apply_loop.applied_revision(),

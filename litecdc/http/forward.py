@@ -26,7 +26,7 @@ from litecdc.errors import NotLeaderError
 #: set on a forwarded request: a node that receives it and does not lead refuses it
 FORWARDED_HEADER = "x-litecdc-forwarded-by"
 _KEPT_HEADERS = ("authorization", "content-type", "accept")
-_RELAYED_HEADERS = ("content-type", "location", "www-authenticate")
+_RELAYED_HEADERS = ("content-type", "location", "www-authenticate", "retry-after")
 
 
 #: seconds readyz waits for the leader (and /nodes for each member) to answer: the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -16,6 +17,7 @@ from urllib.parse import urlencode
 import anyio
 import httpx
 import pytest
+from fakes.http_server import serving
 from litecdc_node import Node
 
 from litecdc import NodeConfig, Statement, Store, WriteOutcome
@@ -139,6 +141,31 @@ async def test_no_known_leader_is_503_and_a_forwarded_request_is_not_forwarded_a
         assert r.status_code == 503 and "forwarding to the leader failed" in r.text
         assert "does not answer (ConnectError" in r.text
     store.close()
+
+
+async def test_the_leaders_retry_after_reaches_the_client(tmp_path: Path) -> None:
+    """Cluster QA: a leader that could not serve (etcd paused) answered 503 with
+    Retry-After, which a forwarded request's answer lost."""
+
+    class BusyLeader(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"cannot serve now\n"
+            self.send_response(503)
+            self.send_header("Retry-After", "3")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    with serving(BusyLeader) as url:
+        store, client = follower_app(tmp_path, url)
+        async with client:
+            r = await client.post("/db/execute", json=["CREATE TABLE g(x)"])
+        store.close()
+    assert (r.status_code, r.headers.get("retry-after"), r.text) == (503, "3", "cannot serve now\n")
 
 
 async def test_a_leader_that_drops_the_forwarded_write_is_504_not_retryable(

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etcd_cluster import EtcdCluster
@@ -353,6 +354,68 @@ def test_a_second_node_with_a_taken_node_id_is_refused(cluster: Cluster, tmp_pat
     assert [m.address for m in cluster.nodes["n1"].members() if m.node_id == "n2"] == [
         "http://127.0.0.1:4002"
     ]
+
+
+def test_a_second_node_with_a_running_nodes_id_and_address_or_address_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Cluster QA: a process started with a running node's --node-id and URL took its
+    record unchallenged (its address matched, taken for the node's own crashed record),
+    and one with another node's URL too; either could lead, and every write forwarded to
+    it failed."""
+    cluster.leader()
+    wait_for(lambda: len(cluster.nodes["n2"].members()) == 3, 10)
+    for node_id, address, refusal in (
+        ("n2", "http://127.0.0.1:4002", "node id 'n2' is in use by a running node at"),
+        ("n4", "http://127.0.0.1:4003", "is the address of running node 'n3'"),
+    ):
+        store = Store(NodeConfig(data_dir=tmp_path / f"dup-{node_id}"))
+        try:
+            with pytest.raises(ConfigError, match=refusal):
+                ClusterNode(store, node_id, address, cluster.settings, cluster.name)
+        finally:
+            store.close()
+    members = {m.node_id: m.address for m in cluster.nodes["n1"].members()}
+    assert members == {f"n{i}": f"http://127.0.0.1:400{i}" for i in (1, 2, 3)}
+
+
+def test_a_node_restarted_takes_its_own_record_back_without_waiting(
+    tmp_path: Path, etcd: EtcdCluster, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its last process's record (same id and address, the lease still running) is told
+    from another process's by the instance this data directory remembers: no record is
+    suspect, so the start does not wait to see it rewritten. Another directory given the
+    same id and address is suspect."""
+    settings = EtcdSettings(endpoints=etcd.endpoints, request_timeout=2.0)
+    suspects: list[list[str]] = []
+    real = ClusterNode._records_of_others
+
+    def recorded(self: ClusterNode, previous: int | None) -> list[Any]:
+        found = real(self, previous)
+        suspects.append([kv.key for kv in found])
+        return found
+
+    monkeypatch.setattr(ClusterNode, "_records_of_others", recorded)
+    store = Store(NodeConfig(data_dir=tmp_path / "n1"))
+    node = ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name)
+    wait_for(node.is_leader, 20)
+    # every stop here a crash, as kill -9 leaves it (simulated in-process): the lease is
+    # not revoked, and the member record stays until the lease ends
+    monkeypatch.setattr(type(node.client), "revoke_lease", lambda *_, **__: None)
+    node.close()
+    store.close()
+    for directory in ("n1", "other"):
+        suspects.clear()
+        store = Store(NodeConfig(data_dir=tmp_path / directory))
+        try:
+            if directory == "n1":
+                ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name).close()
+                assert suspects == [[]]
+            else:  # (the record is not rewritten: it is taken as a crashed process's)
+                ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name).close()
+                assert suspects[0] and suspects[0][0].endswith("/n1"), suspects
+        finally:
+            store.close()
 
 
 def test_a_node_with_another_foreign_keys_setting_is_refused(
