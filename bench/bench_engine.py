@@ -86,6 +86,15 @@ CREATE TABLE floor_changes(id INTEGER PRIMARY KEY, cid INTEGER NOT NULL, seq INT
 CREATE TABLE floor_table_cids(name TEXT PRIMARY KEY, cid INTEGER NOT NULL) WITHOUT ROWID;
 """
 
+#: the least-bytes layout: per transaction one journal row (SQL + parameter blob) and one
+#: change row (every event in one blob)
+CREATE_LEAST_BYTES_TABLES = """
+CREATE TABLE lb_journal(cid INTEGER PRIMARY KEY, sql TEXT, params BLOB, snapshot INTEGER);
+CREATE TABLE lb_changes(cid INTEGER PRIMARY KEY, events BLOB NOT NULL);
+"""
+INSERT_LEAST_BYTES_JOURNAL = "INSERT INTO lb_journal VALUES (NULL, ?, ?, 0)"
+INSERT_LEAST_BYTES_CHANGES = "INSERT INTO lb_changes VALUES (NULL, ?)"
+
 Event = tuple[str, str, int, int, Any, Any]
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -386,29 +395,22 @@ class LeastBytesLayout(HookCapture):
     parameters as one MessagePack blob, to be rendered as SQL text when read) and ONE
     change row (every preupdate-hook event as one MessagePack array, column names
     kept once per table elsewhere). No per-row Python beyond the hook's append. An
-    insert's values are still written three times (table, journal, change image), so
-    this bounds what any layout without deduplication can reach."""
+    insert's values are still written three times (table, journal, change image)."""
 
     key = "least_bytes_layout"
     label = "other layout: least bytes per txn"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.conn.execute(
-            "CREATE TABLE lb_journal(cid INTEGER PRIMARY KEY, sql TEXT, params BLOB, "
-            "snapshot INTEGER);"
-            "CREATE TABLE lb_changes(cid INTEGER PRIMARY KEY, events BLOB NOT NULL);"
-        )
+        self.conn.execute(CREATE_LEAST_BYTES_TABLES)
         self.rows: Sequence[Row] = ()
 
     def store_events(self, cursor: apsw.Cursor) -> None:
         self.conn.preupdate_hook(None)
         try:
             # (the rows here are exactly the bound parameters of the transaction's INSERTs)
-            cursor.execute(
-                "INSERT INTO lb_journal VALUES (NULL, ?, ?, 0)", (INSERT, _encode(self.rows))
-            )
-            cursor.execute("INSERT INTO lb_changes VALUES (NULL, ?)", (_encode(self.events),))
+            cursor.execute(INSERT_LEAST_BYTES_JOURNAL, (INSERT, _encode(self.rows)))
+            cursor.execute(INSERT_LEAST_BYTES_CHANGES, (_encode(self.events),))
         finally:
             self.conn.preupdate_hook(self.hook)
 
@@ -427,11 +429,7 @@ class LeastBytesFloor(PlainLoop):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.conn.execute(
-            "CREATE TABLE lb_journal(cid INTEGER PRIMARY KEY, sql TEXT, params BLOB, "
-            "snapshot INTEGER);"
-            "CREATE TABLE lb_changes(cid INTEGER PRIMARY KEY, events BLOB NOT NULL);"
-        )
+        self.conn.execute(CREATE_LEAST_BYTES_TABLES)
         self.blobs: dict[int, tuple[bytes, bytes]] = {}
 
     def prepare(self, batches: Sequence[Sequence[Row]]) -> None:
@@ -449,8 +447,8 @@ class LeastBytesFloor(PlainLoop):
         cursor.execute("BEGIN IMMEDIATE")
         for row in rows:
             cursor.execute(INSERT, row)
-        cursor.execute("INSERT INTO lb_journal VALUES (NULL, ?, ?, 0)", (INSERT, params))
-        cursor.execute("INSERT INTO lb_changes VALUES (NULL, ?)", (events,))
+        cursor.execute(INSERT_LEAST_BYTES_JOURNAL, (INSERT, params))
+        cursor.execute(INSERT_LEAST_BYTES_CHANGES, (events,))
         cursor.execute("COMMIT")
 
 
