@@ -356,7 +356,7 @@ def test_a_second_node_with_a_taken_node_id_is_refused(cluster: Cluster, tmp_pat
     ]
 
 
-def test_a_second_node_with_a_running_nodes_id_and_address_or_address_is_refused(
+def test_a_second_node_with_a_running_nodes_id_and_address_or_its_address_is_refused(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """Cluster QA: a process started with a running node's --node-id and URL took its
@@ -408,14 +408,13 @@ def test_a_node_restarted_takes_its_own_record_back_without_waiting(
         suspects.clear()
         store = Store(NodeConfig(data_dir=tmp_path / directory))
         try:
-            if directory == "n1":
-                ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name).close()
-                assert suspects == [[]]
-            else:  # (the record is not rewritten: it is taken as a crashed process's)
-                ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name).close()
-                assert suspects[0] and suspects[0][0].endswith("/n1"), suspects
+            ClusterNode(store, "n1", "http://127.0.0.1:4001", settings, cluster_name).close()
         finally:
             store.close()
+        if directory == "n1":
+            assert suspects == [[]]
+        else:  # (the record is not rewritten: it is taken as a crashed process's)
+            assert suspects[0] and suspects[0][0].endswith("/n1"), suspects
 
 
 def test_a_node_with_another_foreign_keys_setting_is_refused(
